@@ -1,0 +1,90 @@
+"""jaren_jobs: an embeddable, fenced job queue in your application's SQLite database.
+
+Execution is at-least-once; settlement is exactly-once against the store; a
+worker that no longer holds its job is refused by name every time it tries to
+speak for it. See ``docs/`` for the concepts and the full API.
+"""
+
+from __future__ import annotations
+
+from .checkpoints import CheckpointStore
+from .engine import JobEngine, backoff_seconds
+from .errors import (
+    CursorAborted,
+    DeadlinePassed,
+    DocumentError,
+    DuplicateJob,
+    GateRefused,
+    ItemTooLarge,
+    JobsError,
+    JobSettled,
+    LeaseExpired,
+    LeaseLost,
+    LeaseRequired,
+    LeaseSuperseded,
+    OperationCancelled,
+    RunMismatch,
+    SchemaError,
+    StorageError,
+    StoreClosed,
+)
+from .records import (
+    ClaimedJob,
+    Counts,
+    Job,
+    JobState,
+    Lease,
+    NewJob,
+    Outcome,
+    Page,
+    StopOutcome,
+    WorkerStats,
+)
+from .runtime import Defaults, Runtime
+from .signals import CancelScope, Signal, any_signal
+from .store import Rows, Store, Transaction, open_store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CancelScope",
+    "CheckpointStore",
+    "ClaimedJob",
+    "Counts",
+    "CursorAborted",
+    "DeadlinePassed",
+    "Defaults",
+    "DocumentError",
+    "DuplicateJob",
+    "GateRefused",
+    "ItemTooLarge",
+    "Job",
+    "JobEngine",
+    "JobSettled",
+    "JobState",
+    "JobsError",
+    "Lease",
+    "LeaseExpired",
+    "LeaseLost",
+    "LeaseRequired",
+    "LeaseSuperseded",
+    "NewJob",
+    "OperationCancelled",
+    "Outcome",
+    "Page",
+    "Rows",
+    "RunMismatch",
+    "Runtime",
+    "SchemaError",
+    "Signal",
+    "StopOutcome",
+    "StorageError",
+    "Store",
+    "StoreClosed",
+    "Transaction",
+    "WorkerStats",
+    "__version__",
+    "any_signal",
+    "backoff_seconds",
+    "open_store",
+]

@@ -1,0 +1,139 @@
+"""Per-attempt checkpoints (SPEC §6).
+
+A :class:`CheckpointStore` is bound to ONE attempt of one job. Every row it
+writes is stamped with that attempt's generation, which is what keeps a stale
+attempt from erasing a live one's work:
+
+* ``save`` carries the fence, so a superseded or expired attempt writes nothing;
+* ``load`` reads generations up to its own, so a re-claimed attempt resumes
+  from its predecessor's work;
+* ``complete`` prunes only generations up to its own, in the same transaction
+  that completes the job, so a failure leaves neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import sql
+from .codec import decode_json, encode_json
+from .errors import JobSettled, StorageError
+from .records import Lease
+
+if TYPE_CHECKING:
+    from .engine import JobEngine
+
+__all__ = ["CheckpointStore"]
+
+
+class CheckpointStore:
+    """Checkpoints of one attempt; ``run_id`` is the job's id."""
+
+    def __init__(self, engine: JobEngine, job_id: str, lease: Callable[[], Lease]) -> None:
+        self._engine = engine
+        self._job_id = job_id
+        # a callable, so a worker's store follows the attempt's CURRENT lease
+        # across renewals (the generation never changes within an attempt)
+        self._lease = lease
+
+    @property
+    def job_id(self) -> str:
+        return self._job_id
+
+    @property
+    def generation(self) -> int:
+        return self._lease().generation
+
+    def _check_run(self, run_id: object, what: str) -> str:
+        if not isinstance(run_id, str):
+            raise TypeError(f"{what}: run_id must be a str, got {type(run_id).__name__}")
+        if run_id != self._job_id:
+            raise ValueError(
+                f"{what}: this checkpoint store is bound to job {self._job_id!r}; "
+                f"run_id {run_id!r} is another run"
+            )
+        return run_id
+
+    def load(self, run_id: str) -> dict[str, Any] | None:
+        """Node id → value over rows of generation ≤ this attempt's; ``None`` if none."""
+        what = "checkpoint load()"
+        self._check_run(run_id, what)
+        generation = self.generation
+        db = self._engine.db
+        rows = self._engine.scope.read(
+            lambda: db.all(
+                sql.CHECKPOINT_LOAD, {"run_id": run_id, "generation": generation}, doing=what
+            ),
+            what,
+        )
+        if not rows:
+            return None
+        values: dict[str, Any] = {}
+        for node_id, text in rows:
+            try:
+                values[node_id] = decode_json(text)
+            except ValueError as exc:
+                raise StorageError(
+                    f"{what}: checkpoint {node_id!r} of run {run_id!r} is not JSON ({exc})",
+                    run_id=run_id,
+                    node_id=node_id,
+                ) from exc
+        return values
+
+    def save(self, run_id: str, node_id: str, value: Any) -> None:
+        """Record one node's value; fenced like any settling call."""
+        what = "checkpoint save()"
+        self._check_run(run_id, what)
+        if not isinstance(node_id, str) or node_id == "":
+            raise TypeError(f"{what}: node_id must be a non-empty str, got {node_id!r}")
+        text = encode_json(value, f"{what}: value")
+        lease = self._lease()
+        engine = self._engine
+        db = engine.db
+
+        def work() -> None:
+            now = engine.runtime.now_ms()
+            fenced = {"id": lease.job_id, "token": lease.token, "now": now}
+            if db.one(sql.CHECKPOINT_FENCE, fenced, doing=what) is None:
+                # a checkpoint is not a settlement: after the job is settled
+                # (even by this attempt) there is nothing left to checkpoint
+                raise engine.refusal(lease, now, what) or JobSettled(
+                    f"{what} refused: job {lease.job_id!r} is already settled",
+                    job_id=lease.job_id,
+                )
+            db.run(
+                sql.CHECKPOINT_SAVE,
+                {
+                    "run_id": run_id,
+                    "node_id": node_id,
+                    "value": text,
+                    "generation": lease.generation,
+                },
+                doing=what,
+            )
+
+        engine.scope.write(work, what)
+
+    def complete(self, run_id: str, result: Any = None) -> bool:
+        """Complete the job and prune this run's rows (generation ≤ its own): ONE transaction."""
+        what = "checkpoint complete()"
+        self._check_run(run_id, what)
+        try:
+            text = encode_json(result, f"{what}: result")
+        except ValueError as exc:
+            raise TypeError(str(exc)) from None
+        lease = self._lease()
+        engine = self._engine
+        db = engine.db
+
+        def work() -> bool:
+            settled = engine.settle_done(lease, text, engine.runtime.now_ms(), what)
+            db.run(
+                sql.CHECKPOINT_PRUNE,
+                {"run_id": run_id, "generation": lease.generation},
+                doing=what,
+            )
+            return settled
+
+        return engine.scope.write(work, what)

@@ -1,0 +1,210 @@
+"""The connection, the one place ``sqlite3`` errors are translated, and scopes.
+
+A *scope* is how an engine call reaches the connection:
+
+* :class:`RootScope` (``store.jobs``) takes the store's gate per call and runs
+  each write in its own ``BEGIN IMMEDIATE … COMMIT``;
+* :class:`TxScope` (``tx.jobs``) runs inside the application's open
+  transaction, under a savepoint, so a job enqueued there exists if and only
+  if that transaction commits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+from . import sql
+from .errors import JobsError, StorageError, StoreClosed, storage_error
+from .gate import Gate
+from .signals import SignalLike
+
+__all__ = ["Database", "RootScope", "Scope", "TxScope"]
+
+T = TypeVar("T")
+Params = Sequence[Any] | Mapping[str, Any]
+
+
+class Database:
+    """One ``sqlite3`` connection, used only under the gate; errors translated here."""
+
+    def __init__(self, connection: sqlite3.Connection, *, owns: bool, gate: Gate) -> None:
+        self.connection = connection
+        self.owns = owns
+        self.gate = gate
+        self.closed = False
+        self._savepoints = itertools.count(1)
+
+    def check_open(self, what: str) -> None:
+        if self.closed:
+            raise StoreClosed(f"{what}: the store is closed; open a new one")
+
+    def cursor(self) -> sqlite3.Cursor:
+        cur = self.connection.cursor()
+        # the application's row_factory must not change what we read
+        cur.row_factory = None
+        return cur
+
+    def run(self, statement: str, params: Params = (), *, doing: str) -> sqlite3.Cursor:
+        """Execute one statement; a driver failure becomes ``StorageError``."""
+        self.check_open(doing)
+        try:
+            cur = self.cursor()
+            cur.execute(statement, params)
+        except sqlite3.Error as exc:
+            raise storage_error(exc, doing) from exc
+        return cur
+
+    def run_many(self, statement: str, rows: Iterable[Params], *, doing: str) -> sqlite3.Cursor:
+        self.check_open(doing)
+        try:
+            cur = self.cursor()
+            cur.executemany(statement, rows)
+        except sqlite3.Error as exc:
+            raise storage_error(exc, doing) from exc
+        return cur
+
+    def one(self, statement: str, params: Params = (), *, doing: str) -> tuple[Any, ...] | None:
+        cur = self.run(statement, params, doing=doing)
+        try:
+            row: tuple[Any, ...] | None = cur.fetchone()
+            cur.close()
+        except sqlite3.Error as exc:
+            raise storage_error(exc, doing) from exc
+        return row
+
+    def all(self, statement: str, params: Params = (), *, doing: str) -> list[tuple[Any, ...]]:
+        cur = self.run(statement, params, doing=doing)
+        try:
+            rows: list[tuple[Any, ...]] = cur.fetchall()
+        except sqlite3.Error as exc:
+            raise storage_error(exc, doing) from exc
+        return rows
+
+    def changes(self, statement: str, params: Params = (), *, doing: str) -> int:
+        cur = self.run(statement, params, doing=doing)
+        return cur.rowcount
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.connection.in_transaction
+
+    def transaction(self, fn: Callable[[], T], *, doing: str, immediate: bool = True) -> T:
+        """Run ``fn`` inside BEGIN [IMMEDIATE] … COMMIT; roll back on any exception."""
+        if self.connection.in_transaction:
+            raise StorageError(
+                f"{doing}: the connection has an open transaction that jaren_jobs did not "
+                "start; commit it first, or enqueue through store.transaction()",
+                doing=doing,
+            )
+        self.run(sql.BEGIN_IMMEDIATE if immediate else sql.BEGIN_DEFERRED, doing=doing)
+        try:
+            result = fn()
+            self.run(sql.COMMIT, doing=doing)
+        except BaseException:
+            self.rollback_quietly()
+            raise
+        return result
+
+    def savepoint(self, fn: Callable[[], T], *, doing: str) -> T:
+        """Run ``fn`` under a savepoint: its writes land all together or not at all."""
+        name = f"jaren_jobs_{next(self._savepoints)}"
+        self.run(sql.savepoint(name), doing=doing)
+        try:
+            result = fn()
+        except BaseException:
+            try:
+                self.run(sql.rollback_to_savepoint(name), doing=doing)
+                self.run(sql.release_savepoint(name), doing=doing)
+            except JobsError:
+                pass  # the outer transaction's rollback undoes it anyway
+            raise
+        self.run(sql.release_savepoint(name), doing=doing)
+        return result
+
+    def rollback_quietly(self) -> None:
+        if self.closed:
+            return
+        try:
+            if self.connection.in_transaction:
+                self.connection.execute(sql.ROLLBACK)
+        except sqlite3.Error:
+            pass  # SQLite rolls back on its own after some failures (disk full)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.rollback_quietly()
+        self.closed = True
+        if self.owns:
+            try:
+                self.connection.close()
+            except sqlite3.Error as exc:
+                raise storage_error(exc, "closing the database") from exc
+
+
+class Scope(Protocol):
+    """How an engine reaches the database: root (gated) or inside a transaction."""
+
+    db: Database
+
+    def write(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T: ...
+
+    def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T: ...
+
+    def after_commit(self, callback: Callable[[], None]) -> None: ...
+
+
+class RootScope:
+    """``store.jobs``: the gate per call, each write in its own immediate transaction."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def write(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
+        self.db.check_open(what)
+        with self.db.gate.held(what, signal):
+            return self.db.transaction(fn, doing=what)
+
+    def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
+        self.db.check_open(what)
+        with self.db.gate.held(what, signal):
+            return fn()
+
+    def read_consistent(self, fn: Callable[[], T], what: str) -> T:
+        """A multi-statement read from one snapshot."""
+        self.db.check_open(what)
+        with self.db.gate.held(what):
+            return self.db.transaction(fn, doing=what, immediate=False)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        callback()
+
+
+class TxScope:
+    """``tx.jobs``: inside the application's open transaction, writes under savepoints."""
+
+    def __init__(self, db: Database, transaction: Any) -> None:
+        self.db = db
+        self._transaction = transaction
+
+    def _check(self, what: str) -> None:
+        self.db.check_open(what)
+        self._transaction.check_active(what)
+
+    def write(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
+        self._check(what)
+        return self.db.savepoint(fn, doing=what)
+
+    def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
+        self._check(what)
+        return fn()
+
+    def read_consistent(self, fn: Callable[[], T], what: str) -> T:
+        self._check(what)
+        return fn()
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        self._transaction.after_commit(callback)

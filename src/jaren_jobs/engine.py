@@ -1,0 +1,750 @@
+"""The fenced job engine: ``store.jobs`` and ``tx.jobs``.
+
+Every settling statement (renew, complete, fail, leased cancel, checkpoint
+save) is guarded by the fence — the token one claim minted and a lease still
+valid now — never by the owner. Execution is at-least-once; settlement is
+exactly-once against the store. A guard that matches nothing is never a
+silent ``False``: the row says which refusal applies (JD2065/66/67), except
+when the same attempt already settled it, which is idempotent.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from . import sql
+from .codec import check_aware, check_text, encode_json, ms_from_datetime
+from .db import Database, RootScope, TxScope
+from .errors import (
+    DuplicateJob,
+    JobsError,
+    JobSettled,
+    LeaseExpired,
+    LeaseLost,
+    LeaseRequired,
+    LeaseSuperseded,
+    describe_error,
+)
+from .records import STATES, ClaimedJob, Counts, Job, Lease, NewJob
+from .rows import claimed_from_row, job_from_row, lease_from_row
+from .runtime import Defaults, ResolvedRuntime, check_positive_int, check_seconds
+from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
+
+if TYPE_CHECKING:
+    from .checkpoints import CheckpointStore
+    from .cursor import Cursor
+
+__all__ = ["EngineHub", "JobEngine", "backoff_seconds", "is_lease_lost"]
+
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def is_lease_lost(error: BaseException) -> bool:
+    """True for the three fence refusals: this attempt no longer holds its job."""
+    return isinstance(error, LeaseLost)
+
+
+def backoff_seconds(retry: int, base: float, cap: float, draw: float) -> float:
+    """The jittered delay before retry ``retry`` (1-based): half fixed, half random."""
+    exponent = min(retry - 1, 64)  # 2**64 dwarfs any cap; keeps the float finite
+    span = min(cap, base * 2.0**exponent)
+    return span / 2 + draw * span / 2
+
+
+@dataclass
+class EngineHub:
+    """What every engine view of one store shares: clock, defaults, wake-ups, attempts."""
+
+    runtime: ResolvedRuntime
+    defaults: Defaults
+    wakers: set[Callable[[], None]] = field(default_factory=set)
+    # in-flight attempts of THIS process by job id -> abort(reason); the
+    # fence guarantees at most one live attempt per job
+    local_attempts: dict[str, Callable[[Any], None]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    worker_factory: Callable[..., Any] | None = None
+    # live workers of this store, so close() can stop them first
+    workers: set[Any] = field(default_factory=set)
+
+    def wake(self) -> None:
+        with self.lock:
+            wakers = list(self.wakers)
+        for wake in wakers:
+            wake()
+
+    def abort_local(self, job_id: str, reason: Any) -> None:
+        with self.lock:
+            abort = self.local_attempts.get(job_id)
+        if abort is not None:
+            abort(reason)
+
+
+def check_id(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
+    if value == "":
+        raise ValueError(f"{what} must be a non-empty string")
+    return check_text(value, what)
+
+
+def check_kinds(kinds: object, what: str) -> tuple[str, ...]:
+    if isinstance(kinds, (str, bytes)):
+        raise TypeError(f"{what}: kinds is a list of kinds, not a bare string (write [{kinds!r}])")
+    if not isinstance(kinds, (list, tuple, set, frozenset)):
+        raise TypeError(
+            f"{what}: kinds must be a list, tuple or set of str, got {type(kinds).__name__}"
+        )
+    if not kinds:
+        raise ValueError(f"{what}: kinds must name at least one kind")
+    for kind in kinds:
+        check_id(kind, f"{what}: each kind")
+    # a stable order gives a stable statement text (one prepared statement)
+    return tuple(sorted(set(kinds)))
+
+
+def _lease_ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    id: str | None
+    kind: str
+    payload: str
+    run_at_ms: int | None
+    delay_ms: int | None
+    max_attempts: int
+    priority: int
+
+
+class JobEngine:
+    """The queue over one store, reached through a scope (root or transaction)."""
+
+    def __init__(self, db: Database, scope: RootScope | TxScope, hub: EngineHub) -> None:
+        self._db = db
+        self._scope = scope
+        self._hub = hub
+        self._runtime = hub.runtime
+        self._defaults = hub.defaults
+
+    # ------------------------------------------------------------ enqueue
+
+    def _prepare(self, new: NewJob, what: str) -> _Prepared:
+        if not isinstance(new.kind, str):
+            raise TypeError(f"{what}: kind must be a non-empty str, got {type(new.kind).__name__}")
+        kind = check_id(new.kind, f"{what}: kind")
+        job_id = None if new.id is None else check_id(new.id, f"{what}: id")
+        payload = encode_json(new.payload, f"{what}: payload")
+        if new.run_at is not None and new.delay_seconds is not None:
+            raise ValueError(f"{what}: give run_at or delay_seconds, not both")
+        run_at_ms = None
+        if new.run_at is not None:
+            run_at_ms = ms_from_datetime(check_aware(new.run_at, f"{what}: run_at"))
+        delay_ms = None
+        if new.delay_seconds is not None:
+            delay = check_seconds(new.delay_seconds, f"{what}: delay_seconds", allow_zero=True)
+            delay_ms = math.floor(delay * 1000)
+        max_attempts = (
+            self._defaults.max_attempts
+            if new.max_attempts is None
+            else check_positive_int(new.max_attempts, f"{what}: max_attempts")
+        )
+        priority = new.priority
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"{what}: priority must be an int, got {type(priority).__name__}")
+        if not _INT64[0] <= priority <= _INT64[1]:
+            raise ValueError(f"{what}: priority must fit in 64 bits, got {priority}")
+        return _Prepared(job_id, kind, payload, run_at_ms, delay_ms, max_attempts, priority)
+
+    def _insert(self, prepared: _Prepared, now: int, what: str) -> Job:
+        job_id = prepared.id if prepared.id is not None else self._runtime.uuid()
+        if prepared.run_at_ms is not None:
+            run_at = max(prepared.run_at_ms, now)  # a past run_at runs now, in FIFO order
+        elif prepared.delay_ms is not None:
+            run_at = now + prepared.delay_ms
+        else:
+            run_at = now
+        if self._db.one(sql.JOB_EXISTS, (job_id,), doing=what) is not None:
+            raise DuplicateJob(
+                f"{what}: a job with id {job_id!r} already exists; ids are unique for a "
+                "job's whole life (until it is swept)",
+                job_id=job_id,
+            )
+        row = self._db.one(
+            sql.ENQUEUE,
+            (
+                job_id,
+                prepared.kind,
+                prepared.payload,
+                prepared.priority,
+                run_at,
+                prepared.max_attempts,
+                now,
+                now,
+            ),
+            doing=what,
+        )
+        assert row is not None
+        return job_from_row(row)
+
+    def enqueue(
+        self,
+        kind: str,
+        payload: Any = None,
+        *,
+        id: str | None = None,
+        run_at: datetime | None = None,
+        delay_seconds: float | None = None,
+        max_attempts: int | None = None,
+        priority: int = 0,
+    ) -> Job:
+        """Add one job; wakes in-process workers once it is committed.
+
+        Refuses (nothing written): a non-JSON payload (``TypeError`` /
+        ``ValueError``), an empty or non-str kind, a bad ``max_attempts``,
+        ``priority``, ``run_at`` or ``delay_seconds``, and an id that exists
+        (:class:`DuplicateJob`).
+        """
+        what = "enqueue()"
+        prepared = self._prepare(
+            NewJob(
+                kind,
+                payload,
+                id=id,
+                run_at=run_at,
+                delay_seconds=delay_seconds,
+                max_attempts=max_attempts,
+                priority=priority,
+            ),
+            what,
+        )
+        job = self._scope.write(lambda: self._insert(prepared, self._runtime.now_ms(), what), what)
+        self._scope.after_commit(self._hub.wake)
+        return job
+
+    def enqueue_many(self, jobs: Iterable[NewJob]) -> list[Job]:
+        """Add many jobs in one transaction: all of them, or (on any refusal) none."""
+        what = "enqueue_many()"
+        if isinstance(jobs, (str, bytes, Mapping)):
+            raise TypeError(f"{what} takes an iterable of NewJob")
+        batch = list(jobs)
+        prepared: list[_Prepared] = []
+        for index, new in enumerate(batch):
+            if not isinstance(new, NewJob):
+                raise TypeError(
+                    f"{what}: item {index} is a {type(new).__name__}, expected jaren_jobs.NewJob"
+                )
+            prepared.append(self._prepare(new, f"{what}: item {index}"))
+        ids = [p.id for p in prepared if p.id is not None]
+        if len(ids) != len(set(ids)):
+            seen: set[str] = set()
+            dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
+            raise DuplicateJob(f"{what}: the batch names id {dup!r} twice", job_id=dup)
+        if not prepared:
+            return []
+
+        def work() -> list[Job]:
+            now = self._runtime.now_ms()
+            return [self._insert(p, now, what) for p in prepared]
+
+        created = self._scope.write(work, what)
+        self._scope.after_commit(self._hub.wake)
+        return created
+
+    # ------------------------------------------------------------ reads
+
+    def get(self, id: str) -> Job | None:
+        """The job with this id, or ``None``."""
+        if not isinstance(id, str):
+            raise TypeError(f"get(): id must be a str, got {type(id).__name__}")
+        check_text(id, "get(): id")
+        row = self._scope.read(lambda: self._db.one(sql.GET_JOB, (id,), doing="get()"), "get()")
+        return None if row is None else job_from_row(row)
+
+    def counts(self) -> Counts:
+        """Jobs per state, and pending + failed jobs per kind, from one snapshot."""
+        what = "counts()"
+
+        def work() -> Counts:
+            by_state = dict(self._db.all(sql.COUNT_BY_STATE, doing=what))
+            kinds = dict(self._db.all(sql.COUNT_PENDING_KINDS, doing=what))
+            known = {s: int(by_state.get(s, 0)) for s in STATES}
+            return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds.items()})
+
+        return self._scope.read_consistent(work, what)
+
+    # ------------------------------------------------------------ claims
+
+    def _claim_params(self, kinds: tuple[str, ...], owner: str, lease_ms: int) -> dict[str, Any]:
+        now = self._runtime.now_ms()
+        params: dict[str, Any] = {
+            "owner": owner,
+            "until": now + lease_ms,
+            "token": self._runtime.uuid(),
+            "now": now,
+        }
+        for index, kind in enumerate(kinds):
+            params[f"k{index}"] = kind
+        return params
+
+    def _claim_args(
+        self, kinds: object, owner: object, lease_seconds: object, what: str
+    ) -> tuple[tuple[str, ...], str, int]:
+        checked = check_kinds(kinds, what)
+        if not isinstance(owner, str):
+            raise TypeError(f"{what}: owner must be a non-empty str, got {type(owner).__name__}")
+        check_id(owner, f"{what}: owner")
+        seconds = (
+            self._defaults.lease_seconds
+            if lease_seconds is None
+            else check_seconds(lease_seconds, f"{what}: lease_seconds")
+        )
+        return checked, owner, _lease_ms(seconds)
+
+    def claim(
+        self, kinds: Iterable[str], *, owner: str, lease_seconds: float | None = None
+    ) -> ClaimedJob | None:
+        """Lease the next claimable job of these kinds, or ``None``.
+
+        Claimable: pending, failed, or leased with an expired lease (how a
+        crashed worker's job is rescued), with ``run_at`` passed; highest
+        priority first, then ``run_at``, ``created_at``, ``id``. The claim
+        mints the lease: a fresh token, generation + 1, attempts + 1.
+        """
+        what = "claim()"
+        checked, owner_, lease_ms = self._claim_args(kinds, owner, lease_seconds, what)
+        statement = sql.claim_next(len(checked))
+
+        def work() -> ClaimedJob | None:
+            row = self._db.one(statement, self._claim_params(checked, owner_, lease_ms), doing=what)
+            return None if row is None else claimed_from_row(row)
+
+        return self._scope.write(work, what)
+
+    def claim_many(
+        self,
+        kinds: Iterable[str],
+        *,
+        owner: str,
+        limit: int,
+        lease_seconds: float | None = None,
+    ) -> list[ClaimedJob]:
+        """Lease up to ``limit`` jobs in one transaction, in claim order."""
+        what = "claim_many()"
+        checked, owner_, lease_ms = self._claim_args(kinds, owner, lease_seconds, what)
+        count = check_positive_int(limit, f"{what}: limit")
+        statement = sql.claim_next(len(checked))
+
+        def work() -> list[ClaimedJob]:
+            claimed: list[ClaimedJob] = []
+            for _ in range(count):
+                row = self._db.one(
+                    statement, self._claim_params(checked, owner_, lease_ms), doing=what
+                )
+                if row is None:
+                    break
+                claimed.append(claimed_from_row(row))
+            return claimed
+
+        return self._scope.write(work, what)
+
+    # ------------------------------------------------------------ the fence
+
+    def _require_lease(self, lease: object, what: str) -> Lease:
+        if isinstance(lease, Lease):
+            return lease
+        raise LeaseRequired(
+            f"{what} takes the lease a claim returned (claimed.lease), not "
+            f"{type(lease).__name__} {_short(lease)}: an owner is reused by every attempt "
+            "a worker makes, so only the lease can say WHICH attempt is speaking",
+            given=type(lease).__name__,
+        )
+
+    def _refusal(self, lease: Lease, now: int, what: str) -> LeaseLost | None:
+        """Why a fenced statement matched nothing; ``None`` if this attempt already settled it."""
+        row = self._db.one(sql.FENCE_ROW, (lease.job_id,), doing=what)
+        job_id = lease.job_id
+        if row is None:
+            return JobSettled(
+                f"{what} refused: job {job_id!r} is unknown (never enqueued, or swept)",
+                job_id=job_id,
+                state=None,
+            )
+        state, token, until, generation, settled_generation = row
+        if state != "leased":
+            if settled_generation is not None and int(settled_generation) == lease.generation:
+                return None
+            return JobSettled(
+                f"{what} refused: job {job_id!r} is {state!r}, not leased — it was settled "
+                "or requeued by someone else; this attempt no longer speaks for it",
+                job_id=job_id,
+                state=state,
+            )
+        if token != lease.token:
+            return LeaseSuperseded(
+                f"{what} refused: the lease on job {job_id!r} was superseded — "
+                + (
+                    "a renewal replaced it with a newer lease of the same attempt; use the "
+                    "lease renew() returned"
+                    if int(generation) == lease.generation
+                    else f"this lease is generation {lease.generation}, the job is on "
+                    f"generation {int(generation)}: another attempt holds it now; stop "
+                    "writing on its behalf"
+                ),
+                job_id=job_id,
+                generation=lease.generation,
+                current_generation=int(generation),
+            )
+        if int(until) <= now:
+            return LeaseExpired(
+                f"{what} refused: the lease on job {job_id!r} expired {now - int(until)} ms "
+                "ago — renew() while a handler runs longer than its lease, or claim with a "
+                "longer lease_seconds",
+                job_id=job_id,
+                expired_ms=now - int(until),
+            )
+        return JobSettled(  # pragma: no cover - every guard agreed; should not happen
+            f"{what} refused: job {job_id!r} did not accept the settlement", job_id=job_id
+        )
+
+    def _settled_or_raise(self, lease: Lease, now: int, what: str) -> bool:
+        refusal = self._refusal(lease, now, what)
+        if refusal is not None:
+            raise refusal
+        return True  # this same attempt already settled it: idempotent
+
+    def renew(self, lease: Lease, *, lease_seconds: float | None = None) -> Lease:
+        """A new lease (new token, later expiry, same generation and attempt); fenced."""
+        what = "renew()"
+        current = self._require_lease(lease, what)
+        seconds = (
+            self._defaults.lease_seconds
+            if lease_seconds is None
+            else check_seconds(lease_seconds, f"{what}: lease_seconds")
+        )
+
+        def work() -> Lease:
+            now = self._runtime.now_ms()
+            row = self._db.one(
+                sql.RENEW,
+                {
+                    "until": now + _lease_ms(seconds),
+                    "new_token": self._runtime.uuid(),
+                    "now": now,
+                    "id": current.job_id,
+                    "token": current.token,
+                },
+                doing=what,
+            )
+            if row is not None:
+                return lease_from_row(row)
+            refusal = self._refusal(current, now, what)
+            # a settled job cannot be renewed, whoever settled it
+            raise refusal or JobSettled(
+                f"{what} refused: job {current.job_id!r} is already settled (by this attempt)",
+                job_id=current.job_id,
+            )
+
+        return self._scope.write(work, what)
+
+    def complete(self, lease: Lease, result: Any = None) -> bool:
+        """Mark the job done with ``result``; fenced, idempotent for the same attempt.
+
+        A result JSON cannot carry is ``TypeError`` before any write.
+        """
+        what = "complete()"
+        current = self._require_lease(lease, what)
+        try:
+            text = encode_json(result, f"{what}: result")
+        except ValueError as exc:
+            raise TypeError(str(exc)) from None
+
+        return self._scope.write(
+            lambda: self.settle_done(current, text, self._runtime.now_ms(), what), what
+        )
+
+    def fail(
+        self,
+        lease: Lease,
+        error: object,
+        *,
+        retry: bool = True,
+        backoff_base_seconds: float | None = None,
+        backoff_cap_seconds: float | None = None,
+    ) -> bool:
+        """Fail this attempt: retry after a jittered backoff, or dead-letter.
+
+        Dead-letters when ``attempts >= max_attempts`` or ``retry=False``.
+        ``last_error`` records a readable description of ``error``.
+        """
+        what = "fail()"
+        current = self._require_lease(lease, what)
+        if not isinstance(retry, bool):
+            raise TypeError(f"{what}: retry must be a bool, got {type(retry).__name__}")
+        base = (
+            self._defaults.backoff_base_seconds
+            if backoff_base_seconds is None
+            else check_seconds(backoff_base_seconds, f"{what}: backoff_base_seconds")
+        )
+        cap = (
+            self._defaults.backoff_cap_seconds
+            if backoff_cap_seconds is None
+            else check_seconds(backoff_cap_seconds, f"{what}: backoff_cap_seconds")
+        )
+        message = describe_error(error)
+
+        def work() -> bool:
+            now = self._runtime.now_ms()
+            fenced = {"id": current.job_id, "token": current.token, "now": now}
+            row = self._db.one(sql.READ_ATTEMPTS, fenced, doing=what)
+            if row is None:
+                return self._settled_or_raise(current, now, what)
+            attempts, max_attempts = int(row[0]), int(row[1])
+            if not retry or attempts >= max_attempts:
+                self._db.run(sql.SETTLE_DEAD, {**fenced, "error": message}, doing=what)
+            else:
+                delay = backoff_seconds(attempts, base, cap, self._runtime.random())
+                run_at = now + math.floor(delay * 1000)
+                self._db.run(
+                    sql.SETTLE_RETRY, {**fenced, "error": message, "run_at": run_at}, doing=what
+                )
+            return True
+
+        return self._scope.write(work, what)
+
+    # ------------------------------------------------------------ administration
+
+    def cancel(
+        self,
+        id: str,
+        *,
+        lease: Lease | None = None,
+        signal: SignalLike | None = None,
+        deadline: datetime | None = None,
+    ) -> bool:
+        """Cancel a job.
+
+        Queued (pending/failed): cancelled in one write, no lease needed.
+        Claimed: needs the current lease (:class:`LeaseRequired` otherwise,
+        even when that lease has expired) and is fenced; an in-flight attempt
+        of this process is aborted through its signal. ``True`` when this
+        call cancelled it; ``False`` when it already was cancelled, or the
+        lease's own attempt already settled it. Unknown or settled:
+        :class:`JobSettled`.
+        """
+        what = "cancel()"
+        job_id = check_id(id, f"{what}: id")
+        current = None if lease is None else self._require_lease(lease, what)
+        if current is not None and current.job_id != job_id:
+            raise LeaseRequired(
+                f"{what}: the lease given belongs to job {current.job_id!r}, not {job_id!r}; "
+                "pass the lease of the job being cancelled",
+                job_id=job_id,
+                lease_job_id=current.job_id,
+            )
+        sig = check_signal_arg(signal, what)
+        dl = check_deadline_arg(deadline, what)
+        refuse_if_cancelled(sig, dl, self._runtime.now(), what)
+
+        def queued() -> bool:
+            now = self._runtime.now_ms()
+            if self._db.changes(sql.CANCEL_QUEUED, {"id": job_id, "now": now}, doing=what):
+                return True
+            row = self._db.one(sql.FENCE_ROW, (job_id,), doing=what)
+            if row is None:
+                raise JobSettled(f"{what} refused: job {job_id!r} is unknown", job_id=job_id)
+            state = row[0]
+            if state == "cancelled":
+                return False
+            if state == "leased":
+                raise LeaseRequired(
+                    f"{what} refused: job {job_id!r} is claimed — cancelling a claimed job "
+                    "takes the lease its attempt holds (cancel(id, lease=...)), so no "
+                    "stranger settles another's work; or wait for it to settle",
+                    job_id=job_id,
+                )
+            raise JobSettled(
+                f"{what} refused: job {job_id!r} is {state!r}, already settled",
+                job_id=job_id,
+                state=state,
+            )
+
+        if current is None:
+            return self._scope.write(queued, what, sig)
+        holder = current
+
+        def leased() -> bool:
+            now = self._runtime.now_ms()
+            params = {"id": job_id, "token": holder.token, "now": now}
+            if self._db.changes(sql.CANCEL_LEASED, params, doing=what):
+                return True
+            self._settled_or_raise(holder, now, what)
+            return False  # this attempt already settled it
+
+        cancelled = self._scope.write(leased, what, sig)
+        if cancelled:
+            reason = JobSettled(
+                f"job {job_id!r} was cancelled; this attempt no longer speaks for it",
+                job_id=job_id,
+                cancelled=True,
+            )
+            self._scope.after_commit(lambda: self._hub.abort_local(job_id, reason))
+        return cancelled
+
+    def requeue(
+        self,
+        id: str,
+        *,
+        signal: SignalLike | None = None,
+        deadline: datetime | None = None,
+    ) -> bool:
+        """Return a failed, dead, cancelled or lease-expired job to pending, now.
+
+        Attempt history is kept. A live lease is :class:`LeaseRequired`
+        (requeue is not a steal); done or unknown is :class:`JobSettled`;
+        ``False`` when it already is pending.
+        """
+        what = "requeue()"
+        job_id = check_id(id, f"{what}: id")
+        sig = check_signal_arg(signal, what)
+        dl = check_deadline_arg(deadline, what)
+        refuse_if_cancelled(sig, dl, self._runtime.now(), what)
+
+        def work() -> bool:
+            now = self._runtime.now_ms()
+            if self._db.changes(sql.REQUEUE, {"id": job_id, "now": now}, doing=what):
+                return True
+            row = self._db.one(sql.FENCE_ROW, (job_id,), doing=what)
+            if row is None:
+                raise JobSettled(f"{what} refused: job {job_id!r} is unknown", job_id=job_id)
+            state = row[0]
+            if state == "pending":
+                return False
+            if state == "leased":
+                raise LeaseRequired(
+                    f"{what} refused: job {job_id!r} holds a live lease — requeue is not a "
+                    "steal; cancel the attempt with its lease, or wait for the lease to expire",
+                    job_id=job_id,
+                )
+            raise JobSettled(
+                f"{what} refused: job {job_id!r} is {state!r} — a completed job is not re-run; "
+                "enqueue new work under a new id",
+                job_id=job_id,
+                state=state,
+            )
+
+        moved = self._scope.write(work, what, sig)
+        if moved:
+            self._scope.after_commit(self._hub.wake)
+        return moved
+
+    def sweep(
+        self,
+        *,
+        settled_before: datetime,
+        limit: int | None = None,
+        signal: SignalLike | None = None,
+        deadline: datetime | None = None,
+    ) -> int:
+        """Delete settled jobs last changed before the horizon, oldest first, with checkpoints.
+
+        One transaction; returns how many jobs were deleted.
+        """
+        what = "sweep()"
+        horizon = ms_from_datetime(check_aware(settled_before, f"{what}: settled_before"))
+        bound = -1 if limit is None else check_positive_int(limit, f"{what}: limit")
+        sig = check_signal_arg(signal, what)
+        dl = check_deadline_arg(deadline, what)
+        refuse_if_cancelled(sig, dl, self._runtime.now(), what)
+        params = {"horizon": horizon, "limit": bound}
+
+        def work() -> int:
+            self._db.run(sql.SWEEP_CHECKPOINTS, params, doing=what)
+            return self._db.changes(sql.SWEEP_JOBS, params, doing=what)
+
+        return self._scope.write(work, what, sig)
+
+    # ------------------------------------------------------------ surfaces built elsewhere
+
+    def page(
+        self,
+        *,
+        state: str | None = None,
+        kind: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+        signal: SignalLike | None = None,
+        deadline: datetime | None = None,
+    ) -> Cursor[Job]:
+        """A keyset cursor over jobs by id (see :mod:`jaren_jobs.cursor`)."""
+        from .pages import page_jobs  # noqa: PLC0415 - cursor layer sits beside the engine
+
+        return page_jobs(
+            self._db,
+            self._scope,
+            self._runtime,
+            state=state,
+            kind=kind,
+            after=after,
+            limit=limit,
+            signal=signal,
+            deadline=deadline,
+        )
+
+    def checkpoints_for(self, claimed: ClaimedJob) -> CheckpointStore:
+        """The checkpoint store bound to this claimed attempt (SPEC §6)."""
+        from .checkpoints import CheckpointStore  # noqa: PLC0415 - built on this engine
+
+        if not isinstance(claimed, ClaimedJob):
+            raise LeaseRequired(
+                "checkpoints_for() takes the ClaimedJob a claim returned (it carries the lease), "
+                f"got {type(claimed).__name__}",
+                given=type(claimed).__name__,
+            )
+        return CheckpointStore(self, claimed.id, lambda: claimed.lease)
+
+    def create_worker(self, handlers: Mapping[str, Callable[..., Any]], **options: Any) -> Any:
+        """A worker running ``handlers`` over this store (SPEC §7)."""
+        factory = self._hub.worker_factory
+        if factory is None:
+            raise JobsError("this store has no worker support")  # pragma: no cover
+        return factory(handlers, **options)
+
+    # ------------------------------------------------------------ internals for checkpoints
+
+    @property
+    def db(self) -> Database:
+        return self._db
+
+    @property
+    def scope(self) -> RootScope | TxScope:
+        return self._scope
+
+    @property
+    def runtime(self) -> ResolvedRuntime:
+        return self._runtime
+
+    def refusal(self, lease: Lease, now: int, what: str) -> LeaseLost | None:
+        return self._refusal(lease, now, what)
+
+    def settle_done(self, lease: Lease, text: str, now: int, what: str) -> bool:
+        """The completion statement alone, for callers already inside a write."""
+        changed = self._db.changes(
+            sql.SETTLE_DONE,
+            {"result": text, "now": now, "id": lease.job_id, "token": lease.token},
+            doing=what,
+        )
+        return True if changed else self._settled_or_raise(lease, now, what)
+
+
+def _short(value: object) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        return ""
+    return text if len(text) <= 60 else text[:57] + "..."

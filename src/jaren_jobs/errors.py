@@ -1,0 +1,218 @@
+"""The one exception family of jaren_jobs.
+
+Every error the library raises on purpose is a :class:`JobsError` with a
+stable ``code`` and structured ``details``; argument mistakes stay
+``TypeError`` / ``ValueError``. ``sqlite3`` errors are translated at one
+boundary (:func:`storage_error`) and never escape raw.
+
+::
+
+    JobsError
+    ├── SchemaError          JD0002  tables could not be created or upgraded
+    ├── DocumentError        JD0003  a DAG document is invalid (carries .path)
+    ├── GateRefused          JD2064  a call queued on the store's gate was abandoned
+    ├── LeaseLost                    the fence refused a settling call
+    │   ├── JobSettled       JD2065  unknown, or no longer leased
+    │   ├── LeaseSuperseded  JD2066  another attempt (or a renewal) holds it now
+    │   └── LeaseExpired     JD2067  the token matches but the lease ran out
+    ├── LeaseRequired        JD2068  a lease was needed and not given
+    ├── RunMismatch          JD2069  a DAG run cannot resume
+    ├── CursorAborted        JD2072  a cursor's signal fired
+    ├── ItemTooLarge         JD2074  one item alone exceeds a page's max_bytes
+    ├── DeadlinePassed       JD2075  a cursor's or call's deadline passed
+    ├── OperationCancelled   JD2081  handed an aborted signal or a passed deadline
+    ├── DuplicateJob         JD2090  enqueue with an id that exists
+    ├── StoreClosed          JD2091  the store was closed
+    └── StorageError         JD2099  any other driver failure (``__cause__`` is the sqlite3 error)
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+__all__ = [
+    "CursorAborted",
+    "DeadlinePassed",
+    "DocumentError",
+    "DuplicateJob",
+    "GateRefused",
+    "ItemTooLarge",
+    "JobSettled",
+    "JobsError",
+    "LeaseExpired",
+    "LeaseLost",
+    "LeaseRequired",
+    "LeaseSuperseded",
+    "OperationCancelled",
+    "RunMismatch",
+    "SchemaError",
+    "StorageError",
+    "StoreClosed",
+    "describe_error",
+    "storage_error",
+]
+
+
+class JobsError(Exception):
+    """Root of every error jaren_jobs raises on purpose.
+
+    ``code`` is stable across releases; ``details`` is a read-only mapping of
+    structured facts (a job id, a generation) that a program can act on
+    without parsing the message.
+    """
+
+    code: ClassVar[str] = "JD0000"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: Mapping[str, Any] = dict(details)
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # keyword details survive pickling across multiprocessing queues
+        return (_rebuild, (type(self), self.message, dict(self.details)))
+
+
+def _rebuild(cls: type[JobsError], message: str, details: dict[str, Any]) -> JobsError:
+    return cls(message, **details)
+
+
+class SchemaError(JobsError):
+    """The tables could not be created or upgraded, or are missing on a read-only store."""
+
+    code = "JD0002"
+
+
+class DocumentError(JobsError):
+    """A DAG document is invalid; ``path`` is the JSON path of the fault."""
+
+    code = "JD0003"
+
+    @property
+    def path(self) -> str:
+        return str(self.details.get("path", "$"))
+
+
+class GateRefused(JobsError):
+    """A call waiting on the store's gate timed out, was abandoned, or would deadlock."""
+
+    code = "JD2064"
+
+
+class LeaseLost(JobsError):
+    """Base of the three fence refusals: this lease no longer speaks for its job."""
+
+
+class JobSettled(LeaseLost):
+    """The job is unknown, or not leased any more: someone else settled it."""
+
+    code = "JD2065"
+
+
+class LeaseSuperseded(LeaseLost):
+    """The lease's token is not the job's: another attempt, or a renewal, holds it."""
+
+    code = "JD2066"
+
+
+class LeaseExpired(LeaseLost):
+    """The token matches but the lease ran out before the call."""
+
+    code = "JD2067"
+
+
+class LeaseRequired(JobsError):
+    """A lease was needed and not given (or requeue met a live lease)."""
+
+    code = "JD2068"
+
+
+class RunMismatch(JobsError):
+    """A DAG run cannot resume: its identity changed, or no attempt holds it."""
+
+    code = "JD2069"
+
+
+class CursorAborted(JobsError):
+    """A cursor's signal fired; its statement was released."""
+
+    code = "JD2072"
+
+
+class ItemTooLarge(JobsError):
+    """One item alone exceeds a page's ``max_bytes``."""
+
+    code = "JD2074"
+
+
+class DeadlinePassed(JobsError):
+    """A cursor's or call's deadline passed."""
+
+    code = "JD2075"
+
+
+class OperationCancelled(JobsError):
+    """The call was handed an already-aborted signal or a passed deadline."""
+
+    code = "JD2081"
+
+
+class DuplicateJob(JobsError):
+    """A job with this id already exists."""
+
+    code = "JD2090"
+
+
+class StoreClosed(JobsError):
+    """The store was closed; open a new one."""
+
+    code = "JD2091"
+
+
+class StorageError(JobsError):
+    """Any other driver failure; ``__cause__`` is the ``sqlite3`` error."""
+
+    code = "JD2099"
+
+
+def storage_error(exc: BaseException, doing: str) -> StorageError:
+    """Translate a driver failure into :class:`StorageError` (raise it ``from exc``)."""
+    name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
+    hint = ""
+    text = str(exc)
+    lowered = text.lower()
+    if "locked" in lowered or "busy" in lowered:
+        hint = (
+            " — another connection held the write lock past busy_timeout; retry, "
+            "or raise busy_timeout_seconds"
+        )
+    elif "readonly" in lowered or "read-only" in lowered:
+        hint = " — the database (or its directory) is read-only"
+    elif "full" in lowered:
+        hint = " — the disk or the database's page limit is full; free space and retry"
+    elif isinstance(exc, sqlite3.ProgrammingError) and "thread" in lowered:
+        hint = " — a connection handed to open_store() must be created with check_same_thread=False"
+    return StorageError(f"{doing} failed: {text} ({name}){hint}", sqlite_error=name, doing=doing)
+
+
+def describe_error(error: object) -> str:
+    """A readable one-line description of whatever a handler raised; never raises."""
+    try:
+        if isinstance(error, JobsError):
+            return str(error)
+        if isinstance(error, BaseException):
+            text = str(error)
+            return f"{type(error).__name__}: {text}" if text else type(error).__name__
+        if isinstance(error, str):
+            return error
+        return repr(error)
+    except Exception:  # a hostile __str__/__repr__ must not break settlement
+        try:
+            return f"<unprintable {type(error).__name__}>"
+        except Exception:
+            return "<unprintable error>"

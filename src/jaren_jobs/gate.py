@@ -1,0 +1,157 @@
+"""The store's gate: a fair FIFO lock over its one connection.
+
+Every root call holds the gate while it uses the connection. Waiters are
+served strictly in arrival order (a released gate is handed to the oldest
+waiter, never grabbed by a newcomer), so a busy worker cannot starve a
+request handler. A waiter leaves the queue on timeout, when its signal
+aborts, or when the store closes. A thread that already holds the gate
+(inside ``store.transaction()``) is refused at once instead of deadlocking.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from .errors import GateRefused, StoreClosed
+from .signals import FOREIGN_POLL_SECONDS, SignalLike, subscribe
+
+__all__ = ["Gate"]
+
+
+class _Waiter:
+    __slots__ = ("event", "granted", "thread")
+
+    def __init__(self, thread: int) -> None:
+        self.thread = thread
+        self.event = threading.Event()
+        self.granted = False
+
+
+class Gate:
+    """A fair, non-reentrant lock with queue timeout and signal abandonment."""
+
+    def __init__(self, timeout_seconds: float) -> None:
+        self.timeout_seconds = timeout_seconds
+        self._mutex = threading.Lock()
+        self._owner: int | None = None
+        self._waiters: deque[_Waiter] = deque()
+        self._closed = False
+
+    def held_by_me(self) -> bool:
+        return self._owner == threading.get_ident()
+
+    def acquire(self, what: str, signal: SignalLike | None = None) -> None:
+        """Take the gate for ``what`` or raise ``GateRefused`` / ``StoreClosed``."""
+        me = threading.get_ident()
+        with self._mutex:
+            if self._closed:
+                raise StoreClosed(f"{what}: the store is closed")
+            if self._owner == me:
+                raise GateRefused(
+                    f"{what}: this thread holds the store's transaction; call tx.jobs "
+                    "(the transaction's own view) instead of store.jobs, or finish the "
+                    "transaction first — waiting here would deadlock",
+                    reason="reentrant",
+                )
+            if signal is not None and signal.aborted:
+                raise GateRefused(
+                    f"{what} was abandoned before it queued: its signal is aborted "
+                    f"({signal.reason!r})",
+                    reason="aborted",
+                )
+            if self._owner is None and not self._waiters:
+                self._owner = me
+                return
+            waiter = _Waiter(me)
+            self._waiters.append(waiter)
+        unsubscribe = subscribe(signal, waiter.event.set)
+        deadline = time.monotonic() + self.timeout_seconds
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                step = left if unsubscribe is not None else min(left, FOREIGN_POLL_SECONDS)
+                if step > 0:
+                    waiter.event.wait(step)
+                with self._mutex:
+                    if waiter.granted:
+                        if self._closed:
+                            self._release_locked()
+                            raise StoreClosed(f"{what}: the store was closed while it waited")
+                        return
+                    reason = self._refusal(signal, deadline)
+                    if reason is None:
+                        waiter.event.clear()
+                        continue
+                    self._waiters.remove(waiter)
+                if reason == "closed":
+                    raise StoreClosed(f"{what}: the store was closed while it waited")
+                if reason == "aborted":
+                    assert signal is not None
+                    raise GateRefused(
+                        f"{what} was abandoned while queued for the store: its signal "
+                        f"aborted ({signal.reason!r})",
+                        reason="aborted",
+                    )
+                raise GateRefused(
+                    f"{what} waited {self.timeout_seconds:g}s for the store and gave up; "
+                    "another thread held it the whole time (a long transaction?) — "
+                    "shorten it, or raise gate_timeout_seconds",
+                    reason="timeout",
+                )
+        finally:
+            if unsubscribe is not None:
+                unsubscribe()
+
+    def _refusal(self, signal: SignalLike | None, deadline: float) -> str | None:
+        if self._closed:
+            return "closed"
+        if signal is not None and signal.aborted:
+            return "aborted"
+        if time.monotonic() >= deadline:
+            return "timeout"
+        return None
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._owner != threading.get_ident():
+                raise RuntimeError("the gate is released only by the thread that holds it")
+            self._release_locked()
+
+    def _release_locked(self) -> None:
+        if self._waiters:
+            nxt = self._waiters.popleft()
+            nxt.granted = True
+            self._owner = nxt.thread
+            nxt.event.set()
+        else:
+            self._owner = None
+
+    @contextmanager
+    def held(self, what: str, signal: SignalLike | None = None) -> Iterator[None]:
+        self.acquire(what, signal)
+        try:
+            yield
+        finally:
+            self.release()
+
+    def close(self) -> None:
+        """Refuse newcomers and wake every waiter (they raise ``StoreClosed``)."""
+        with self._mutex:
+            self._closed = True
+            for waiter in self._waiters:
+                waiter.event.set()
+
+    def wait_idle(self, timeout_seconds: float) -> bool:
+        """After ``close()``: wait until no one holds the gate; False on timeout."""
+        end = time.monotonic() + timeout_seconds
+        while True:
+            with self._mutex:
+                if self._owner is None or self._owner == threading.get_ident():
+                    return True
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.005)

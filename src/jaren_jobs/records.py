@@ -1,0 +1,212 @@
+"""The public records: jobs, leases, counts, pages, worker outcomes.
+
+All are frozen dataclasses. A :class:`Job` never carries the lease token: a
+record anyone can read must not carry the capability to settle the job.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
+from datetime import datetime
+from typing import Any, Generic, Literal, TypeVar
+
+__all__ = [
+    "SETTLED_STATES",
+    "STATES",
+    "ClaimedJob",
+    "Counts",
+    "Job",
+    "JobState",
+    "Lease",
+    "NewJob",
+    "Outcome",
+    "Page",
+    "StopOutcome",
+    "WorkerStats",
+]
+
+T = TypeVar("T")
+
+
+class JobState(str, enum.Enum):
+    """The closed set of job states (see docs/concepts.md for the diagram)."""
+
+    PENDING = "pending"
+    LEASED = "leased"
+    DONE = "done"
+    FAILED = "failed"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STATES: tuple[str, ...] = tuple(s.value for s in JobState)
+SETTLED_STATES: frozenset[str] = frozenset({"done", "dead", "cancelled"})
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat(timespec="milliseconds")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job as the store holds it (times are aware UTC datetimes)."""
+
+    id: str
+    kind: str
+    payload: Any
+    state: str
+    priority: int
+    attempts: int
+    max_attempts: int
+    run_at: datetime
+    lease_until: datetime | None
+    lease_owner: str | None
+    lease_generation: int
+    last_error: str | None
+    result: Any
+    created_at: datetime
+    updated_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: times as ISO 8601 UTC strings with milliseconds; no lease token."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "payload": self.payload,
+            "state": self.state,
+            "priority": self.priority,
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+            "run_at": _iso(self.run_at),
+            "lease_until": _iso(self.lease_until),
+            "lease_owner": self.lease_owner,
+            "lease_generation": self.lease_generation,
+            "last_error": self.last_error,
+            "result": self.result,
+            "created_at": _iso(self.created_at),
+            "updated_at": _iso(self.updated_at),
+        }
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The capability one claim mints: the right to settle THIS attempt while it is valid.
+
+    ``renew()`` answers a new lease (new token, later expiry, same generation
+    and attempt); the old one then fails every settling call.
+    """
+
+    job_id: str
+    token: str = field(repr=False)
+    generation: int
+    attempt: int
+    owner: str
+    expires_at: datetime
+
+    def __repr__(self) -> str:
+        # the token is a capability: keep it out of logs and tracebacks
+        return (
+            f"Lease(job_id={self.job_id!r}, generation={self.generation}, "
+            f"attempt={self.attempt}, owner={self.owner!r}, "
+            f"expires_at={self.expires_at.isoformat(timespec='milliseconds')})"
+        )
+
+
+@dataclass(frozen=True)
+class ClaimedJob(Job):
+    """A job a claim returned, with the lease that settles it."""
+
+    lease: Lease = field(repr=False)
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """One job for :meth:`JobEngine.enqueue_many`; the fields mirror ``enqueue``."""
+
+    kind: str
+    payload: Any = None
+    _: KW_ONLY
+    id: str | None = None
+    run_at: datetime | None = None
+    delay_seconds: float | None = None
+    max_attempts: int | None = None
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Jobs per state, and ``pending_kinds``: pending + failed jobs per kind."""
+
+    pending: int = 0
+    leased: int = 0
+    done: int = 0
+    failed: int = 0
+    dead: int = 0
+    cancelled: int = 0
+    pending_kinds: Mapping[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pending": self.pending,
+            "leased": self.leased,
+            "done": self.done,
+            "failed": self.failed,
+            "dead": self.dead,
+            "cancelled": self.cancelled,
+            "pending_kinds": dict(self.pending_kinds),
+        }
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    """One page drained from a cursor."""
+
+    items: Sequence[T]
+    continuation: str | None
+    has_more: bool
+
+
+OutcomeName = Literal["completed", "failed", "cancelled", "lost"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one attempt: exactly one per attempt."""
+
+    outcome: OutcomeName
+    job_id: str
+    kind: str
+    attempt: int
+    generation: int
+    phase: Literal["completion", "failure"] | None = None
+    code: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """A worker's counters at one instant."""
+
+    claims: int = 0
+    completions: int = 0
+    failures: int = 0
+    polls: int = 0
+    wakes: int = 0
+    claim_errors: int = 0
+    cancellations: int = 0
+    renewals: int = 0
+    lost_settlements: int = 0
+    in_flight: int = 0
+
+
+@dataclass(frozen=True)
+class StopOutcome:
+    """What ``stop()`` achieved: whether every handler drained, and how many did not."""
+
+    drained: bool
+    in_flight: int

@@ -1,0 +1,62 @@
+"""Mapping stored rows to the public records (the column order is ``sql.JOB_COLUMNS``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .codec import datetime_from_ms, decode_json
+from .errors import StorageError
+from .records import ClaimedJob, Job, Lease
+
+__all__ = ["claimed_from_row", "job_from_row", "lease_from_row"]
+
+
+def job_from_row(row: tuple[Any, ...]) -> Job:
+    return Job(**_job_fields(row))
+
+
+def claimed_from_row(row: tuple[Any, ...]) -> ClaimedJob:
+    fields_ = _job_fields(row)
+    lease = Lease(
+        job_id=row[0],
+        token=row[15],
+        generation=int(row[10]),
+        attempt=int(row[5]),
+        owner=row[9],
+        expires_at=datetime_from_ms(row[8]),  # type: ignore[arg-type]
+    )
+    return ClaimedJob(**fields_, lease=lease)
+
+
+def lease_from_row(row: tuple[Any, ...]) -> Lease:
+    return claimed_from_row(row).lease
+
+
+def _job_fields(row: tuple[Any, ...]) -> dict[str, Any]:
+    job_id = row[0]
+    try:
+        payload = decode_json(row[2])
+        result = decode_json(row[12])
+    except ValueError as exc:
+        raise StorageError(
+            f"job {job_id!r} holds stored JSON that does not parse ({exc}); "
+            "the row was written outside jaren_jobs",
+            job_id=job_id,
+        ) from exc
+    return {
+        "id": job_id,
+        "kind": row[1],
+        "payload": payload,
+        "state": row[3],
+        "priority": int(row[4]),
+        "attempts": int(row[5]),
+        "max_attempts": int(row[6]),
+        "run_at": datetime_from_ms(row[7]),
+        "lease_until": datetime_from_ms(row[8]),
+        "lease_owner": row[9],
+        "lease_generation": int(row[10]),
+        "last_error": row[11],
+        "result": result,
+        "created_at": datetime_from_ms(row[13]),
+        "updated_at": datetime_from_ms(row[14]),
+    }

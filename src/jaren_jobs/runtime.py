@@ -1,0 +1,126 @@
+"""The runtime record and the store's defaults.
+
+Every clock read, jitter draw and identifier in the library goes through a
+:class:`Runtime`; this module is the only one allowed to touch the platform
+clock, ``random`` and ``uuid`` (a ruff banned-API rule keeps it so).
+"""
+
+from __future__ import annotations
+
+import math
+import random as _random
+import time as _time
+import uuid as _uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = ["Defaults", "ResolvedRuntime", "Runtime", "resolve_defaults", "resolve_runtime"]
+
+# SystemRandom draws from os.urandom: jitter need not be secret, but one
+# generator for everything keeps the platform defaults simple to reason about.
+_SYSTEM_RANDOM = _random.SystemRandom()
+
+
+def _platform_uuid() -> str:
+    # uuid4 reads os.urandom: unguessable, which is what a lease token needs
+    return str(_uuid.uuid4())
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Injectable clock, randomness and identifiers.
+
+    ``now() -> float`` epoch seconds; ``random() -> float`` in [0, 1);
+    ``uuid() -> str``. A field left ``None`` takes the platform default.
+    """
+
+    now: Callable[[], float] | None = None
+    random: Callable[[], float] | None = None
+    uuid: Callable[[], str] | None = None
+
+
+@dataclass(frozen=True)
+class ResolvedRuntime:
+    """A :class:`Runtime` with every field filled in."""
+
+    now: Callable[[], float]
+    random: Callable[[], float]
+    uuid: Callable[[], str]
+
+    def now_ms(self) -> int:
+        """The clock as integer epoch milliseconds, rounded down."""
+        return math.floor(self.now() * 1000)
+
+
+def resolve_runtime(runtime: Runtime | None) -> ResolvedRuntime:
+    if runtime is None:
+        runtime = Runtime()
+    if not isinstance(runtime, Runtime):
+        raise TypeError(f"runtime must be a jaren_jobs.Runtime, got {type(runtime).__name__}")
+    for name in ("now", "random", "uuid"):
+        value = getattr(runtime, name)
+        if value is not None and not callable(value):
+            raise TypeError(f"Runtime.{name} must be callable or None, got {type(value).__name__}")
+    return ResolvedRuntime(
+        now=runtime.now or _time.time,
+        random=runtime.random or _SYSTEM_RANDOM.random,
+        uuid=runtime.uuid or _platform_uuid,
+    )
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Store-wide defaults; every one is overridable per call or per worker."""
+
+    lease_seconds: float = 30.0
+    poll_seconds: float = 1.0
+    max_attempts: int = 5
+    backoff_base_seconds: float = 1.0
+    backoff_cap_seconds: float = 600.0
+    stop_grace_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "max_attempts":
+                check_positive_int(value, "Defaults.max_attempts")
+            elif f.name == "stop_grace_seconds":
+                check_seconds(value, "Defaults.stop_grace_seconds", allow_zero=True)
+            else:
+                check_seconds(value, f"Defaults.{f.name}")
+
+
+def resolve_defaults(defaults: Defaults | Mapping[str, Any] | None) -> Defaults:
+    if defaults is None:
+        return Defaults()
+    if isinstance(defaults, Defaults):
+        return defaults
+    if isinstance(defaults, Mapping):
+        known = {f.name for f in fields(Defaults)}
+        unknown = sorted(str(k) for k in defaults if k not in known)
+        if unknown:
+            raise ValueError(f"unknown defaults key(s) {unknown}; expected some of {sorted(known)}")
+        return Defaults(**dict(defaults))
+    raise TypeError(f"defaults must be a Defaults or a dict, got {type(defaults).__name__}")
+
+
+def check_seconds(value: object, what: str, *, allow_zero: bool = False) -> float:
+    """Validate a duration in seconds: a finite real number, > 0 (or >= 0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"{what} must be finite, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{what} must be {bound}, got {value!r}")
+    return float(value)
+
+
+def check_positive_int(value: object, what: str) -> int:
+    """Validate a positive integer (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{what} must be >= 1, got {value!r}")
+    return value

@@ -1,0 +1,249 @@
+"""Every SQL statement jaren_jobs runs, named, in one place (the SQLite dialect).
+
+No other module writes SQL. Statements whose text depends on a *count*
+(how many kinds a claim names) are built here from that count alone; user
+input is always a bound parameter, never text. Python's ``sqlite3`` keeps a
+per-connection cache of prepared statements keyed by text, so each statement
+is prepared once and reused.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+JOBS = '"_jaren_jobs"'
+CHECKPOINTS = '"_jaren_job_checkpoints"'
+META = '"_jaren_meta"'
+
+SCHEMA_VERSION = 1
+
+# the column order every job SELECT/RETURNING uses; engine rows map by index
+JOB_COLUMNS = (
+    "id, kind, payload, state, priority, attempts, max_attempts, run_at, lease_until, "
+    "lease_owner, lease_generation, last_error, result, created_at, updated_at, lease_token"
+)
+
+# The guard every settling statement carries: the token, and a lease still
+# valid now. Never the owner: one worker reuses one owner for every attempt.
+FENCE = "state = 'leased' AND lease_token = :token AND lease_until > :now"
+
+# ----------------------------------------------------------------- schema
+
+# The reference's pre-fence schema is the base every database starts from;
+# later columns are added in place (MIGRATIONS), so a fresh database and an
+# upgraded one end with the same shape.
+CREATE_JOBS = f"""CREATE TABLE IF NOT EXISTS {JOBS} (
+  id TEXT PRIMARY KEY, kind TEXT NOT NULL, payload TEXT,
+  state TEXT NOT NULL, run_at INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+  max_attempts INTEGER NOT NULL, lease_until INTEGER, lease_owner TEXT,
+  last_error TEXT, result TEXT, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL)"""
+
+CREATE_CHECKPOINTS = f"""CREATE TABLE IF NOT EXISTS {CHECKPOINTS} (
+  run_id TEXT NOT NULL, node_id TEXT NOT NULL,
+  value TEXT NOT NULL, PRIMARY KEY (run_id, node_id))"""
+
+CREATE_META = f"""CREATE TABLE IF NOT EXISTS {META} (
+  key TEXT PRIMARY KEY, value TEXT NOT NULL)"""
+
+READ_SCHEMA_VERSION = f"SELECT value FROM {META} WHERE key = 'schema_version'"
+WRITE_SCHEMA_VERSION = f"""INSERT INTO {META} (key, value) VALUES ('schema_version', ?)
+  ON CONFLICT (key) DO UPDATE SET value = excluded.value"""
+
+TABLE_EXISTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+
+
+def table_columns(table: str) -> str:
+    # table names are the library's own constants, never input
+    return f"SELECT name FROM pragma_table_info('{table}')"
+
+
+# (table, column, definition): added behind a presence check, never rebuilt.
+# Every default reads as "claimed before the fence existed", which no
+# token can match.
+ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("_jaren_jobs", "priority", "INTEGER NOT NULL DEFAULT 0"),
+    ("_jaren_jobs", "lease_generation", "INTEGER NOT NULL DEFAULT 0"),
+    ("_jaren_jobs", "lease_token", "TEXT"),
+    # the generation whose attempt settled the row: what makes a second
+    # settlement from the same attempt idempotent, and only that attempt's
+    ("_jaren_jobs", "settled_generation", "INTEGER"),
+    ("_jaren_job_checkpoints", "generation", "INTEGER NOT NULL DEFAULT 0"),
+)
+
+
+def add_column(table: str, column: str, definition: str) -> str:
+    return f'ALTER TABLE "{table}" ADD COLUMN {column} {definition}'
+
+
+CREATE_INDEXES = (
+    # what a claim reads: ready jobs per kind, in claim order
+    f"""CREATE INDEX IF NOT EXISTS "_jaren_jobs_ready" ON {JOBS}
+      (kind, priority DESC, run_at, created_at, id) WHERE state IN ('pending', 'failed')""",
+    # what a rescue reads: leases by expiry
+    f"""CREATE INDEX IF NOT EXISTS "_jaren_jobs_leased" ON {JOBS}
+      (lease_until) WHERE state = 'leased'""",
+    # what a sweep reads: settled jobs by last change
+    f"""CREATE INDEX IF NOT EXISTS "_jaren_jobs_settled" ON {JOBS}
+      (updated_at, id) WHERE state IN ('done', 'dead', 'cancelled')""",
+    # counts and state-filtered pages
+    f"""CREATE INDEX IF NOT EXISTS "_jaren_jobs_state" ON {JOBS} (state, kind)""",
+)
+
+# ----------------------------------------------------------------- jobs
+
+ENQUEUE = f"""INSERT INTO {JOBS}
+  (id, kind, payload, state, priority, run_at, attempts, max_attempts,
+   lease_generation, created_at, updated_at)
+  VALUES (?, ?, ?, 'pending', ?, ?, 0, ?, 0, ?, ?)
+  RETURNING {JOB_COLUMNS}"""
+
+GET_JOB = f"SELECT {JOB_COLUMNS} FROM {JOBS} WHERE id = ?"
+
+JOB_EXISTS = f"SELECT 1 FROM {JOBS} WHERE id = ?"
+
+FENCE_ROW = f"""SELECT state, lease_token, lease_until, lease_generation, settled_generation
+  FROM {JOBS} WHERE id = ?"""
+
+_CLAIM_ORDER = "priority DESC, run_at, created_at, id"
+
+
+@lru_cache(maxsize=64)
+def claim_next(kind_count: int) -> str:
+    """The one-statement claim over ``kind_count`` kinds (named ``:k0`` …).
+
+    Each kind's best ready job comes from the ``_jaren_jobs_ready`` index in
+    claim order (one probe per kind, no sort of the backlog); expired leases
+    come from ``_jaren_jobs_leased``. The claim mints the fence: a fresh
+    token and generation + 1.
+    """
+    if kind_count < 1:
+        raise ValueError("a claim names at least one kind")
+    kinds = ", ".join(f":k{i}" for i in range(kind_count))
+    ready = "\n    UNION ALL ".join(
+        f"""SELECT * FROM (SELECT id, priority, run_at, created_at FROM {JOBS}
+        WHERE state IN ('pending', 'failed') AND kind = :k{i} AND run_at <= :now
+        ORDER BY {_CLAIM_ORDER} LIMIT 1)"""
+        for i in range(kind_count)
+    )
+    return f"""UPDATE {JOBS} SET state = 'leased', lease_owner = :owner, lease_until = :until,
+    lease_generation = lease_generation + 1, lease_token = :token, settled_generation = NULL,
+    attempts = attempts + 1, updated_at = :now
+  WHERE id = (SELECT id FROM (
+    {ready}
+    UNION ALL SELECT * FROM (SELECT id, priority, run_at, created_at FROM {JOBS}
+        WHERE state = 'leased' AND lease_until <= :now AND kind IN ({kinds}) AND run_at <= :now
+        ORDER BY {_CLAIM_ORDER} LIMIT 1)
+  ) ORDER BY {_CLAIM_ORDER} LIMIT 1)
+  RETURNING {JOB_COLUMNS}"""
+
+
+RENEW = f"""UPDATE {JOBS} SET lease_until = :until, lease_token = :new_token, updated_at = :now
+  WHERE id = :id AND {FENCE}
+  RETURNING {JOB_COLUMNS}"""
+
+SETTLE_DONE = f"""UPDATE {JOBS} SET state = 'done', result = :result, lease_until = NULL,
+    lease_token = NULL, settled_generation = lease_generation, updated_at = :now
+  WHERE id = :id AND {FENCE}"""
+
+READ_ATTEMPTS = f"SELECT attempts, max_attempts FROM {JOBS} WHERE id = :id AND {FENCE}"
+
+SETTLE_RETRY = f"""UPDATE {JOBS} SET state = 'failed', last_error = :error, run_at = :run_at,
+    lease_until = NULL, lease_token = NULL, settled_generation = lease_generation,
+    updated_at = :now
+  WHERE id = :id AND {FENCE}"""
+
+SETTLE_DEAD = f"""UPDATE {JOBS} SET state = 'dead', last_error = :error, lease_until = NULL,
+    lease_token = NULL, settled_generation = lease_generation, updated_at = :now
+  WHERE id = :id AND {FENCE}"""
+
+CANCEL_QUEUED = f"""UPDATE {JOBS} SET state = 'cancelled', last_error = 'cancelled',
+    lease_until = NULL, lease_token = NULL, updated_at = :now
+  WHERE id = :id AND state IN ('pending', 'failed')"""
+
+CANCEL_LEASED = f"""UPDATE {JOBS} SET state = 'cancelled', last_error = 'cancelled',
+    lease_until = NULL, lease_token = NULL, settled_generation = lease_generation,
+    updated_at = :now
+  WHERE id = :id AND {FENCE}"""
+
+# requeue keeps attempts (the history) and the generation (checkpoints
+# are stamped with it); it clears the lease so nothing can settle the row
+# until the next claim mints a new one
+REQUEUE = f"""UPDATE {JOBS} SET state = 'pending', run_at = :now, lease_until = NULL,
+    lease_token = NULL, lease_owner = NULL, updated_at = :now
+  WHERE id = :id AND (state IN ('failed', 'dead', 'cancelled')
+    OR (state = 'leased' AND lease_until <= :now))"""
+
+_SWEEP_SELECTION = f"""SELECT id FROM {JOBS}
+    WHERE state IN ('done', 'dead', 'cancelled') AND updated_at < :horizon
+    ORDER BY updated_at, id LIMIT :limit"""
+
+SWEEP_CHECKPOINTS = f"DELETE FROM {CHECKPOINTS} WHERE run_id IN ({_SWEEP_SELECTION})"
+SWEEP_JOBS = f"DELETE FROM {JOBS} WHERE id IN ({_SWEEP_SELECTION})"
+
+COUNT_BY_STATE = f"SELECT state, COUNT(*) FROM {JOBS} GROUP BY state"
+COUNT_PENDING_KINDS = f"""SELECT kind, COUNT(*) FROM {JOBS}
+  WHERE state IN ('pending', 'failed') GROUP BY kind"""
+
+# ----------------------------------------------------------------- pages
+
+
+@lru_cache(maxsize=8)
+def page_jobs(by_state: bool, by_kind: bool) -> str:
+    """A keyset page by id, filtered by state and/or kind (values are bound)."""
+    where = ["id > :after"]
+    if by_state:
+        where.append("state = :state")
+    if by_kind:
+        where.append("kind = :kind")
+    return f"""SELECT {JOB_COLUMNS} FROM {JOBS} WHERE {" AND ".join(where)}
+  ORDER BY id LIMIT :limit"""
+
+
+# ----------------------------------------------------------------- checkpoints
+
+CHECKPOINT_LOAD = f"""SELECT node_id, value FROM {CHECKPOINTS}
+  WHERE run_id = :run_id AND generation <= :generation"""
+
+CHECKPOINT_FENCE = f"SELECT 1 FROM {JOBS} WHERE id = :id AND {FENCE}"
+
+CHECKPOINT_SAVE = f"""INSERT INTO {CHECKPOINTS} (run_id, node_id, value, generation)
+  VALUES (:run_id, :node_id, :value, :generation)
+  ON CONFLICT (run_id, node_id) DO UPDATE
+    SET value = excluded.value, generation = excluded.generation"""
+
+CHECKPOINT_PRUNE = f"""DELETE FROM {CHECKPOINTS}
+  WHERE run_id = :run_id AND generation <= :generation"""
+
+# ----------------------------------------------------------------- connection
+
+READ_JOURNAL_MODE = "PRAGMA main.journal_mode"
+SET_WAL = "PRAGMA main.journal_mode = WAL"
+DATA_VERSION = "PRAGMA data_version"
+
+
+def pragma_busy_timeout(milliseconds: int) -> str:
+    return f"PRAGMA busy_timeout = {int(milliseconds)}"
+
+
+def pragma_synchronous(durability: str) -> str:
+    return "PRAGMA synchronous = " + ("FULL" if durability == "full" else "NORMAL")
+
+
+# ----------------------------------------------------------------- transactions
+
+BEGIN_IMMEDIATE = "BEGIN IMMEDIATE"
+BEGIN_DEFERRED = "BEGIN"
+COMMIT = "COMMIT"
+ROLLBACK = "ROLLBACK"
+
+
+def savepoint(name: str) -> str:
+    return f'SAVEPOINT "{name}"'
+
+
+def release_savepoint(name: str) -> str:
+    return f'RELEASE SAVEPOINT "{name}"'
+
+
+def rollback_to_savepoint(name: str) -> str:
+    return f'ROLLBACK TO SAVEPOINT "{name}"'

@@ -1,0 +1,385 @@
+"""Opening a store: the public entry point (SPEC §1)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+from . import sql
+from .db import Database, RootScope, TxScope
+from .engine import EngineHub, JobEngine
+from .errors import GateRefused, JobsError, StorageError, storage_error
+from .gate import Gate
+from .records import StopOutcome
+from .runtime import (
+    Defaults,
+    Runtime,
+    check_seconds,
+    resolve_defaults,
+    resolve_runtime,
+)
+from .schema import ensure_schema, require_schema
+
+__all__ = ["Rows", "Store", "Transaction", "open_store"]
+
+Durability = Literal["full", "normal"]
+
+
+class Rows:
+    """The result of ``tx.execute``: a cursor whose driver errors are translated."""
+
+    def __init__(self, cursor: sqlite3.Cursor, doing: str) -> None:
+        self._cursor = cursor
+        self._doing = doing
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except sqlite3.Error as exc:
+            raise storage_error(exc, self._doing) from exc
+
+    def fetchone(self) -> Any:
+        return self._call(self._cursor.fetchone)
+
+    def fetchall(self) -> list[Any]:
+        return list(self._call(self._cursor.fetchall))
+
+    def fetchmany(self, size: int = 1) -> list[Any]:
+        return list(self._call(lambda: self._cursor.fetchmany(size)))
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            row = self.fetchone()
+            if row is None:
+                return
+            yield row
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount
+
+    @property
+    def lastrowid(self) -> int | None:
+        return self._cursor.lastrowid
+
+    @property
+    def description(self) -> Any:
+        return self._cursor.description
+
+
+class Transaction:
+    """An open ``store.transaction()``: the application's SQL and ``tx.jobs``, atomically.
+
+    A job enqueued through ``tx.jobs`` exists if and only if this transaction
+    commits; in-process workers are woken after the commit.
+    """
+
+    def __init__(self, store: Store, db: Database, hub: EngineHub, depth: int) -> None:
+        self._store = store
+        self._db = db
+        self._thread = threading.get_ident()
+        self._active = True
+        self._callbacks: list[Callable[[], None]] = []
+        self.depth = depth
+        self.jobs = JobEngine(db, TxScope(db, self), hub)
+
+    def check_active(self, what: str) -> None:
+        if not self._active:
+            raise StorageError(
+                f"{what}: this transaction has already ended; open a new store.transaction()",
+                doing=what,
+            )
+        if threading.get_ident() != self._thread:
+            raise StorageError(
+                f"{what}: a transaction is used only from the thread that opened it",
+                doing=what,
+            )
+
+    def execute(self, statement: str, parameters: Sequence[Any] | Mapping[str, Any] = ()) -> Rows:
+        """Run the application's own SQL inside this transaction."""
+        what = "tx.execute()"
+        self.check_active(what)
+        self._db.check_open(what)
+        try:
+            cursor = self._db.connection.execute(statement, parameters)
+        except sqlite3.Error as exc:
+            raise storage_error(exc, what) from exc
+        return Rows(cursor, what)
+
+    def executemany(
+        self, statement: str, seq_of_parameters: Iterable[Sequence[Any] | Mapping[str, Any]]
+    ) -> Rows:
+        what = "tx.executemany()"
+        self.check_active(what)
+        self._db.check_open(what)
+        try:
+            cursor = self._db.connection.executemany(statement, seq_of_parameters)
+        except sqlite3.Error as exc:
+            raise storage_error(exc, what) from exc
+        return Rows(cursor, what)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the outermost transaction has committed (never on rollback)."""
+        self._callbacks.append(callback)
+
+    def _end(self) -> list[Callable[[], None]]:
+        self._active = False
+        callbacks, self._callbacks = self._callbacks, []
+        return callbacks
+
+
+class Store:
+    """An open job store over one SQLite database. Use :func:`open_store`."""
+
+    def __init__(
+        self,
+        db: Database,
+        hub: EngineHub,
+        *,
+        path: str | None,
+        readonly: bool,
+        durability: Durability,
+    ) -> None:
+        self._db = db
+        self._hub = hub
+        self.path = path
+        self.readonly = readonly
+        self.durability = durability
+        self._stack: list[Transaction] = []
+        self._close_lock = threading.Lock()
+        self.jobs = JobEngine(db, RootScope(db), hub)
+        hub.worker_factory = self._create_worker
+
+    # ------------------------------------------------------------ lifecycle
+
+    @property
+    def closed(self) -> bool:
+        return self._db.closed
+
+    @property
+    def runtime(self) -> Any:
+        return self._hub.runtime
+
+    @property
+    def defaults(self) -> Defaults:
+        return self._hub.defaults
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The underlying connection (use it only inside ``store.transaction()``)."""
+        return self._db.connection
+
+    def _create_worker(self, handlers: Mapping[str, Callable[..., Any]], **options: Any) -> Any:
+        from .worker import create_worker  # noqa: PLC0415 - the worker layer sits above
+
+        return create_worker(self.jobs, self._hub, handlers, **options)
+
+    def close(self, *, grace_seconds: float | None = None) -> list[StopOutcome]:
+        """Stop every worker of this store (bounded), then close.
+
+        Returns each worker's :class:`StopOutcome`, so what could not be
+        drained is reported rather than waited out. Idempotent.
+        """
+        with self._close_lock:
+            if self._db.closed:
+                return []
+            if self._db.gate.held_by_me():
+                raise GateRefused(
+                    "close() was called inside this store's transaction; finish it first",
+                    reason="reentrant",
+                )
+            outcomes: list[StopOutcome] = []
+            with self._hub.lock:
+                workers = list(self._hub.workers)
+            for worker in workers:
+                outcomes.append(worker.stop(grace_seconds))
+            gate = self._db.gate
+            gate.close()
+            gate.wait_idle(gate.timeout_seconds)
+            self._db.close()
+            return outcomes
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<jaren_jobs.Store {self.path or '(connection)'} {state}>"
+
+    # ------------------------------------------------------------ transactions
+
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """``BEGIN IMMEDIATE … COMMIT`` holding the gate; rollback on exception.
+
+        Nested inside a transaction of the same thread it is a savepoint.
+        """
+        what = "store.transaction()"
+        self._db.check_open(what)
+        if self._db.gate.held_by_me() and self._stack:
+            yield from self._nested(what)
+            return
+        self._db.gate.acquire(what)
+        tx = Transaction(self, self._db, self._hub, depth=0)
+        callbacks: list[Callable[[], None]] = []
+        try:
+            if self._db.in_transaction:
+                raise StorageError(
+                    f"{what}: the connection has an open transaction that jaren_jobs did not "
+                    "start; commit it first",
+                    doing=what,
+                )
+            self._db.run(sql.BEGIN_IMMEDIATE, doing=what)
+            self._stack.append(tx)
+            try:
+                yield tx
+            except BaseException:
+                self._stack.pop()
+                tx._end()
+                self._db.rollback_quietly()
+                raise
+            self._stack.pop()
+            callbacks = tx._end()
+            try:
+                self._db.run(sql.COMMIT, doing=what)
+            except JobsError:
+                callbacks = []
+                self._db.rollback_quietly()
+                raise
+        finally:
+            self._db.gate.release()
+        for callback in callbacks:
+            callback()
+
+    def _nested(self, what: str) -> Iterator[Transaction]:
+        parent = self._stack[-1]
+        parent.check_active(what)
+        name = f"jaren_jobs_tx_{len(self._stack)}"
+        tx = Transaction(self, self._db, self._hub, depth=len(self._stack))
+        self._db.run(sql.savepoint(name), doing=what)
+        self._stack.append(tx)
+        try:
+            yield tx
+        except BaseException:
+            self._stack.pop()
+            tx._end()
+            try:
+                self._db.run(sql.rollback_to_savepoint(name), doing=what)
+                self._db.run(sql.release_savepoint(name), doing=what)
+            except JobsError:
+                pass  # the outer rollback undoes it anyway
+            raise
+        self._stack.pop()
+        for callback in tx._end():
+            parent.after_commit(callback)
+        self._db.run(sql.release_savepoint(name), doing=what)
+
+
+def open_store(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    connection: sqlite3.Connection | None = None,
+    durability: Durability = "full",
+    readonly: bool = False,
+    busy_timeout_seconds: float = 5.0,
+    gate_timeout_seconds: float = 30.0,
+    runtime: Runtime | None = None,
+    defaults: Defaults | Mapping[str, Any] | None = None,
+) -> Store:
+    """Open a job store on a database file (created if missing) or on the app's connection.
+
+    Sets WAL (not for ``:memory:``), ``busy_timeout``, and ``synchronous`` =
+    FULL (``durability="full"``: an acknowledged enqueue survives power loss)
+    or NORMAL (survives a process crash). Creates or upgrades the tables; a
+    read-only store creates nothing and refuses with :class:`SchemaError` if
+    they are missing.
+    """
+    if (path is None) == (connection is None):
+        raise TypeError("open_store() takes exactly one of path or connection")
+    if durability not in ("full", "normal"):
+        raise ValueError(f"durability must be 'full' or 'normal', got {durability!r}")
+    if not isinstance(readonly, bool):
+        raise TypeError(f"readonly must be a bool, got {type(readonly).__name__}")
+    busy = check_seconds(busy_timeout_seconds, "busy_timeout_seconds", allow_zero=True)
+    gate_timeout = check_seconds(gate_timeout_seconds, "gate_timeout_seconds", allow_zero=True)
+    resolved_runtime = resolve_runtime(runtime)
+    resolved_defaults = resolve_defaults(defaults)
+
+    memory = False
+    shown_path: str | None = None
+    if connection is not None:
+        if not isinstance(connection, sqlite3.Connection):
+            raise TypeError(
+                f"connection must be a sqlite3.Connection, got {type(connection).__name__}"
+            )
+        conn = connection
+        owns = False
+    else:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or path-like, got {type(path).__name__}")
+        shown_path = os.fspath(path)
+        if shown_path == "":
+            raise ValueError("path must name a database file (or ':memory:')")
+        memory = shown_path == ":memory:"
+        if memory and readonly:
+            raise ValueError("a read-only store needs a database file, not ':memory:'")
+        try:
+            if readonly:
+                if not Path(shown_path).exists():
+                    raise StorageError(
+                        f"cannot open {shown_path!r} read-only: no such file",
+                        path=shown_path,
+                    )
+                uri = Path(shown_path).resolve().as_uri() + "?mode=ro"
+                conn = sqlite3.connect(
+                    uri, uri=True, timeout=busy, isolation_level=None, check_same_thread=False
+                )
+            else:
+                conn = sqlite3.connect(
+                    shown_path, timeout=busy, isolation_level=None, check_same_thread=False
+                )
+        except sqlite3.Error as exc:
+            raise storage_error(exc, f"opening {shown_path!r}") from exc
+        owns = True
+
+    db = Database(conn, owns=owns, gate=Gate(gate_timeout))
+    try:
+        _configure(
+            db, durability=durability, busy_ms=round(busy * 1000), readonly=readonly, memory=memory
+        )
+        if readonly:
+            require_schema(db)
+        else:
+            ensure_schema(db)
+    except BaseException:
+        if owns:
+            conn.close()
+        raise
+    hub = EngineHub(runtime=resolved_runtime, defaults=resolved_defaults)
+    return Store(db, hub, path=shown_path, readonly=readonly, durability=durability)
+
+
+def _configure(
+    db: Database, *, durability: str, busy_ms: int, readonly: bool, memory: bool
+) -> None:
+    what = "configuring the connection"
+    db.run(sql.pragma_busy_timeout(busy_ms), doing=what)
+    if not memory and not readonly:
+        row = db.one(sql.READ_JOURNAL_MODE, doing=what)
+        if row is None or str(row[0]).lower() not in ("wal", "memory"):
+            db.run(sql.SET_WAL, doing=what)
+    db.run(sql.pragma_synchronous(durability), doing=what)
