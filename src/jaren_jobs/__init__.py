@@ -8,6 +8,7 @@ speak for it. See ``docs/`` for the concepts and the full API.
 from __future__ import annotations
 
 from .checkpoints import CheckpointStore
+from .dag import CompiledDag, Task, TaskContext, compile_document, create_dag_job_runner
 from .engine import JobEngine, backoff_seconds
 from .errors import (
     CursorAborted,
@@ -50,6 +51,7 @@ __all__ = [
     "CancelScope",
     "CheckpointStore",
     "ClaimedJob",
+    "CompiledDag",
     "Counts",
     "CursorAborted",
     "DeadlinePassed",
@@ -81,10 +83,14 @@ __all__ = [
     "StorageError",
     "Store",
     "StoreClosed",
+    "Task",
+    "TaskContext",
     "Transaction",
     "WorkerStats",
     "__version__",
     "any_signal",
     "backoff_seconds",
+    "compile_document",
+    "create_dag_job_runner",
     "open_store",
 ]

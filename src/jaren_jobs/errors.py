@@ -64,6 +64,10 @@ class JobsError(Exception):
     """
 
     code: ClassVar[str] = "JD0000"
+    # whether a worker should retry an attempt that raised this; False means
+    # no retry can cure it, so the worker dead-letters the job at once.
+    # Application exceptions may set ``retryable = False`` too.
+    retryable: ClassVar[bool] = True
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -92,6 +96,7 @@ class DocumentError(JobsError):
     """A DAG document is invalid; ``path`` is the JSON path of the fault."""
 
     code = "JD0003"
+    retryable = False
 
     @property
     def path(self) -> str:
@@ -136,6 +141,7 @@ class RunMismatch(JobsError):
     """A DAG run cannot resume: its identity changed, or no attempt holds it."""
 
     code = "JD2069"
+    retryable = False
 
 
 class CursorAborted(JobsError):
