@@ -1,0 +1,389 @@
+"""The ``jaren-jobs`` command line (also ``python -m jaren_jobs``).
+
+Exit status: 0 success; 1 the store refused (unknown id, a settled job, a
+live lease); 2 bad usage or input (a missing database, a file that is not a
+jaren_jobs database, a bad duration, a module that fails to import).
+Errors are one line on stderr, never a traceback for a user mistake.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+import signal as os_signal
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
+
+from .codec import datetime_from_ms
+from .errors import JobsError, SchemaError
+from .records import STATES, Job
+from .store import Store, open_store
+
+__all__ = ["main", "parse_duration"]
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+class CliError(Exception):
+    """A user-facing failure: one line, and an exit status."""
+
+    def __init__(self, message: str, status: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def parse_duration(text: str) -> float:
+    """``30s``, ``15m``, ``12h``, ``7d``, ``2w`` (or ``500ms``) as seconds."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(
+            f"bad duration {text!r}: use a number and a unit, like 30s, 15m, 12h, 7d or 2w"
+        )
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def _duration_arg(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # one line, argparse's status 2, no usage dump for a user mistake
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="jaren-jobs",
+        description="Inspect and operate a jaren_jobs queue in a SQLite database.",
+    )
+    parser.add_argument(
+        "--db",
+        metavar="PATH",
+        default=os.environ.get("JAREN_JOBS_DB"),
+        help="the database file (default: $JAREN_JOBS_DB)",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+
+    counts = commands.add_parser("counts", help="jobs per state, and queued jobs per kind")
+    counts.add_argument("--json", action="store_true", help="print one JSON object")
+
+    ls = commands.add_parser("ls", help="list jobs by id (keyset paging)")
+    ls.add_argument("--state", choices=STATES, help="only jobs in this state")
+    ls.add_argument("--kind", help="only jobs of this kind")
+    ls.add_argument("--after", metavar="ID", help="continue after this id")
+    ls.add_argument("--limit", type=_positive_int, default=50, help="at most N jobs (50)")
+    ls.add_argument("--json", action="store_true", help="JSON Lines, one job per line")
+
+    show = commands.add_parser("show", help="every field of one job")
+    show.add_argument("id")
+    show.add_argument("--json", action="store_true", help="print one JSON object")
+
+    cancel = commands.add_parser("cancel", help="cancel a queued job")
+    cancel.add_argument("id")
+
+    requeue = commands.add_parser("requeue", help="return a failed/dead/cancelled job to pending")
+    requeue.add_argument("id")
+
+    sweep = commands.add_parser("sweep", help="delete settled jobs older than a duration")
+    sweep.add_argument(
+        "--older-than",
+        required=True,
+        type=_duration_arg,
+        metavar="DURATION",
+        help="e.g. 30s, 15m, 12h, 7d",
+    )
+    sweep.add_argument("--limit", type=_positive_int, help="at most N jobs")
+
+    worker = commands.add_parser("worker", help="run a worker until SIGINT/SIGTERM")
+    worker.add_argument("handlers", metavar="MODULE:ATTR", help="a dict of kind -> handler")
+    worker.add_argument("--concurrency", type=_positive_int, default=1)
+    worker.add_argument("--kinds", help="comma-separated subset of the handlers' kinds")
+    worker.add_argument("--poll", type=_positive_float, help="poll interval in seconds")
+    worker.add_argument("--grace", type=_positive_float, help="stop grace period in seconds")
+
+    demo = commands.add_parser("demo", help="a self-contained run on a temporary database")
+    demo.add_argument("--jobs", type=_positive_int, default=300, help="how many jobs (300)")
+    return parser
+
+
+# ------------------------------------------------------------------ opening
+
+
+def _require_db(path: str | None) -> str:
+    if not path:
+        raise CliError("no database: pass --db PATH or set JAREN_JOBS_DB")
+    if not Path(path).is_file():
+        raise CliError(f"no database at {path!r}")
+    return path
+
+
+def _open(path: str | None, *, readonly: bool) -> Store:
+    checked = _require_db(path)
+    try:
+        # check read-only first, so a write command never creates job tables
+        # in a file that is not a jaren_jobs database
+        probe = open_store(checked, readonly=True)
+    except SchemaError as exc:
+        raise CliError(f"{checked!r} is not a jaren_jobs database ({exc.message})") from None
+    except JobsError as exc:
+        raise CliError(f"cannot open {checked!r}: {exc.message}") from None
+    if readonly:
+        return probe
+    probe.close()
+    try:
+        return open_store(checked)
+    except JobsError as exc:
+        raise CliError(f"cannot open {checked!r}: {exc.message}") from None
+
+
+# ------------------------------------------------------------------ output
+
+
+def _when(value: Any) -> str:
+    return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() + "\n")
+
+
+def _one_line(text: str | None, width: int) -> str:
+    if not text:
+        return "-"
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def cmd_counts(store: Store, args: argparse.Namespace, out: TextIO) -> int:
+    counts = store.jobs.counts()
+    if args.json:
+        out.write(json.dumps(counts.to_dict(), ensure_ascii=False) + "\n")
+        return EXIT_OK
+    rows = [["state", "jobs"]] + [[s, str(getattr(counts, s))] for s in STATES]
+    _table(rows, out)
+    if counts.pending_kinds:
+        out.write("\nqueued (pending + failed) by kind:\n")
+        _table(
+            [["kind", "jobs"]] + [[k, str(v)] for k, v in sorted(counts.pending_kinds.items())],
+            out,
+        )
+    return EXIT_OK
+
+
+def cmd_ls(store: Store, args: argparse.Namespace, out: TextIO) -> int:
+    jobs: list[Job] = []
+    with store.jobs.page(
+        state=args.state, kind=args.kind, after=args.after, limit=args.limit + 1
+    ) as cursor:
+        for job in cursor:
+            jobs.append(job)
+    more = len(jobs) > args.limit
+    jobs = jobs[: args.limit]
+    if args.json:
+        for job in jobs:
+            out.write(json.dumps(job.to_dict(), ensure_ascii=False) + "\n")
+        return EXIT_OK
+    if not jobs:
+        out.write("no jobs\n")
+        return EXIT_OK
+    rows = [["id", "kind", "state", "attempts", "run_at", "last_error"]]
+    for job in jobs:
+        rows.append(
+            [
+                job.id,
+                job.kind,
+                job.state,
+                f"{job.attempts}/{job.max_attempts}",
+                _when(job.run_at),
+                _one_line(job.last_error, 40),
+            ]
+        )
+    _table(rows, out)
+    if more:
+        out.write(f"\nmore: --after {jobs[-1].id}\n")
+    return EXIT_OK
+
+
+def cmd_show(store: Store, args: argparse.Namespace, out: TextIO) -> int:
+    job = store.jobs.get(args.id)
+    if job is None:
+        raise CliError(f"no job with id {args.id!r}", EXIT_REFUSED)
+    data = job.to_dict()
+    if args.json:
+        out.write(json.dumps(data, ensure_ascii=False) + "\n")
+        return EXIT_OK
+    width = max(len(k) for k in data)
+    for key, value in data.items():
+        if key == "last_error":
+            continue
+        shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        out.write(f"{key.ljust(width)}  {'-' if value is None else shown}\n")
+    out.write(f"{'last_error'.ljust(width)}  {job.last_error or '-'}\n")
+    return EXIT_OK
+
+
+def cmd_cancel(store: Store, args: argparse.Namespace, out: TextIO) -> int:
+    changed = store.jobs.cancel(args.id)
+    out.write(f"cancelled {args.id}\n" if changed else f"{args.id} was already cancelled\n")
+    return EXIT_OK
+
+
+def cmd_requeue(store: Store, args: argparse.Namespace, out: TextIO) -> int:
+    changed = store.jobs.requeue(args.id)
+    out.write(f"requeued {args.id}\n" if changed else f"{args.id} was already pending\n")
+    return EXIT_OK
+
+
+def cmd_sweep(store: Store, args: argparse.Namespace, out: TextIO) -> int:
+    now = datetime_from_ms(store.runtime.now_ms())
+    assert now is not None
+    horizon = now - timedelta(seconds=args.older_than)
+    removed = store.jobs.sweep(settled_before=horizon, limit=args.limit)
+    out.write(f"swept {removed} settled job(s) last changed before {horizon.isoformat()}\n")
+    return EXIT_OK
+
+
+def _load_handlers(spec: str) -> Mapping[str, Callable[..., Any]]:
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise CliError(f"expected MODULE:ATTR (e.g. myapp.jobs:HANDLERS), got {spec!r}")
+    # like `python -m`, look in the working directory first
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise CliError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
+    target: Any = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise CliError(f"module {module_name!r} has no attribute {attr!r}")
+        target = getattr(target, part)
+    if callable(target) and not isinstance(target, Mapping):
+        target = target()
+    if not isinstance(target, Mapping) or not target:
+        raise CliError(f"{spec} must be a non-empty dict of kind -> handler")
+    return target
+
+
+def cmd_worker(store: Store, args: argparse.Namespace, out: TextIO) -> int:
+    handlers = dict(_load_handlers(args.handlers))
+    if args.kinds:
+        wanted = [k.strip() for k in args.kinds.split(",") if k.strip()]
+        unknown = sorted(set(wanted) - set(handlers))
+        if unknown:
+            raise CliError(f"--kinds names kinds with no handler: {', '.join(unknown)}")
+        handlers = {k: handlers[k] for k in wanted}
+    options: dict[str, Any] = {"concurrency": args.concurrency}
+    if args.poll is not None:
+        options["poll_seconds"] = args.poll
+    worker = store.jobs.create_worker(handlers, **options)
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: object) -> None:
+        stop.set()
+
+    previous = {
+        sig: os_signal.signal(sig, request_stop) for sig in (os_signal.SIGINT, os_signal.SIGTERM)
+    }
+    try:
+        worker.start()
+        out.write(
+            f"worker {', '.join(sorted(handlers))} x{args.concurrency} on {store.path}; "
+            "SIGINT or SIGTERM stops it\n"
+        )
+        out.flush()
+        while not stop.wait(0.5):
+            pass
+        outcome = worker.stop(args.grace)
+    finally:
+        for sig, handler in previous.items():
+            os_signal.signal(sig, handler)
+    stats = worker.stats()
+    out.write(
+        f"stopped: {stats.completions} completed, {stats.failures} failed, "
+        f"{stats.cancellations} cancelled, {stats.lost_settlements} lost; "
+        f"{'drained' if outcome.drained else f'{outcome.in_flight} not drained'}\n"
+    )
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
+    from .demo import run_demo  # noqa: PLC0415 - only the demo needs it
+
+    return run_demo(db=args.db, jobs=args.jobs, out=out)
+
+
+_COMMANDS: dict[str, tuple[Callable[[Store, argparse.Namespace, TextIO], int], bool]] = {
+    # command -> (function, read-only store)
+    "counts": (cmd_counts, True),
+    "ls": (cmd_ls, True),
+    "show": (cmd_show, True),
+    "cancel": (cmd_cancel, False),
+    "requeue": (cmd_requeue, False),
+    "sweep": (cmd_sweep, False),
+    "worker": (cmd_worker, False),
+}
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    stream = out if out is not None else sys.stdout
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            return cmd_demo(args, stream)
+        command, readonly = _COMMANDS[args.command]
+        store = _open(args.db, readonly=readonly)
+        try:
+            return command(store, args, stream)
+        finally:
+            store.close()
+    except CliError as exc:
+        print(f"jaren-jobs: {exc}", file=sys.stderr)
+        return exc.status
+    except JobsError as exc:
+        print(f"jaren-jobs: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        print("jaren-jobs: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,158 @@
+"""``jaren-jobs demo``: enqueue, work and report, on a temporary database.
+
+It shows the three things a queue is for: retries with backoff (``resize``
+fails its first attempt now and then), dead letters (a few ``resize`` jobs
+never succeed), and a checkpointed DAG job that fails mid-run and resumes
+from its checkpoints instead of starting over.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any, TextIO
+
+from .dag import Task, TaskContext, create_dag_job_runner
+from .records import NewJob, Outcome
+from .store import open_store
+
+__all__ = ["run_demo"]
+
+DEMO_DEFAULTS = {
+    "poll_seconds": 0.05,
+    "lease_seconds": 5.0,
+    "backoff_base_seconds": 0.02,
+    "backoff_cap_seconds": 0.2,
+    "stop_grace_seconds": 2.0,
+}
+
+REPORT = {
+    "description": "gather three numbers, sum them, and summarise",
+    "nodes": {
+        "gather": {"task": "gather"},
+        "total": {"task": "total", "needs": ["gather"]},
+        "summarize": {"task": "summarize", "needs": ["gather", "total"]},
+    },
+    "output": "summarize",
+}
+
+
+def run_demo(*, db: str | None, jobs: int, out: TextIO) -> int:
+    """Run the demo; returns an exit status."""
+    path = Path(db) if db else Path(tempfile.mkdtemp(prefix="jaren-demo-")) / "demo.db"
+    tty = out.isatty()
+    runs: Counter[str] = Counter()
+    runs_lock = threading.Lock()
+
+    def send_email(payload: dict[str, Any], ctx: Any) -> str:
+        return f"sent to {payload['to']}"
+
+    def resize(payload: dict[str, Any], ctx: Any) -> dict[str, int]:
+        n = payload["n"]
+        if n % 50 == 7:
+            raise ValueError(f"image {n} is corrupt")  # never succeeds: dead letter
+        if n % 5 == 0 and ctx.job.attempts == 1:
+            raise TimeoutError(f"image service timed out on image {n}")  # retried
+        return {"width": 64, "height": 64}
+
+    def counted(name: str) -> None:
+        with runs_lock:
+            runs[name] += 1
+
+    def gather(inputs: dict[str, Any], ctx: TaskContext) -> list[int]:
+        counted("gather")
+        return list(inputs["input"]["numbers"])
+
+    def total(inputs: dict[str, Any], ctx: TaskContext) -> int:
+        counted("total")
+        return sum(inputs["gather"])
+
+    def summarize(inputs: dict[str, Any], ctx: TaskContext) -> str:
+        counted("summarize")
+        if ctx.job.attempts == 1:
+            raise ConnectionError("the report service dropped the connection")
+        return f"{len(inputs['gather'])} numbers, total {inputs['total']}"
+
+    outcomes: Counter[str] = Counter()
+    outcome_lock = threading.Lock()
+    progressed = threading.Event()
+
+    def on_outcome(event: Outcome) -> None:
+        with outcome_lock:
+            outcomes[event.outcome] += 1
+        progressed.set()
+
+    with open_store(path, defaults=DEMO_DEFAULTS) as store:
+        batch = [
+            NewJob("send_email", {"to": f"user{n}@example.com"})
+            if n % 2 == 0
+            else NewJob("resize", {"n": n}, max_attempts=3)
+            for n in range(jobs)
+        ]
+        store.jobs.enqueue_many(batch)
+        store.jobs.enqueue("report", {"input": {"numbers": [3, 4, 5]}}, id="report-1")
+        total_jobs = jobs + 1
+        out.write(f"demo database: {path}\nenqueued {total_jobs} jobs\n")
+
+        worker = store.jobs.create_worker(
+            {"send_email": send_email, "resize": resize}, concurrency=4, on_outcome=on_outcome
+        )
+        runner = create_dag_job_runner(
+            store,
+            documents={"report": REPORT},
+            tasks={"gather": gather, "total": total, "summarize": Task(summarize, version=1)},
+            on_outcome=on_outcome,
+        )
+        worker.start()
+        runner.start()
+        last_line = ""
+        try:
+            while True:
+                progressed.wait(0.2)
+                progressed.clear()
+                counts = store.jobs.counts()
+                settled = counts.done + counts.dead + counts.cancelled
+                with outcome_lock:
+                    line = (
+                        f"settled {settled}/{total_jobs}  completed {outcomes['completed']}"
+                        f"  failed attempts {outcomes['failed']}  dead {counts.dead}"
+                    )
+                if tty:
+                    out.write("\r" + line)
+                    out.flush()
+                elif line != last_line and (settled == total_jobs or settled % 100 == 0):
+                    out.write(line + "\n")
+                last_line = line
+                if settled == total_jobs:
+                    break
+        finally:
+            worker.stop()
+            runner.stop()
+        if tty:
+            out.write("\n")
+
+        counts = store.jobs.counts()
+        out.write("\nstate      jobs\n")
+        for state in ("pending", "leased", "done", "failed", "dead", "cancelled"):
+            out.write(f"{state:<10} {getattr(counts, state)}\n")
+        report = store.jobs.get("report-1")
+        with store.jobs.page(state="dead", limit=1) as cursor:
+            dead = next(iter(cursor), None)
+        out.write(
+            f"\nretries: {outcomes['failed']} attempts failed and were retried with backoff "
+            "or dead-lettered\n"
+        )
+        if dead is not None:
+            out.write(
+                f"dead letters: {counts.dead} jobs used all {dead.max_attempts} attempts; "
+                f"e.g. {dead.id}: {dead.last_error}\n"
+            )
+        if report is not None:
+            out.write(
+                f"DAG resume: 'report' failed in 'summarize' on attempt 1 and resumed on "
+                f"attempt {report.attempts}: gather ran {runs['gather']}x, total ran "
+                f"{runs['total']}x, summarize ran {runs['summarize']}x -> {report.result!r}\n"
+            )
+    return 0
