@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import sql
-from .codec import decode_json, encode_json
+from .codec import check_text, decode_json, encode_json
 from .errors import JobSettled, StorageError
 from .records import Lease
 
@@ -85,8 +85,11 @@ class CheckpointStore:
         """Record one node's value; fenced like any settling call."""
         what = "checkpoint save()"
         self._check_run(run_id, what)
-        if not isinstance(node_id, str) or node_id == "":
+        if not isinstance(node_id, str):
             raise TypeError(f"{what}: node_id must be a non-empty str, got {node_id!r}")
+        if node_id == "":
+            raise ValueError(f"{what}: node_id must be a non-empty string")
+        check_text(node_id, f"{what}: node_id")
         text = encode_json(value, f"{what}: value")
         lease = self._lease()
         engine = self._engine
@@ -129,11 +132,16 @@ class CheckpointStore:
 
         def work() -> bool:
             settled = engine.settle_done(lease, text, engine.runtime.now_ms(), what)
-            db.run(
-                sql.CHECKPOINT_PRUNE,
-                {"run_id": run_id, "generation": lease.generation},
-                doing=what,
-            )
+            # an attempt that already settled its job another way (fail,
+            # cancel) is answered True like any repeated settlement, but its
+            # checkpoints are what a retry resumes from: prune only a done job
+            row = db.one(sql.FENCE_ROW, (lease.job_id,), doing=what)
+            if row is not None and row[0] == "done":
+                db.run(
+                    sql.CHECKPOINT_PRUNE,
+                    {"run_id": run_id, "generation": lease.generation},
+                    doing=what,
+                )
             return settled
 
         return engine.scope.write(work, what)

@@ -1,0 +1,180 @@
+"""``store.jobs.page()``: a keyset cursor over jobs, by id.
+
+The cursor is built by :mod:`jaren_jobs.cursor` like every other. Its row
+source is one ``sqlite3`` cursor of its own (two live page cursors never
+share a statement) that seeks the next row past the last one delivered, *at
+each pull*: Python's ``sqlite3`` reads one row ahead of the row it returns,
+so a statement left stepping between pulls would hand back a row read
+before another thread's transaction committed. Seeking per pull means every
+pull reads the committed state of that moment (rows deleted meanwhile
+vanish, rows added past the last delivered id appear) and nothing — no
+statement, no read snapshot — is held between pulls.
+
+A root page takes the store's gate per pull; ``tx.jobs.page()`` runs inside
+its transaction (whose thread already holds the gate) and sees its
+uncommitted rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from . import sql
+from .codec import check_text
+from .cursor import Admit, Cursor
+from .db import Database, RootScope, TxScope
+from .records import STATES, Job
+from .rows import job_from_row
+from .runtime import ResolvedRuntime
+from .signals import SignalLike, check_deadline_arg, check_signal_arg
+
+__all__ = ["page_jobs"]
+
+
+class _FilterTypeError(TypeError, ValueError):
+    """A page filter of the wrong type: an argument mistake (TypeError) and a bad filter
+    (ValueError, as the contract names every bad filter)."""
+
+
+class _KeysetRows:
+    """Job rows by id past ``after``; each ``next()`` seeks the next one afresh."""
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        statement: str,
+        params: dict[str, Any],
+        after: str,
+        limit: int,
+        check: Callable[[], object] | None,
+    ) -> None:
+        self._check = check
+        self._cursor = db.cursor()
+        self._statement = statement
+        self._params = params
+        self._last = after
+        self._left = limit
+
+    def __iter__(self) -> _KeysetRows:
+        return self
+
+    def __next__(self) -> tuple[Any, ...]:
+        if self._left <= 0:
+            raise StopIteration
+        if self._check is not None:
+            self._check()
+        self._cursor.execute(self._statement, {**self._params, "after": self._last, "limit": 1})
+        row: tuple[Any, ...] | None = self._cursor.fetchone()
+        if row is None:
+            self._left = 0
+            raise StopIteration
+        self._last = row[0]
+        self._left -= 1
+        return row
+
+    def close(self) -> None:
+        # a connection closed first has finalised every statement with it
+        with contextlib.suppress(sqlite3.ProgrammingError):
+            self._cursor.close()
+
+
+def _check_filters(
+    state: object, kind: object, after: object, limit: object, what: str
+) -> tuple[str | None, str | None, str, int]:
+    if state is not None:
+        if not isinstance(state, str):
+            raise _FilterTypeError(
+                f"{what}: state must be one of {list(STATES)} or None, got {type(state).__name__}"
+            )
+        if state not in STATES:
+            raise ValueError(f"{what}: state must be one of {list(STATES)}, got {state!r}")
+        state = STATES[STATES.index(state)]  # the plain str, even for a JobState
+    if kind is not None:
+        if not isinstance(kind, str):
+            raise _FilterTypeError(
+                f"{what}: kind must be a non-empty str or None, got {type(kind).__name__}"
+            )
+        if kind == "":
+            raise ValueError(f"{what}: kind must be a non-empty string (or None for every kind)")
+        check_text(kind, f"{what}: kind")
+    if after is None:
+        after = ""  # ids are non-empty, so every id sorts after ""
+    elif not isinstance(after, str):
+        raise _FilterTypeError(
+            f"{what}: after must be the str id to continue past, or None; "
+            f"got {type(after).__name__}"
+        )
+    else:
+        check_text(after, f"{what}: after")
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise _FilterTypeError(f"{what}: limit must be a positive int, got {type(limit).__name__}")
+    if limit < 1:
+        raise ValueError(f"{what}: limit must be >= 1, got {limit}")
+    return state, kind, after, limit
+
+
+def page_jobs(
+    db: Database,
+    scope: RootScope | TxScope,
+    runtime: ResolvedRuntime,
+    *,
+    state: str | None,
+    kind: str | None,
+    after: str | None,
+    limit: int,
+    signal: SignalLike | None,
+    deadline: datetime | None,
+) -> Cursor[Job]:
+    """A keyset cursor over jobs by id: at most ``limit`` jobs with id > ``after``.
+
+    ``state`` (one of the job states) and ``kind`` filter; a bad filter is
+    ``ValueError`` (a filter of the wrong type is also a ``TypeError``).
+    Construction holds nothing and reads nothing; the first pull opens the
+    statement. ``signal`` and ``deadline`` are honoured at every pull
+    (``CursorAborted`` / ``DeadlinePassed``).
+    """
+    what = "page()"
+    state_, kind_, after_, limit_ = _check_filters(state, kind, after, limit, what)
+    sig = check_signal_arg(signal, what)
+    dl = check_deadline_arg(deadline, what)
+    db.check_open(what)
+    statement = sql.page_jobs(state_ is not None, kind_ is not None)
+    params: dict[str, Any] = {}
+    if state_ is not None:
+        params["state"] = state_
+    if kind_ is not None:
+        params["kind"] = kind_
+
+    if isinstance(scope, RootScope):
+        # the gate per pull, never between pulls
+        admit: Admit | None = scope.read
+        check = None
+    else:
+        # inside the transaction, whose thread holds the gate: no admission,
+        # but every pull checks that the transaction is still open (an ended
+        # one never comes back, so the refusal settles the cursor)
+        admit = None
+
+        def check() -> None:
+            scope.read(_nothing, what)
+
+    return Cursor(
+        open_rows=lambda: _KeysetRows(
+            db, statement=statement, params=params, after=after_, limit=limit_, check=check
+        ),
+        map_row=job_from_row,
+        signal=sig,
+        deadline=dl,
+        now=runtime.now,
+        admit=admit,
+        what=what,
+    )
+
+
+def _nothing() -> None:
+    return None
