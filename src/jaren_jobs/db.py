@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -36,6 +37,8 @@ class Database:
         self.gate = gate
         self.closed = False
         self._savepoints = itertools.count(1)
+        # the connection's busy_timeout (set by open_store); begin() polls within it
+        self.busy_ms = 0
 
     def check_open(self, what: str) -> None:
         if self.closed:
@@ -99,7 +102,7 @@ class Database:
                 "start; commit it first, or enqueue through store.transaction()",
                 doing=doing,
             )
-        self.run(sql.BEGIN_IMMEDIATE if immediate else sql.BEGIN_DEFERRED, doing=doing)
+        self.begin(immediate=immediate, doing=doing)
         try:
             result = fn()
             self.run(sql.COMMIT, doing=doing)
@@ -107,6 +110,34 @@ class Database:
             self.rollback_quietly()
             raise
         return result
+
+    def begin(self, *, immediate: bool, doing: str) -> None:
+        """BEGIN [IMMEDIATE]; a busy write lock is polled in short naps, within busy_timeout.
+
+        SQLite's own busy handler backs off to 100 ms naps, while a process
+        writing back-to-back re-takes the lock microseconds after each commit:
+        other processes could starve past busy_timeout and fail. Short polls
+        find those gaps.
+        """
+        if not immediate or self.busy_ms <= 0:
+            self.run(sql.BEGIN_IMMEDIATE if immediate else sql.BEGIN_DEFERRED, doing=doing)
+            return
+        self.check_open(doing)
+        end = time.monotonic() + self.busy_ms / 1000
+        nap = 0.0005
+        self.run(sql.pragma_busy_timeout(0), doing=doing)
+        try:
+            while True:
+                try:
+                    self.connection.execute(sql.BEGIN_IMMEDIATE)
+                    return
+                except sqlite3.OperationalError as exc:
+                    if not _is_busy(exc) or time.monotonic() >= end:
+                        raise storage_error(exc, doing) from exc
+                time.sleep(nap)
+                nap = min(nap * 2, 0.004)
+        finally:
+            self.run(sql.pragma_busy_timeout(self.busy_ms), doing=doing)
 
     def savepoint(self, fn: Callable[[], T], *, doing: str) -> T:
         """Run ``fn`` under a savepoint: its writes land all together or not at all."""
@@ -143,6 +174,16 @@ class Database:
                 self.connection.close()
             except sqlite3.Error as exc:
                 raise storage_error(exc, "closing the database") from exc
+
+
+_SQLITE_BUSY = 5  # the primary result code; extended codes keep it in the low byte
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11
+    if code is not None:
+        return (int(code) & 0xFF) == _SQLITE_BUSY
+    return str(exc) == "database is locked"
 
 
 class Scope(Protocol):

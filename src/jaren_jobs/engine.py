@@ -30,6 +30,7 @@ from .errors import (
     LeaseSuperseded,
     describe_error,
 )
+from .pages import page_jobs
 from .records import STATES, ClaimedJob, Counts, Job, Lease, NewJob
 from .rows import claimed_from_row, job_from_row, lease_from_row
 from .runtime import Defaults, ResolvedRuntime, check_positive_int, check_seconds
@@ -682,8 +683,6 @@ class JobEngine:
         deadline: datetime | None = None,
     ) -> Cursor[Job]:
         """A keyset cursor over jobs by id (see :mod:`jaren_jobs.cursor`)."""
-        from .pages import page_jobs  # noqa: PLC0415 - cursor layer sits beside the engine
-
         return page_jobs(
             self._db,
             self._scope,

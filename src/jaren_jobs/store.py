@@ -243,7 +243,7 @@ class Store:
                     "start; commit it first",
                     doing=what,
                 )
-            self._db.run(sql.BEGIN_IMMEDIATE, doing=what)
+            self._db.begin(immediate=True, doing=what)
             self._stack.append(tx)
             try:
                 yield tx
@@ -378,6 +378,7 @@ def _configure(
 ) -> None:
     what = "configuring the connection"
     db.run(sql.pragma_busy_timeout(busy_ms), doing=what)
+    db.busy_ms = busy_ms
     if not memory and not readonly:
         row = db.one(sql.READ_JOURNAL_MODE, doing=what)
         if row is None or str(row[0]).lower() not in ("wal", "memory"):

@@ -1,0 +1,516 @@
+"""Bad inputs: each answered by a specific error, and nothing written.
+
+Every case runs against a store holding a pending job, two claimed jobs and a
+settled one, and compares a snapshot of every table before and after.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jaren_jobs import (
+    ClaimedJob,
+    Lease,
+    LeaseRequired,
+    LeaseSuperseded,
+    NewJob,
+    Runtime,
+    SchemaError,
+    StorageError,
+    Store,
+    StoreClosed,
+    open_store,
+)
+from tests.conftest import START
+
+AWARE = datetime.fromtimestamp(START, timezone.utc)
+NAIVE = datetime(2027, 1, 15, 8, 0, 0)
+
+
+def snapshot(db_path: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table, read on a connection of its own."""
+    conn = sqlite3.connect(db_path)
+    try:
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+            )
+        ]
+        return {t: conn.execute(f'SELECT * FROM "{t}" ORDER BY 1, 2').fetchall() for t in tables}
+    finally:
+        conn.close()
+
+
+def deep_list(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def deep_dict(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+class Opaque:
+    """An object JSON cannot carry."""
+
+
+@dataclass
+class World:
+    store: Store
+    claimed: ClaimedJob  # job "leased-1"
+    other: ClaimedJob  # job "leased-2"
+
+    @property
+    def lease(self) -> Lease:
+        return self.claimed.lease
+
+    def forged(self, **changes: Any) -> Lease:
+        fields = {
+            "job_id": self.lease.job_id,
+            "token": "made-up-token",
+            "generation": self.lease.generation,
+            "attempt": self.lease.attempt,
+            "owner": self.lease.owner,
+            "expires_at": self.lease.expires_at,
+        }
+        fields.update(changes)
+        return Lease(**fields)
+
+
+def populate(store: Store) -> World:
+    store.jobs.enqueue("k", {"n": 1}, id="pending-1")
+    store.jobs.enqueue("x", id="leased-1", priority=2)
+    store.jobs.enqueue("x", id="leased-2", priority=1)
+    store.jobs.enqueue("d", id="done-1")
+    claimed = store.jobs.claim(["x"], owner="worker-1")
+    other = store.jobs.claim(["x"], owner="worker-1")
+    done = store.jobs.claim(["d"], owner="worker-1")
+    assert claimed is not None
+    assert other is not None
+    assert done is not None
+    assert claimed.id == "leased-1"
+    assert other.id == "leased-2"
+    assert store.jobs.complete(done.lease, {"ok": True})
+    return World(store, claimed, other)
+
+
+@pytest.fixture
+def world(store: Store) -> World:
+    return populate(store)
+
+
+Call = Callable[[World], object]
+
+# (id, call, expected error type, a phrase the message must carry)
+CASES: list[tuple[str, Call, type[BaseException], str]] = [
+    # ---- kind
+    ("kind-empty", lambda w: w.store.jobs.enqueue(""), ValueError, "kind"),
+    ("kind-int", lambda w: w.store.jobs.enqueue(3), TypeError, "kind"),
+    ("kind-none", lambda w: w.store.jobs.enqueue(None), TypeError, "kind"),
+    ("kind-bytes", lambda w: w.store.jobs.enqueue(b"k"), TypeError, "kind"),
+    ("kind-surrogate", lambda w: w.store.jobs.enqueue("k\ud800"), ValueError, "kind"),
+    # ---- payload
+    ("payload-set", lambda w: w.store.jobs.enqueue("k", {1, 2}), TypeError, "set"),
+    ("payload-bytes", lambda w: w.store.jobs.enqueue("k", b"raw"), TypeError, "bytes"),
+    ("payload-object", lambda w: w.store.jobs.enqueue("k", Opaque()), TypeError, "Opaque"),
+    ("payload-nested-set", lambda w: w.store.jobs.enqueue("k", {"a": [{1}]}), TypeError, "$.a[0]"),
+    ("payload-int-key", lambda w: w.store.jobs.enqueue("k", {1: "a"}), TypeError, "key"),
+    ("payload-tuple-key", lambda w: w.store.jobs.enqueue("k", {(1,): "a"}), TypeError, "key"),
+    ("payload-nan", lambda w: w.store.jobs.enqueue("k", float("nan")), ValueError, "NaN"),
+    ("payload-inf", lambda w: w.store.jobs.enqueue("k", [float("inf")]), ValueError, "inf"),
+    ("payload-neg-inf", lambda w: w.store.jobs.enqueue("k", {"a": -float("inf")}), ValueError, ""),
+    ("payload-surrogate", lambda w: w.store.jobs.enqueue("k", "\udc80"), ValueError, "Unicode"),
+    ("payload-surrogate-key", lambda w: w.store.jobs.enqueue("k", {"\ud800": 1}), ValueError, ""),
+    ("payload-deep-list", lambda w: w.store.jobs.enqueue("k", deep_list(100_000)), ValueError, ""),
+    ("payload-deep-dict", lambda w: w.store.jobs.enqueue("k", deep_dict(100_000)), ValueError, ""),
+    # ---- result
+    ("result-set", lambda w: w.store.jobs.complete(w.lease, {1}), TypeError, "result"),
+    ("result-object", lambda w: w.store.jobs.complete(w.lease, Opaque()), TypeError, "result"),
+    ("result-nan", lambda w: w.store.jobs.complete(w.lease, float("nan")), TypeError, "NaN"),
+    ("result-inf", lambda w: w.store.jobs.complete(w.lease, [float("inf")]), TypeError, ""),
+    ("result-int-key", lambda w: w.store.jobs.complete(w.lease, {2: 1}), TypeError, "key"),
+    ("result-deep", lambda w: w.store.jobs.complete(w.lease, deep_list(100_000)), TypeError, ""),
+    # ---- max_attempts / priority
+    ("max-attempts-0", lambda w: w.store.jobs.enqueue("k", max_attempts=0), ValueError, ">= 1"),
+    ("max-attempts-neg", lambda w: w.store.jobs.enqueue("k", max_attempts=-2), ValueError, ""),
+    ("max-attempts-1.5", lambda w: w.store.jobs.enqueue("k", max_attempts=1.5), TypeError, "int"),
+    ("max-attempts-str", lambda w: w.store.jobs.enqueue("k", max_attempts="3"), TypeError, "int"),
+    ("max-attempts-bool", lambda w: w.store.jobs.enqueue("k", max_attempts=True), TypeError, ""),
+    ("priority-str", lambda w: w.store.jobs.enqueue("k", priority="1"), TypeError, "priority"),
+    ("priority-float", lambda w: w.store.jobs.enqueue("k", priority=1.0), TypeError, "priority"),
+    ("priority-huge", lambda w: w.store.jobs.enqueue("k", priority=2**63), ValueError, "64"),
+    # ---- run_at / delay_seconds
+    ("run-at-naive", lambda w: w.store.jobs.enqueue("k", run_at=NAIVE), ValueError, "aware"),
+    ("run-at-float", lambda w: w.store.jobs.enqueue("k", run_at=START), TypeError, "datetime"),
+    (
+        "run-at-and-delay",
+        lambda w: w.store.jobs.enqueue("k", run_at=AWARE, delay_seconds=1),
+        ValueError,
+        "not both",
+    ),
+    ("delay-negative", lambda w: w.store.jobs.enqueue("k", delay_seconds=-1), ValueError, ">= 0"),
+    ("delay-nan", lambda w: w.store.jobs.enqueue("k", delay_seconds=float("nan")), ValueError, ""),
+    ("delay-inf", lambda w: w.store.jobs.enqueue("k", delay_seconds=float("inf")), ValueError, ""),
+    ("delay-str", lambda w: w.store.jobs.enqueue("k", delay_seconds="5"), TypeError, ""),
+    # ---- id
+    ("id-empty", lambda w: w.store.jobs.enqueue("k", id=""), ValueError, "id"),
+    ("id-int", lambda w: w.store.jobs.enqueue("k", id=7), TypeError, "id"),
+    # ---- enqueue_many: one bad item spoils the batch
+    (
+        "many-bad-payload",
+        lambda w: w.store.jobs.enqueue_many([NewJob("k", id="ok"), NewJob("k", float("nan"))]),
+        ValueError,
+        "item 1",
+    ),
+    (
+        "many-not-newjob",
+        lambda w: w.store.jobs.enqueue_many([NewJob("k", id="ok"), {"kind": "k"}]),
+        TypeError,
+        "NewJob",
+    ),
+    ("many-str", lambda w: w.store.jobs.enqueue_many("kk"), TypeError, ""),
+    # ---- a lease is required: an id or an owner does not say which attempt speaks
+    ("complete-id", lambda w: w.store.jobs.complete("leased-1"), LeaseRequired, "lease"),
+    ("complete-owner", lambda w: w.store.jobs.complete("worker-1"), LeaseRequired, ""),
+    ("complete-none", lambda w: w.store.jobs.complete(None), LeaseRequired, ""),
+    ("complete-claimed-job", lambda w: w.store.jobs.complete(w.claimed), LeaseRequired, ""),
+    ("fail-id", lambda w: w.store.jobs.fail("leased-1", "x"), LeaseRequired, ""),
+    ("renew-id", lambda w: w.store.jobs.renew("leased-1"), LeaseRequired, ""),
+    (
+        "renew-dict",
+        lambda w: w.store.jobs.renew({"job_id": "leased-1", "token": w.lease.token}),
+        LeaseRequired,
+        "",
+    ),
+    (
+        "cancel-owner-as-lease",
+        lambda w: w.store.jobs.cancel("leased-1", lease="worker-1"),
+        LeaseRequired,
+        "",
+    ),
+    ("cancel-claimed-no-lease", lambda w: w.store.jobs.cancel("leased-1"), LeaseRequired, ""),
+    (
+        "cancel-other-jobs-lease",
+        lambda w: w.store.jobs.cancel("leased-1", lease=w.other.lease),
+        LeaseRequired,
+        "leased-2",
+    ),
+    (
+        "cancel-pending-with-other-lease",
+        lambda w: w.store.jobs.cancel("pending-1", lease=w.other.lease),
+        LeaseRequired,
+        "",
+    ),
+    # ---- a forged lease: the right job, a made-up token
+    ("forged-complete", lambda w: w.store.jobs.complete(w.forged(), "x"), LeaseSuperseded, ""),
+    ("forged-fail", lambda w: w.store.jobs.fail(w.forged(), "x"), LeaseSuperseded, ""),
+    ("forged-renew", lambda w: w.store.jobs.renew(w.forged()), LeaseSuperseded, ""),
+    (
+        "forged-cancel",
+        lambda w: w.store.jobs.cancel("leased-1", lease=w.forged()),
+        LeaseSuperseded,
+        "",
+    ),
+    (
+        "forged-next-generation",
+        lambda w: w.store.jobs.complete(w.forged(generation=w.lease.generation + 1)),
+        LeaseSuperseded,
+        "",
+    ),
+    (
+        "forged-empty-token",
+        lambda w: w.store.jobs.complete(w.forged(token="")),
+        LeaseSuperseded,
+        "",
+    ),
+    # ---- kinds
+    ("claim-bare-str", lambda w: w.store.jobs.claim("k", owner="o"), TypeError, "bare"),
+    (
+        "claim-many-bare-str",
+        lambda w: w.store.jobs.claim_many("k", owner="o", limit=2),
+        TypeError,
+        "",
+    ),
+    ("claim-empty-list", lambda w: w.store.jobs.claim([], owner="o"), ValueError, "kind"),
+    ("claim-empty-kind", lambda w: w.store.jobs.claim([""], owner="o"), ValueError, ""),
+    ("claim-int-kind", lambda w: w.store.jobs.claim([3], owner="o"), TypeError, ""),
+    ("claim-dict-kinds", lambda w: w.store.jobs.claim({"k": 1}, owner="o"), TypeError, ""),
+    # ---- owner, lease_seconds, limit
+    ("claim-owner-empty", lambda w: w.store.jobs.claim(["k"], owner=""), ValueError, "owner"),
+    ("claim-owner-none", lambda w: w.store.jobs.claim(["k"], owner=None), TypeError, "owner"),
+    (
+        "claim-lease-zero",
+        lambda w: w.store.jobs.claim(["k"], owner="o", lease_seconds=0),
+        ValueError,
+        "lease_seconds",
+    ),
+    (
+        "claim-lease-negative",
+        lambda w: w.store.jobs.claim(["k"], owner="o", lease_seconds=-5),
+        ValueError,
+        "",
+    ),
+    (
+        "claim-lease-nan",
+        lambda w: w.store.jobs.claim(["k"], owner="o", lease_seconds=float("nan")),
+        ValueError,
+        "",
+    ),
+    (
+        "claim-many-lease-zero",
+        lambda w: w.store.jobs.claim_many(["k"], owner="o", limit=1, lease_seconds=0),
+        ValueError,
+        "",
+    ),
+    (
+        "claim-many-limit-zero",
+        lambda w: w.store.jobs.claim_many(["k"], owner="o", limit=0),
+        ValueError,
+        "limit",
+    ),
+    (
+        "claim-many-limit-float",
+        lambda w: w.store.jobs.claim_many(["k"], owner="o", limit=2.0),
+        TypeError,
+        "",
+    ),
+    ("renew-lease-zero", lambda w: w.store.jobs.renew(w.lease, lease_seconds=0), ValueError, ""),
+    ("renew-lease-neg", lambda w: w.store.jobs.renew(w.lease, lease_seconds=-1), ValueError, ""),
+    ("fail-retry-str", lambda w: w.store.jobs.fail(w.lease, "x", retry="no"), TypeError, "retry"),
+    # ---- sweep
+    ("sweep-no-horizon", lambda w: w.store.jobs.sweep(), TypeError, "settled_before"),
+    ("sweep-naive", lambda w: w.store.jobs.sweep(settled_before=NAIVE), ValueError, "aware"),
+    ("sweep-str", lambda w: w.store.jobs.sweep(settled_before="2027"), TypeError, ""),
+    (
+        "sweep-limit-zero",
+        lambda w: w.store.jobs.sweep(settled_before=AWARE + timedelta(days=1), limit=0),
+        ValueError,
+        "",
+    ),
+    # ---- cancel / requeue arguments
+    ("cancel-id-int", lambda w: w.store.jobs.cancel(5), TypeError, ""),
+    ("requeue-id-empty", lambda w: w.store.jobs.requeue(""), ValueError, ""),
+    (
+        "cancel-signal-not-a-signal",
+        lambda w: w.store.jobs.cancel("pending-1", signal=True),
+        TypeError,
+        "signal",
+    ),
+    (
+        "requeue-deadline-naive",
+        lambda w: w.store.jobs.requeue("pending-1", deadline=NAIVE),
+        ValueError,
+        "deadline",
+    ),
+    ("get-int", lambda w: w.store.jobs.get(5), TypeError, ""),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "phrase"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_bad_input_is_refused_and_writes_nothing(
+    world: World,
+    db_path: Path,
+    call: Call,
+    error: type[BaseException],
+    phrase: str,
+) -> None:
+    before = snapshot(db_path)
+    with pytest.raises(error) as info:
+        call(world)
+    # the exact class, not a broader one: a LeaseSuperseded is not "some LeaseLost"
+    assert type(info.value) is error
+    assert phrase in str(info.value)
+    assert snapshot(db_path) == before
+    # the store is still usable, and the refused lease still speaks for its job
+    assert world.store.jobs.complete(world.claimed.lease, "after") is True
+
+
+def test_refused_result_leaves_the_job_leased(world: World) -> None:
+    with pytest.raises(TypeError):
+        world.store.jobs.complete(world.lease, {"when": datetime.now(timezone.utc)})
+    job = world.store.jobs.get("leased-1")
+    assert job is not None
+    assert job.state == "leased"
+    assert job.result is None
+    assert world.store.jobs.complete(world.lease, {"when": "now"}) is True
+    done = world.store.jobs.get("leased-1")
+    assert done is not None
+    assert (done.state, done.result) == ("done", {"when": "now"})
+
+
+def test_bad_input_inside_a_transaction_writes_nothing(world: World, db_path: Path) -> None:
+    before = snapshot(db_path)
+    with world.store.transaction() as tx:
+        with pytest.raises(ValueError):
+            tx.jobs.enqueue("k", float("nan"))
+        with pytest.raises(LeaseRequired):
+            tx.jobs.complete("leased-1")
+    assert snapshot(db_path) == before
+
+
+# ----------------------------------------------------------------- a closed store
+
+
+def _closed_calls(lease: Lease) -> list[tuple[str, Callable[[Store], object]]]:
+    later = AWARE + timedelta(days=1)
+    return [
+        ("enqueue", lambda s: s.jobs.enqueue("k")),
+        ("enqueue_many", lambda s: s.jobs.enqueue_many([NewJob("k")])),
+        ("get", lambda s: s.jobs.get("pending-1")),
+        ("counts", lambda s: s.jobs.counts()),
+        ("claim", lambda s: s.jobs.claim(["k"], owner="o")),
+        ("claim_many", lambda s: s.jobs.claim_many(["k"], owner="o", limit=2)),
+        ("renew", lambda s: s.jobs.renew(lease)),
+        ("complete", lambda s: s.jobs.complete(lease, "r")),
+        ("fail", lambda s: s.jobs.fail(lease, "e")),
+        ("cancel", lambda s: s.jobs.cancel("pending-1")),
+        ("cancel-leased", lambda s: s.jobs.cancel("leased-1", lease=lease)),
+        ("requeue", lambda s: s.jobs.requeue("pending-1")),
+        ("sweep", lambda s: s.jobs.sweep(settled_before=later)),
+        ("transaction", lambda s: s.transaction().__enter__()),
+    ]
+
+
+CLOSED_CALL_NAMES = [name for name, _ in _closed_calls(None)]
+
+
+@pytest.mark.parametrize("name", CLOSED_CALL_NAMES)
+def test_closed_store_refuses_every_call(db_path: Path, runtime: Runtime, name: str) -> None:
+    store = open_store(db_path, runtime=runtime)
+    world = populate(store)
+    store.close()
+    assert store.closed
+    before = snapshot(db_path)
+    call = dict(_closed_calls(world.lease))[name]
+    with pytest.raises(StoreClosed) as info:
+        call(store)
+    assert info.value.code == "JD2091"
+    assert snapshot(db_path) == before
+    assert store.close() == []  # idempotent
+
+
+def test_closed_transaction_view_refuses(db_path: Path, runtime: Runtime) -> None:
+    store = open_store(db_path, runtime=runtime)
+    with store.transaction() as tx:
+        pass
+    store.close()
+    with pytest.raises(StoreClosed):
+        tx.jobs.enqueue("k")
+
+
+# ----------------------------------------------------------------- a read-only store
+
+
+@pytest.fixture
+def readonly(db_path: Path, runtime: Runtime) -> Iterator[tuple[Store, World]]:
+    writer = open_store(db_path, runtime=runtime)
+    world = populate(writer)
+    reader = open_store(db_path, runtime=runtime, readonly=True)
+    try:
+        yield reader, world
+    finally:
+        reader.close()
+        writer.close()
+
+
+def _readonly_writes(lease: Lease) -> list[tuple[str, Callable[[Store], object]]]:
+    later = AWARE + timedelta(days=1)
+    return [
+        ("enqueue", lambda s: s.jobs.enqueue("k")),
+        ("enqueue_many", lambda s: s.jobs.enqueue_many([NewJob("k"), NewJob("k")])),
+        ("claim", lambda s: s.jobs.claim(["k"], owner="o")),
+        ("claim_many", lambda s: s.jobs.claim_many(["k"], owner="o", limit=2)),
+        ("renew", lambda s: s.jobs.renew(lease)),
+        ("complete", lambda s: s.jobs.complete(lease, "r")),
+        ("fail", lambda s: s.jobs.fail(lease, "e")),
+        ("cancel", lambda s: s.jobs.cancel("pending-1")),
+        ("cancel-leased", lambda s: s.jobs.cancel("leased-1", lease=lease)),
+        ("requeue", lambda s: s.jobs.requeue("pending-1")),
+        ("sweep", lambda s: s.jobs.sweep(settled_before=later)),
+    ]
+
+
+READONLY_WRITE_NAMES = [name for name, _ in _readonly_writes(None)]
+
+
+@pytest.mark.parametrize("name", READONLY_WRITE_NAMES)
+def test_readonly_store_refuses_writes(
+    readonly: tuple[Store, World], db_path: Path, name: str
+) -> None:
+    reader, world = readonly
+    assert reader.readonly
+    before = snapshot(db_path)
+    call = dict(_readonly_writes(world.lease))[name]
+    with pytest.raises(StorageError) as info:
+        call(reader)
+    assert info.value.code == "JD2099"
+    assert isinstance(info.value.__cause__, sqlite3.Error)
+    assert "read-only" in str(info.value) or "readonly" in str(info.value)
+    assert snapshot(db_path) == before
+    # the reader still reads, and the writer still writes
+    assert reader.jobs.get("leased-1") is not None
+
+
+def test_readonly_store_reads(readonly: tuple[Store, World]) -> None:
+    reader, world = readonly
+    job = reader.jobs.get("done-1")
+    assert job is not None
+    assert (job.state, job.result) == ("done", {"ok": True})
+    assert reader.jobs.get("nope") is None
+    counts = reader.jobs.counts()
+    assert (counts.pending, counts.leased, counts.done) == (1, 2, 1)
+    # and sees what the writer commits later
+    assert world.store.jobs.complete(world.lease) is True
+    assert reader.jobs.get("leased-1").state == "done"
+
+
+def test_readonly_transaction_write_is_storage_error(
+    readonly: tuple[Store, World], db_path: Path
+) -> None:
+    reader, _ = readonly
+    before = snapshot(db_path)
+    with pytest.raises(StorageError) as info, reader.transaction() as tx:
+        tx.jobs.enqueue("k")
+    assert isinstance(info.value.__cause__, sqlite3.Error)
+    assert snapshot(db_path) == before
+
+
+@pytest.mark.parametrize("content", ["no-tables", "empty-file", "other-tables"])
+def test_readonly_store_without_tables(db_path: Path, content: str) -> None:
+    if content == "empty-file":
+        db_path.write_bytes(b"")
+    else:
+        conn = sqlite3.connect(db_path)
+        if content == "other-tables":
+            conn.execute("CREATE TABLE app_users (id INTEGER PRIMARY KEY)")
+        else:
+            conn.execute("PRAGMA user_version = 1")  # a real, table-less database
+        conn.commit()
+        conn.close()
+    before = db_path.read_bytes()
+    with pytest.raises(SchemaError) as info:
+        open_store(db_path, readonly=True)
+    assert info.value.code == "JD0002"
+    assert db_path.read_bytes() == before  # created nothing
+
+
+def test_readonly_store_on_a_missing_file(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.db"
+    with pytest.raises(StorageError):
+        open_store(missing, readonly=True)
+    assert not missing.exists()
