@@ -8,6 +8,7 @@ speak for it. See ``docs/`` for the concepts and the full API.
 from __future__ import annotations
 
 from .checkpoints import CheckpointStore
+from .cursor import Barrier, Cursor, drain_page
 from .dag import CompiledDag, Task, TaskContext, compile_document, create_dag_job_runner
 from .engine import JobEngine, backoff_seconds
 from .errors import (
@@ -44,15 +45,18 @@ from .records import (
 from .runtime import Defaults, Runtime
 from .signals import CancelScope, Signal, any_signal
 from .store import Rows, Store, Transaction, open_store
+from .worker import JobContext, Worker, WorkerStopped
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Barrier",
     "CancelScope",
     "CheckpointStore",
     "ClaimedJob",
     "CompiledDag",
     "Counts",
+    "Cursor",
     "CursorAborted",
     "DeadlinePassed",
     "Defaults",
@@ -61,6 +65,7 @@ __all__ = [
     "GateRefused",
     "ItemTooLarge",
     "Job",
+    "JobContext",
     "JobEngine",
     "JobSettled",
     "JobState",
@@ -86,11 +91,14 @@ __all__ = [
     "Task",
     "TaskContext",
     "Transaction",
+    "Worker",
     "WorkerStats",
+    "WorkerStopped",
     "__version__",
     "any_signal",
     "backoff_seconds",
     "compile_document",
     "create_dag_job_runner",
+    "drain_page",
     "open_store",
 ]

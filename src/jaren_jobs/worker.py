@@ -1,0 +1,1107 @@
+"""The thread-based worker (SPEC §7): claim → run → settle, on ``concurrency`` loops.
+
+Shape of one worker:
+
+* ``concurrency`` loop threads, each repeating :meth:`Worker.run_once` and
+  sleeping on a condition variable between empty claims until the poll
+  interval passes or an in-process enqueue wakes it;
+* ONE renewal scheduler thread (a heap of due times under a condition
+  variable), renewing each running attempt's lease every ``lease_seconds/3``;
+* every database operation the worker itself starts (claims, renewals,
+  settlements, the handlers' checkpoint stores) runs through a tracked root
+  scope, so :meth:`Worker.stop` can bar new ones and wait out the running
+  ones: when ``stop()`` returns, nothing the worker started still touches
+  the store.
+
+Each attempt has exactly one :class:`~jaren_jobs.records.Outcome`:
+``completed``, ``failed``, ``cancelled`` or ``lost``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import inspect
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+from .checkpoints import CheckpointStore
+from .codec import check_text
+from .db import Database, RootScope
+from .engine import EngineHub, JobEngine
+from .errors import (
+    GateRefused,
+    JobsError,
+    JobSettled,
+    LeaseLost,
+    StoreClosed,
+    describe_error,
+)
+from .records import ClaimedJob, Lease, Outcome, OutcomeName, StopOutcome, WorkerStats
+from .runtime import check_positive_int, check_seconds
+from .signals import CancelScope, Signal, SignalLike
+
+__all__ = ["Handler", "JobContext", "Worker", "WorkerStopped", "create_worker"]
+
+T = TypeVar("T")
+Handler = Callable[[Any, "JobContext"], Any]
+Phase = Literal["completion", "failure"]
+
+_log = logging.getLogger("jaren_jobs")
+_worker_numbers = itertools.count(1)
+
+
+class WorkerStopped(StoreClosed):
+    """The worker was stopped: this attempt may no longer reach the database through it.
+
+    Raised by ``ctx.checkpoints`` calls (and by the worker's own settlement)
+    once :meth:`Worker.stop` has barred an attempt it could not drain. The
+    attempt's lease is left to expire; the job is then re-claimed. It is also
+    the ``reason`` of ``ctx.signal`` when the worker stops. A subclass of
+    :class:`~jaren_jobs.StoreClosed` (JD2091): the store is closed *to this
+    attempt*.
+    """
+
+
+class JobContext:
+    """What a handler gets besides the payload: ``handler(payload, ctx)``.
+
+    * ``job``: the :class:`~jaren_jobs.ClaimedJob` (its ``lease`` is the
+      claim's; :attr:`lease` follows renewals);
+    * ``checkpoints``: the attempt's :class:`~jaren_jobs.CheckpointStore`,
+      always using the attempt's *current* lease;
+    * ``signal``: aborted when the worker stops, when the job is cancelled
+      through ``cancel(id, lease=...)``, or when the lease is lost — wind up
+      promptly when it fires (``ctx.signal.wait(t)`` blocks until it does).
+    """
+
+    __slots__ = ("_attempt", "checkpoints", "job", "owner", "signal")
+
+    def __init__(
+        self, attempt: _Attempt, checkpoints: CheckpointStore, signal: Signal, owner: str
+    ) -> None:
+        self._attempt = attempt
+        self.job: ClaimedJob = attempt.claimed
+        self.checkpoints = checkpoints
+        self.signal = signal
+        self.owner = owner
+
+    @property
+    def lease(self) -> Lease:
+        """The attempt's current lease (a renewal replaces it)."""
+        return self._attempt.lease
+
+    def __repr__(self) -> str:
+        return f"<jaren_jobs.JobContext job={self.job.id!r} kind={self.job.kind!r}>"
+
+
+class _Attempt:
+    """Everything one in-flight attempt owns."""
+
+    __slots__ = (
+        "cancelled",
+        "claimed",
+        "ended",
+        "key",
+        "lease",
+        "lease_lock",
+        "lease_seq",
+        "lost",
+        "scope",
+        "unsubscribe",
+    )
+
+    def __init__(self, claimed: ClaimedJob, key: int, lease_seq: int) -> None:
+        self.claimed = claimed
+        self.key = key
+        self.lease = claimed.lease
+        self.lease_seq = lease_seq  # order of the current lease's issue, for leases()
+        # serialises renewals with settlements and checkpoint calls: a call
+        # that read the lease just before a renewal committed would otherwise
+        # be refused as superseded by its own attempt
+        self.lease_lock = threading.Lock()
+        self.scope = CancelScope()
+        self.cancelled = False
+        self.lost: LeaseLost | None = None
+        self.ended = False  # no renewal once set
+        self.unsubscribe: Callable[[], None] = _noop
+
+    @property
+    def job_id(self) -> str:
+        return self.claimed.id
+
+    def cancel(self, reason: Any) -> None:
+        # the engine's cancel(id, lease=...) committed; this attempt's
+        # outcome is a cancellation, whatever its handler does next
+        self.cancelled = True
+        self.scope.abort(reason)
+
+
+class _AttemptCheckpoints(CheckpointStore):
+    """``ctx.checkpoints``: the attempt's current lease, never racing a renewal."""
+
+    def __init__(self, engine: JobEngine, attempt: _Attempt) -> None:
+        super().__init__(engine, attempt.job_id, lambda: attempt.lease)
+        self._attempt = attempt
+
+    def load(self, run_id: str) -> dict[str, Any] | None:
+        with self._attempt.lease_lock:
+            return super().load(run_id)
+
+    def save(self, run_id: str, node_id: str, value: Any) -> None:
+        with self._attempt.lease_lock:
+            super().save(run_id, node_id, value)
+
+    def complete(self, run_id: str, result: Any = None) -> bool:
+        with self._attempt.lease_lock:
+            return super().complete(run_id, result)
+
+
+class _TrackedScope(RootScope):
+    """A root scope whose every call is counted for quiescence and barred after stop."""
+
+    def __init__(self, db: Database, worker: Worker, signal: Signal) -> None:
+        super().__init__(db)
+        self._worker = worker
+        self._signal = signal
+        self._local = threading.local()
+
+    def changes(self) -> int | None:
+        """Rows the last write of this thread changed (``None`` if it did not finish)."""
+        return getattr(self._local, "changes", None)
+
+    def write(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
+        connection = self.db.connection
+        self._local.changes = None
+
+        def measured() -> T:
+            # under the gate nothing else uses the connection, so the delta is
+            # this call's own writes: how a no-op idempotent settlement shows
+            before = connection.total_changes
+            result = fn()
+            self._local.changes = connection.total_changes - before
+            return result
+
+        with self._worker._tracked(what):
+            return self._refusing(
+                lambda: super(_TrackedScope, self).write(measured, what, signal or self._signal)
+            )
+
+    def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
+        with self._worker._tracked(what):
+            return self._refusing(
+                lambda: super(_TrackedScope, self).read(fn, what, signal or self._signal)
+            )
+
+    def read_consistent(self, fn: Callable[[], T], what: str) -> T:
+        with self._worker._tracked(what):
+            return self._refusing(lambda: super(_TrackedScope, self).read_consistent(fn, what))
+
+    def _refusing(self, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except GateRefused as exc:
+            # a queued call the stop abandoned is the stop working: say so by name
+            if self._signal.aborted and exc.details.get("reason") == "aborted":
+                raise self._worker._stopped_error(exc.message) from exc
+            raise
+
+
+class _Renewals:
+    """One thread renewing every running attempt's lease: a heap of due times."""
+
+    def __init__(self, name: str, renew: Callable[[_Attempt], None]) -> None:
+        self._name = name
+        self._renew = renew
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, _Attempt]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._finished = 0  # entries of ended attempts still in the heap (roughly)
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
+    def start(self) -> None:
+        with self._cond:
+            if self._thread is not None or self._stopped:
+                return
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+
+    def schedule(self, attempt: _Attempt, delay_seconds: float) -> None:
+        with self._cond:
+            if self._stopped:
+                return
+            due = time.monotonic() + delay_seconds
+            heapq.heappush(self._heap, (due, next(self._order), attempt))
+            self._cond.notify()
+
+    def discard(self, attempt: _Attempt) -> None:
+        """The attempt ended: drop its entry soon, so a busy worker's heap holds no dead jobs."""
+        with self._cond:
+            self._finished += 1
+            if self._finished > 64 and self._finished * 2 > len(self._heap):
+                self._heap = [entry for entry in self._heap if not entry[2].ended]
+                heapq.heapify(self._heap)
+                self._finished = 0
+
+    def stop(self, timeout_seconds: float) -> bool:
+        """Disarm every renewal and join the thread; False if it did not exit in time."""
+        with self._cond:
+            self._stopped = True
+            self._heap.clear()
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is None or thread is threading.current_thread():
+            return True
+        thread.join(timeout_seconds)
+        return not thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._stopped:
+                        return
+                    if not self._heap:
+                        self._cond.wait()
+                        continue
+                    left = self._heap[0][0] - time.monotonic()
+                    if left <= 0:
+                        attempt = heapq.heappop(self._heap)[2]
+                        break
+                    self._cond.wait(left)
+            if attempt.ended or attempt.lost is not None:
+                continue
+            try:
+                self._renew(attempt)
+            except Exception:  # a bug here must not end every other renewal
+                _log.exception("jaren_jobs: a lease renewal raised unexpectedly")
+
+
+class Worker:
+    """``concurrency`` loops of claim → run → settle over one store. See SPEC §7.
+
+    Create one with ``store.jobs.create_worker(handlers, ...)``; :meth:`start`
+    it, or drive it with :meth:`run_once`; :meth:`stop` it (or close the
+    store). A stopped worker does not restart: create a new one.
+    """
+
+    def __init__(
+        self,
+        engine: JobEngine,
+        hub: EngineHub,
+        handlers: dict[str, Handler],
+        *,
+        concurrency: int,
+        poll_seconds: float,
+        lease_seconds: float,
+        owner: str,
+        renew: bool,
+        on_outcome: Callable[[Outcome], Any] | None,
+        on_renewal: Callable[[Lease], Any] | None,
+        on_idle: Callable[[], Any] | None,
+        backoff_base_seconds: float | None,
+        backoff_cap_seconds: float | None,
+        stop_grace_seconds: float,
+    ) -> None:
+        self._hub = hub
+        self._db = engine.db
+        self._handlers = handlers
+        self._kinds = sorted(handlers)
+        self.owner = owner
+        self.concurrency = concurrency
+        self.poll_seconds = poll_seconds
+        self.lease_seconds = lease_seconds
+        self.renew = renew
+        self.stop_grace_seconds = stop_grace_seconds
+        self._renew_every = lease_seconds / 3
+        self._on_outcome = on_outcome
+        self._on_renewal = on_renewal
+        self._on_idle = on_idle
+        self._backoff_base = backoff_base_seconds
+        self._backoff_cap = backoff_cap_seconds
+
+        number = next(_worker_numbers)
+        self._name = f"jaren_jobs-worker-{number}"
+        # halt: stop claiming (stop() began, or an interrupt); bar: no more
+        # database operations at all (stop() finished draining)
+        self._halt = CancelScope()
+        self._bar = CancelScope()
+        self._claims_scope = _TrackedScope(self._db, self, self._halt.signal)
+        self._control_scope = _TrackedScope(self._db, self, self._bar.signal)
+        # the worker's own engine views: root-gated and tracked, even when
+        # the worker was created through tx.jobs (a worker never joins an
+        # application transaction's fate)
+        self._claims = JobEngine(self._db, self._claims_scope, hub)
+        self._control = JobEngine(self._db, self._control_scope, hub)
+        self._renewals = _Renewals(f"{self._name}-renewals", self._renew_attempt)
+
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._stop_lock = threading.Lock()
+        self._lease_seqs = itertools.count(1)
+        self._attempt_keys = itertools.count(1)
+        self._attempts: dict[int, _Attempt] = {}
+        self._threads: list[threading.Thread] = []
+        self._stepping: set[int] = set()  # ident of each thread inside a step
+        self._active = False
+        self._started = False
+        self._stopped = False
+        self._barred = False
+        self._busy = 0  # steps under way: claims and attempts
+        self._io = 0  # tracked database operations under way
+        self._wake_generation = 0
+        self._interrupted: BaseException | None = None
+        self._counts = dict.fromkeys(
+            (
+                "claims",
+                "completions",
+                "failures",
+                "polls",
+                "wakes",
+                "claim_errors",
+                "cancellations",
+                "renewals",
+                "lost_settlements",
+            ),
+            0,
+        )
+
+    # ------------------------------------------------------------ public surface
+
+    @property
+    def name(self) -> str:
+        """The worker's name; its threads are named ``<name>-loop-N`` and ``<name>-renewals``."""
+        return self._name
+
+    @property
+    def kinds(self) -> list[str]:
+        """The job kinds this worker claims (its handlers' keys, sorted)."""
+        return list(self._kinds)
+
+    @property
+    def running(self) -> bool:
+        """True between :meth:`start` and the first :meth:`stop` (or an interrupt)."""
+        return self._started and not self._halt.aborted
+
+    @property
+    def interrupted(self) -> BaseException | None:
+        """The ``KeyboardInterrupt``/``SystemExit`` a handler raised, which halted the worker."""
+        return self._interrupted
+
+    def stats(self) -> WorkerStats:
+        """The counters at this instant."""
+        with self._lock:
+            return WorkerStats(**self._counts, in_flight=len(self._attempts))
+
+    def leases(self) -> list[Lease]:
+        """The leases this worker holds now, newest first (a renewal makes a lease newest)."""
+        with self._lock:
+            attempts = list(self._attempts.values())
+        attempts.sort(key=lambda a: a.lease_seq, reverse=True)
+        return [a.lease for a in attempts]
+
+    def start(self) -> Worker:
+        """Start the loop threads (and the renewal scheduler). Returns the worker.
+
+        ``RuntimeError`` if already started, or stopped (a stopped worker does
+        not restart); ``StoreClosed`` if the store is closed.
+        """
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError("this worker was stopped; a stopped worker does not restart")
+            if self._started:
+                raise RuntimeError("this worker is already started")
+            self._db.check_open("start()")
+            self._started = True
+        self._activate()
+        threads = [
+            threading.Thread(target=self._loop, name=f"{self._name}-loop-{i}", daemon=True)
+            for i in range(1, self.concurrency + 1)
+        ]
+        with self._lock:
+            # a stop() racing this start() must not leave a waker behind
+            if not self._stopped:
+                with self._hub.lock:
+                    self._hub.wakers.add(self._wake)
+            self._threads.extend(threads)
+        for thread in threads:
+            thread.start()
+        return self
+
+    def run_once(self) -> bool:
+        """One step in the calling thread: claim → run → settle.
+
+        Returns True when it ran a job, False when nothing was claimable (or
+        the claim failed, or the worker is stopping). A handler's
+        ``KeyboardInterrupt``/``SystemExit`` propagates to the caller after
+        the worker halts (see :meth:`stop`).
+        """
+        if self._halt.aborted:
+            return False
+        self._db.check_open("run_once()")
+        self._activate()
+        return self._step()
+
+    def stop(self, grace_seconds: float | None = None) -> StopOutcome:
+        """Stop claiming, drain for up to ``grace_seconds``, then quiesce.
+
+        The contract:
+
+        * idempotent, and safe before :meth:`start`;
+        * every running handler's ``ctx.signal`` aborts (reason:
+          :class:`WorkerStopped`), idle loops wake, queued claims are abandoned;
+        * handlers are waited for up to the grace period (default: the
+          worker's ``stop_grace_seconds``, else the store's); an attempt still
+          running then is *barred*: it can no longer reach the database
+          through the worker (its ``ctx.checkpoints`` calls and its settlement
+          raise :class:`WorkerStopped`), its lease expires and the job is
+          re-claimed; when its handler finally returns, its outcome is ``lost``;
+        * quiescence is unconditional: when ``stop()`` returns, the renewal
+          scheduler has exited (no timer armed) and no database operation the
+          worker started is running, so the caller may close the store.
+
+        Returns ``StopOutcome(drained, in_flight)``: whether every attempt
+        finished within the grace period, and how many did not. Calling it
+        from one of this worker's own threads is a ``RuntimeError``.
+        """
+        grace = (
+            self.stop_grace_seconds
+            if grace_seconds is None
+            else check_seconds(grace_seconds, "stop(): grace_seconds", allow_zero=True)
+        )
+        if self._is_own_thread():
+            raise RuntimeError(
+                "stop() was called from one of this worker's own threads (a handler or an "
+                "observer), which stop() would wait for; return from the handler instead, "
+                "or call stop() from another thread"
+            )
+        with self._stop_lock:
+            with self._cond:
+                first = not self._stopped
+                self._stopped = True
+            if first:
+                with self._hub.lock:
+                    self._hub.wakers.discard(self._wake)
+                self._halt.abort(self._stopping_reason("stop() was called"))
+                with self._cond:
+                    self._cond.notify_all()
+            deadline = time.monotonic() + grace
+            with self._cond:
+                while self._busy > 0:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                undrained = self._busy
+            if first:
+                self._quiesce()
+            return StopOutcome(drained=undrained == 0, in_flight=undrained)
+
+    def __enter__(self) -> Worker:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stopped else ("running" if self.running else "idle")
+        return f"<jaren_jobs.Worker {self.owner!r} kinds={self._kinds} {state}>"
+
+    # ------------------------------------------------------------ lifecycle internals
+
+    def _activate(self) -> None:
+        with self._lock:
+            if self._active or self._stopped:
+                return
+            self._active = True
+        with self._hub.lock:
+            self._hub.workers.add(self)
+        if self.renew:
+            self._renewals.start()
+
+    def _is_own_thread(self) -> bool:
+        current = threading.current_thread()
+        with self._lock:
+            # a loop thread, or any thread inside run_once() (its handler or observer)
+            own = current in self._threads or current.ident in self._stepping
+        return own or current is self._renewals.thread
+
+    def _stopped_error(self, what: str) -> WorkerStopped:
+        return WorkerStopped(
+            f"{what}: worker {self.owner!r} was stopped, and this attempt may no longer reach "
+            "the database through it; its lease will expire and the job will be re-claimed",
+            owner=self.owner,
+        )
+
+    def _stopping_reason(self, why: str) -> WorkerStopped:
+        # the signal's reason while draining: the attempt may still settle
+        return WorkerStopped(
+            f"worker {self.owner!r} is stopping ({why}): wind up now; an attempt that "
+            "returns within the stop's grace period still settles",
+            owner=self.owner,
+        )
+
+    def _quiesce(self) -> None:
+        # 1. bar: no new worker-started operation; abandon queued ones
+        with self._cond:
+            self._barred = True
+        self._bar.abort(self._stopped_error("the worker stopped"))
+        bound = max(self._db.gate.timeout_seconds, 1.0)
+        # 2. no timer armed: the scheduler exits (a renewal it is running is
+        #    tracked I/O, so it ends within the gate's bound)
+        if not self._renewals.stop(bound):
+            _log.error("jaren_jobs: worker %r: the renewal scheduler did not exit", self.owner)
+        # 3. no worker-started database operation still running
+        deadline = time.monotonic() + bound
+        with self._cond:
+            while self._io > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    _log.error(
+                        "jaren_jobs: worker %r: %d database operation(s) still running after %.1fs",
+                        self.owner,
+                        self._io,
+                        bound,
+                    )
+                    break
+                self._cond.wait(left)
+            idle_threads = [t for t in self._threads if t.ident not in self._stepping]
+        with self._hub.lock:
+            self._hub.workers.discard(self)
+        # loops with no attempt exit at once (they were woken); a loop still
+        # running an undrained handler is left to finish on its own
+        for thread in idle_threads:
+            if thread is not threading.current_thread():
+                thread.join(1.0)
+
+    @contextmanager
+    def _tracked(self, what: str) -> Iterator[None]:
+        with self._lock:
+            if self._barred:
+                raise self._stopped_error(what)
+            self._io += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._io -= 1
+                if self._io == 0:
+                    self._cond.notify_all()
+
+    def _halt_for(self, reason: JobsError) -> None:
+        self._halt.abort(reason)
+        with self._hub.lock:
+            self._hub.wakers.discard(self._wake)
+        with self._cond:
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------ loops
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._counts["wakes"] += 1
+            self._wake_generation += 1
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        try:
+            while not self._halt.aborted:
+                try:
+                    ran = self._step()
+                except Exception:  # a worker bug must not end the loop silently
+                    _log.exception("jaren_jobs: worker %r: a loop step raised", self.owner)
+                    ran = False
+                if not ran:
+                    self._idle()
+        except BaseException as exc:
+            # only a handler's KeyboardInterrupt/SystemExit gets here; it was
+            # logged and halted the worker. Let it leave the thread.
+            if self._interrupted is not exc:  # pragma: no cover - defensive
+                _log.error("jaren_jobs: worker %r loop ended by %r", self.owner, exc)
+            raise
+
+    def _idle(self) -> None:
+        with self._cond:
+            if self._halt.aborted:
+                return
+            self._counts["polls"] += 1
+            generation = self._wake_generation
+        self._notify("on_idle", self._on_idle)
+        end = time.monotonic() + self.poll_seconds
+        with self._cond:
+            while not self._halt.aborted and generation == self._wake_generation:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(left)
+
+    def _step(self) -> bool:
+        me = threading.get_ident()
+        with self._cond:
+            if self._halt.aborted:
+                return False
+            self._busy += 1
+            self._stepping.add(me)
+        try:
+            claimed = self._claim()
+            if claimed is None:
+                return False
+            self._run(claimed)
+            return True
+        finally:
+            with self._cond:
+                self._busy -= 1
+                self._stepping.discard(me)
+                self._cond.notify_all()
+
+    def _claim(self) -> ClaimedJob | None:
+        try:
+            return self._claims.claim(
+                self._kinds, owner=self.owner, lease_seconds=self.lease_seconds
+            )
+        except WorkerStopped:
+            return None  # the stop abandoned it: not an error
+        except StoreClosed as exc:
+            _log.error("jaren_jobs: worker %r: the store is closed; halting (%s)", self.owner, exc)
+            self._halt_for(exc)
+            return None
+        except JobsError as exc:
+            with self._lock:
+                self._counts["claim_errors"] += 1
+            _log.warning(
+                "jaren_jobs: worker %r: claim failed, retrying at the next poll: %s",
+                self.owner,
+                exc,
+            )
+            return None
+
+    # ------------------------------------------------------------ one attempt
+
+    def _run(self, claimed: ClaimedJob) -> None:
+        attempt = self._begin(claimed)
+        ctx = JobContext(
+            attempt,
+            _AttemptCheckpoints(self._control, attempt),
+            attempt.scope.signal,
+            self.owner,
+        )
+        outcome: Outcome | None = None
+        try:
+            if self._barred:
+                # a claim that landed while stop() quiesced: it could never
+                # settle, so its handler does not start at all
+                outcome = self._outcome(
+                    attempt,
+                    "lost",
+                    code=WorkerStopped.code,
+                    reason="the worker stopped before this attempt could run; its lease will "
+                    "expire and the job will be re-claimed",
+                )
+                return
+            handler = self._handlers[claimed.kind]
+            try:
+                result = handler(claimed.payload, ctx)
+            except Exception as exc:
+                outcome = self._settle(attempt, exc, None)
+            except BaseException as exc:
+                outcome = self._abandon(attempt, exc)
+                raise
+            else:
+                outcome = self._settle(attempt, None, result)
+        finally:
+            if outcome is None:  # interrupted inside the worker's own bookkeeping
+                outcome = self._outcome(
+                    attempt, "lost", phase="failure", reason="the attempt was interrupted"
+                )
+            self._end(attempt, outcome)
+
+    def _begin(self, claimed: ClaimedJob) -> _Attempt:
+        attempt = _Attempt(claimed, next(self._attempt_keys), next(self._lease_seqs))
+        with self._lock:
+            self._attempts[attempt.key] = attempt
+            self._counts["claims"] += 1
+        with self._hub.lock:
+            self._hub.local_attempts[claimed.id] = attempt.cancel
+        halt = self._halt.signal
+
+        def halted() -> None:
+            attempt.scope.abort(halt.reason)
+
+        attempt.unsubscribe = halt.add_callback(halted)
+        if self.renew:
+            self._renewals.schedule(attempt, self._renew_every)
+        return attempt
+
+    def _end(self, attempt: _Attempt, outcome: Outcome) -> None:
+        attempt.ended = True
+        attempt.unsubscribe()
+        if self.renew:
+            self._renewals.discard(attempt)
+        with self._hub.lock:
+            if self._hub.local_attempts.get(attempt.job_id) == attempt.cancel:
+                del self._hub.local_attempts[attempt.job_id]
+        counter = {
+            "completed": "completions",
+            "failed": "failures",
+            "cancelled": "cancellations",
+            "lost": "lost_settlements",
+        }[outcome.outcome]
+        with self._lock:
+            self._attempts.pop(attempt.key, None)
+            self._counts[counter] += 1
+        self._notify("on_outcome", self._on_outcome, outcome)
+
+    def _abandon(self, attempt: _Attempt, exc: BaseException) -> Outcome:
+        """A handler raised KeyboardInterrupt/SystemExit: settle nothing, halt the worker."""
+        with attempt.lease_lock:
+            attempt.ended = True
+        self._interrupted = exc
+        _log.error(
+            "jaren_jobs: worker %r: the handler of job %r raised %s; the worker stops "
+            "claiming and the attempt is left unsettled (its lease expires and the job is "
+            "re-claimed). Call stop() or close the store to finish shutting down.",
+            self.owner,
+            attempt.job_id,
+            type(exc).__name__,
+            exc_info=exc,
+        )
+        self._halt_for(self._stopping_reason(f"a handler raised {type(exc).__name__}"))
+        return self._outcome(
+            attempt,
+            "lost",
+            phase="failure",
+            reason=f"{describe_error(exc)} (the handler interrupted the worker; the attempt "
+            "was left for lease-expiry recovery)",
+        )
+
+    def _settle(self, attempt: _Attempt, error: Exception | None, result: Any) -> Outcome:
+        phase: Phase = "completion" if error is None else "failure"
+        with attempt.lease_lock:
+            attempt.ended = True  # no renewal from here on
+            if attempt.cancelled:
+                return self._outcome(attempt, "cancelled", reason="cancelled")
+            if attempt.lost is not None:
+                return self._lost(attempt, phase, attempt.lost)
+            if error is None:
+                if inspect.iscoroutine(result):
+                    result.close()
+                    error = TypeError(
+                        f"the handler of kind {attempt.claimed.kind!r} returned a coroutine; "
+                        "jaren_jobs handlers are plain functions (run the coroutine with "
+                        "asyncio.run() inside the handler)"
+                    )
+                else:
+                    try:
+                        self._control.complete(attempt.lease, result)
+                    except TypeError as exc:  # a result JSON cannot carry
+                        error = exc
+                    except LeaseLost as exc:
+                        return self._lost(attempt, phase, exc)
+                    except StoreClosed as exc:
+                        return self._outcome(
+                            attempt, "lost", phase=phase, code=exc.code, reason=describe_error(exc)
+                        )
+                    except JobsError as exc:
+                        _log.warning(
+                            "jaren_jobs: worker %r: completing job %r failed; failing the "
+                            "attempt instead: %s",
+                            self.owner,
+                            attempt.job_id,
+                            exc,
+                        )
+                        error = exc
+                    else:
+                        return self._written(attempt, "completed")
+            phase = "failure"
+            try:
+                self._control.fail(
+                    attempt.lease,
+                    error,
+                    retry=_retryable(error),
+                    backoff_base_seconds=self._backoff_base,
+                    backoff_cap_seconds=self._backoff_cap,
+                )
+            except LeaseLost as exc:
+                return self._lost(attempt, phase, exc)
+            except StoreClosed as exc:
+                return self._outcome(
+                    attempt, "lost", phase=phase, code=exc.code, reason=describe_error(exc)
+                )
+            except JobsError as exc:
+                # not recorded; the lease expires and the job is re-claimed
+                _log.warning(
+                    "jaren_jobs: worker %r: recording the failure of job %r failed (%s); its "
+                    "lease will expire and it will be re-claimed",
+                    self.owner,
+                    attempt.job_id,
+                    exc,
+                )
+                return self._failed(attempt, error)
+            if self._control_scope.changes() == 0:
+                return self._truth(attempt) or self._failed(attempt, error)
+            return self._failed(attempt, error)
+
+    def _written(self, attempt: _Attempt, outcome: OutcomeName) -> Outcome:
+        # True from a settlement that wrote nothing means THIS attempt had
+        # already settled the row: by ctx.checkpoints.complete, by the handler
+        # calling the engine with ctx.lease, or by cancel(id, lease=...) whose
+        # abort has not reached us yet. The row says which.
+        if self._control_scope.changes() == 0:
+            truth = self._truth(attempt)
+            if truth is not None:
+                return truth
+        return self._outcome(attempt, outcome)
+
+    def _failed(self, attempt: _Attempt, error: BaseException) -> Outcome:
+        return self._outcome(
+            attempt,
+            "failed",
+            phase=None,
+            code=error.code if isinstance(error, JobsError) else None,
+            reason=describe_error(error),
+        )
+
+    def _lost(self, attempt: _Attempt, phase: Phase, error: LeaseLost) -> Outcome:
+        if isinstance(error, JobSettled):
+            # "not leased" may be this attempt's own settlement (a cancel with
+            # its lease, a handler that settled through ctx.lease): ask the row
+            truth = self._truth(attempt)
+            if truth is not None:
+                return truth
+        return self._outcome(
+            attempt, "lost", phase=phase, code=error.code, reason=describe_error(error)
+        )
+
+    def _truth(self, attempt: _Attempt) -> Outcome | None:
+        """The outcome the row records for this attempt, if it records one."""
+        try:
+            job = self._control.get(attempt.job_id)
+        except JobsError:
+            return None
+        if job is None or job.lease_generation != attempt.lease.generation:
+            return None
+        if job.state == "done":
+            return self._outcome(attempt, "completed")
+        if job.state == "cancelled":
+            return self._outcome(attempt, "cancelled", reason="cancelled")
+        if job.state in ("failed", "dead"):
+            return self._outcome(attempt, "failed", reason=job.last_error)
+        return None
+
+    def _outcome(
+        self,
+        attempt: _Attempt,
+        outcome: OutcomeName,
+        *,
+        phase: Phase | None = None,
+        code: str | None = None,
+        reason: str | None = None,
+    ) -> Outcome:
+        return Outcome(
+            outcome=outcome,
+            job_id=attempt.job_id,
+            kind=attempt.claimed.kind,
+            attempt=attempt.lease.attempt,
+            generation=attempt.lease.generation,
+            phase=phase,
+            code=code,
+            reason=reason,
+        )
+
+    # ------------------------------------------------------------ renewals
+
+    def _renew_attempt(self, attempt: _Attempt) -> None:
+        with attempt.lease_lock:
+            if attempt.ended or attempt.lost is not None:
+                return
+            try:
+                fresh = self._control.renew(attempt.lease, lease_seconds=self.lease_seconds)
+            except LeaseLost as exc:
+                # only the fence's refusals prove the attempt no longer holds
+                # the job: abort its signal; it may never settle
+                attempt.lost = exc
+                attempt.scope.abort(exc)
+                _log.info(
+                    "jaren_jobs: worker %r lost the lease on job %r: %s",
+                    self.owner,
+                    attempt.job_id,
+                    exc,
+                )
+                return
+            except StoreClosed:
+                return  # stopping (or closed): no more renewals
+            except JobsError as exc:
+                # a busy database, a gate timeout: the current lease stays in
+                # force and the next tick tries again
+                _log.warning(
+                    "jaren_jobs: worker %r: renewing the lease on job %r failed; retrying: %s",
+                    self.owner,
+                    attempt.job_id,
+                    exc,
+                )
+                self._renewals.schedule(attempt, self._renew_every)
+                return
+            attempt.lease = fresh
+            with self._lock:
+                attempt.lease_seq = next(self._lease_seqs)
+                self._counts["renewals"] += 1
+        self._renewals.schedule(attempt, self._renew_every)
+        self._notify("on_renewal", self._on_renewal, fresh)
+
+    # ------------------------------------------------------------ observers
+
+    def _notify(self, name: str, observer: Callable[..., Any] | None, *args: Any) -> None:
+        if observer is None:
+            return
+        try:
+            observer(*args)
+        except Exception:  # an observer's failure never affects the worker
+            _log.exception(
+                "jaren_jobs: worker %r: the %s observer raised; ignored", self.owner, name
+            )
+
+
+def _noop() -> None:
+    return None
+
+
+def _retryable(error: BaseException) -> bool:
+    """False when the error says no retry can cure it (``retryable = False``, e.g. RunMismatch)."""
+    try:
+        return getattr(error, "retryable", True) is not False
+    except Exception:  # a hostile __getattr__ must not break settlement
+        return True
+
+
+def _check_handlers(handlers: object) -> dict[str, Handler]:
+    if not isinstance(handlers, Mapping):
+        raise TypeError(
+            "create_worker(): handlers must be a mapping of job kind to handler(payload, ctx), "
+            f"got {type(handlers).__name__}"
+        )
+    if not handlers:
+        raise ValueError("create_worker(): handlers must name at least one job kind")
+    checked: dict[str, Handler] = {}
+    for kind, handler in handlers.items():
+        if not isinstance(kind, str):
+            raise TypeError(
+                f"create_worker(): each handlers key is a job kind (str), got "
+                f"{type(kind).__name__} {kind!r}"
+            )
+        if kind == "":
+            raise ValueError("create_worker(): a job kind must be a non-empty string")
+        check_text(kind, "create_worker(): job kind")
+        if not callable(handler):
+            raise TypeError(
+                f"create_worker(): the handler for kind {kind!r} must be callable as "
+                f"handler(payload, ctx), got {type(handler).__name__}"
+            )
+        checked[kind] = handler
+    return checked
+
+
+def _check_callable(value: object, what: str) -> Any:
+    if value is not None and not callable(value):
+        raise TypeError(
+            f"create_worker(): {what} must be callable or None, got {type(value).__name__}"
+        )
+    return value
+
+
+def create_worker(
+    engine: JobEngine,
+    hub: EngineHub,
+    handlers: Mapping[str, Handler],
+    *,
+    concurrency: int = 1,
+    poll_seconds: float | None = None,
+    lease_seconds: float | None = None,
+    owner: str | None = None,
+    renew: bool = True,
+    on_outcome: Callable[[Outcome], Any] | None = None,
+    backoff_base_seconds: float | None = None,
+    backoff_cap_seconds: float | None = None,
+    stop_grace_seconds: float | None = None,
+    on_renewal: Callable[[Lease], Any] | None = None,
+    on_idle: Callable[[], Any] | None = None,
+) -> Worker:
+    """Build a :class:`Worker` (``store.jobs.create_worker`` calls this). Not started.
+
+    ``poll_seconds``, ``lease_seconds``, the backoff and ``stop_grace_seconds``
+    default to the store's :class:`~jaren_jobs.Defaults`; ``owner`` to a fresh
+    id from the runtime. ``on_outcome(Outcome)`` sees every attempt's one
+    outcome; ``on_renewal(Lease)`` every successful renewal; ``on_idle()``
+    every time a loop finds nothing to claim and goes idle. Observers that
+    raise are logged (logger ``jaren_jobs``) and otherwise ignored.
+    Mistakes are ``TypeError``/``ValueError``.
+    """
+    checked = _check_handlers(handlers)
+    loops = check_positive_int(concurrency, "create_worker(): concurrency")
+    defaults = hub.defaults
+    poll = (
+        defaults.poll_seconds
+        if poll_seconds is None
+        else check_seconds(poll_seconds, "create_worker(): poll_seconds")
+    )
+    lease = (
+        defaults.lease_seconds
+        if lease_seconds is None
+        else check_seconds(lease_seconds, "create_worker(): lease_seconds")
+    )
+    base = (
+        None
+        if backoff_base_seconds is None
+        else check_seconds(backoff_base_seconds, "create_worker(): backoff_base_seconds")
+    )
+    cap = (
+        None
+        if backoff_cap_seconds is None
+        else check_seconds(backoff_cap_seconds, "create_worker(): backoff_cap_seconds")
+    )
+    grace = (
+        defaults.stop_grace_seconds
+        if stop_grace_seconds is None
+        else check_seconds(
+            stop_grace_seconds, "create_worker(): stop_grace_seconds", allow_zero=True
+        )
+    )
+    if owner is None:
+        owner = hub.runtime.uuid()
+    elif not isinstance(owner, str):
+        raise TypeError(f"create_worker(): owner must be a str, got {type(owner).__name__}")
+    elif owner == "":
+        raise ValueError("create_worker(): owner must be a non-empty string")
+    check_text(owner, "create_worker(): owner")
+    if not isinstance(renew, bool):
+        raise TypeError(f"create_worker(): renew must be a bool, got {type(renew).__name__}")
+    return Worker(
+        engine,
+        hub,
+        checked,
+        concurrency=loops,
+        poll_seconds=poll,
+        lease_seconds=lease,
+        owner=owner,
+        renew=renew,
+        on_outcome=_check_callable(on_outcome, "on_outcome"),
+        on_renewal=_check_callable(on_renewal, "on_renewal"),
+        on_idle=_check_callable(on_idle, "on_idle"),
+        backoff_base_seconds=base,
+        backoff_cap_seconds=cap,
+        stop_grace_seconds=grace,
+    )

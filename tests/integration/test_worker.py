@@ -1,0 +1,1018 @@
+"""The thread-based worker (SPEC §7) on a real SQLite file, with real threads.
+
+Tests wait on events and outcome notifications (with timeouts), never on
+sleeps. Where a test is about time, the store runs on the fake clock and the
+test moves it; the renewal scheduler ticks on real monotonic time, so those
+tests use a short ``lease_seconds`` and wait on the ``on_renewal`` hook.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jaren_jobs import (
+    JobContext,
+    JobSettled,
+    Lease,
+    Outcome,
+    RunMismatch,
+    StopOutcome,
+    Store,
+    StoreClosed,
+    Worker,
+    WorkerStats,
+    WorkerStopped,
+    open_store,
+)
+from tests.conftest import FakeClock
+
+WAIT = 10.0  # generous bound for anything that should happen promptly
+
+
+class Outcomes:
+    """An ``on_outcome`` observer that tests can wait on."""
+
+    def __init__(self) -> None:
+        self.events: list[Outcome] = []
+        self._cond = threading.Condition()
+
+    def __call__(self, event: Outcome) -> None:
+        with self._cond:
+            self.events.append(event)
+            self._cond.notify_all()
+
+    def wait_for(self, count: int, timeout: float = WAIT) -> list[Outcome]:
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self.events) >= count, timeout), (
+                f"expected {count} outcome(s), got {self.events}"
+            )
+            return list(self.events)
+
+    def names(self) -> list[str]:
+        with self._cond:
+            return [e.outcome for e in self.events]
+
+
+class Counter:
+    """A zero-argument hook (``on_idle``) counting its calls; tests wait for a count."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._cond = threading.Condition()
+
+    def __call__(self) -> None:
+        with self._cond:
+            self.count += 1
+            self._cond.notify_all()
+
+    def wait_for(self, count: int, timeout: float = WAIT) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self.count >= count, timeout)
+
+
+class LogEvents(logging.Handler):
+    """Sets an event when a record of the ``jaren_jobs`` logger contains ``needle``."""
+
+    def __init__(self, needle: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.needle = needle
+        self.seen = threading.Event()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        if self.needle in record.getMessage():
+            self.seen.set()
+
+
+@pytest.fixture
+def log_events() -> Iterator[Callable[[str], LogEvents]]:
+    logger = logging.getLogger("jaren_jobs")
+    installed: list[LogEvents] = []
+
+    def install(needle: str) -> LogEvents:
+        handler = LogEvents(needle)
+        logger.addHandler(handler)
+        installed.append(handler)
+        return handler
+
+    yield install
+    for handler in installed:
+        logger.removeHandler(handler)
+
+
+def worker_threads(worker: Worker) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(worker.name + "-")]
+
+
+def join_threads(worker: Worker, timeout: float = WAIT) -> None:
+    end = time.monotonic() + timeout
+    for thread in worker_threads(worker):
+        thread.join(max(0.0, end - time.monotonic()))
+    assert worker_threads(worker) == [], "the worker's threads did not exit"
+
+
+def job_state(store: Store, job_id: str) -> str:
+    job = store.jobs.get(job_id)
+    assert job is not None
+    return job.state
+
+
+# ---------------------------------------------------------------- options
+
+
+def noop(payload: Any, ctx: JobContext) -> Any:
+    return payload
+
+
+@pytest.mark.parametrize(
+    ("handlers", "options", "error"),
+    [
+        ([("k", noop)], {}, TypeError),
+        ({}, {}, ValueError),
+        ({"k": "not callable"}, {}, TypeError),
+        ({1: noop}, {}, TypeError),
+        ({"": noop}, {}, ValueError),
+        ({"k": noop}, {"concurrency": 0}, ValueError),
+        ({"k": noop}, {"concurrency": -2}, ValueError),
+        ({"k": noop}, {"concurrency": True}, TypeError),
+        ({"k": noop}, {"concurrency": 1.5}, TypeError),
+        ({"k": noop}, {"concurrency": "2"}, TypeError),
+        ({"k": noop}, {"poll_seconds": 0}, ValueError),
+        ({"k": noop}, {"poll_seconds": float("nan")}, ValueError),
+        ({"k": noop}, {"lease_seconds": -1}, ValueError),
+        ({"k": noop}, {"lease_seconds": "30"}, TypeError),
+        ({"k": noop}, {"owner": ""}, ValueError),
+        ({"k": noop}, {"owner": 7}, TypeError),
+        ({"k": noop}, {"renew": "yes"}, TypeError),
+        ({"k": noop}, {"on_outcome": "print"}, TypeError),
+        ({"k": noop}, {"backoff_base_seconds": 0}, ValueError),
+        ({"k": noop}, {"backoff_cap_seconds": float("inf")}, ValueError),
+        ({"k": noop}, {"stop_grace_seconds": -1}, ValueError),
+        ({"k": noop}, {"no_such_option": 1}, TypeError),
+    ],
+)
+def test_options_are_validated(
+    store: Store, handlers: Any, options: dict[str, Any], error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        store.jobs.create_worker(handlers, **options)
+
+
+def test_defaults_come_from_the_store(db_path: Path, runtime: Any) -> None:
+    defaults = {"lease_seconds": 12.0, "poll_seconds": 0.5, "stop_grace_seconds": 3.0}
+    with open_store(db_path, runtime=runtime, defaults=defaults) as store:
+        worker = store.jobs.create_worker({"k": noop})
+        assert isinstance(worker, Worker)
+        assert (worker.lease_seconds, worker.poll_seconds, worker.stop_grace_seconds) == (
+            12.0,
+            0.5,
+            3.0,
+        )
+        assert worker.owner  # minted through the runtime
+        assert worker.kinds == ["k"]
+        own = store.jobs.create_worker({"k": noop}, owner="me", lease_seconds=9)
+        assert (own.owner, own.lease_seconds) == ("me", 9.0)
+
+
+def test_stop_is_idempotent_and_safe_before_start(store: Store) -> None:
+    worker = store.jobs.create_worker({"k": noop})
+    assert worker.stop() == StopOutcome(drained=True, in_flight=0)
+    assert worker.stop(0) == StopOutcome(drained=True, in_flight=0)
+    with pytest.raises(RuntimeError, match="does not restart"):
+        worker.start()
+    assert worker.run_once() is False
+    with pytest.raises(ValueError):
+        worker.stop(-1)
+
+
+def test_start_twice_is_refused(store: Store) -> None:
+    worker = store.jobs.create_worker({"k": noop}, poll_seconds=60)
+    worker.start()
+    with pytest.raises(RuntimeError, match="already started"):
+        worker.start()
+    assert worker.stop() == StopOutcome(drained=True, in_flight=0)
+    join_threads(worker)
+
+
+# ---------------------------------------------------------------- one step
+
+
+def test_run_once_claims_runs_and_completes(store: Store) -> None:
+    outcomes = Outcomes()
+    seen: list[JobContext] = []
+
+    def handler(payload: Any, ctx: JobContext) -> Any:
+        seen.append(ctx)
+        assert ctx.lease == ctx.job.lease
+        assert not ctx.signal.aborted
+        return {"doubled": payload * 2}
+
+    worker = store.jobs.create_worker({"double": handler}, owner="w1", on_outcome=outcomes)
+    assert worker.run_once() is False  # nothing to claim
+    job = store.jobs.enqueue("double", 21)
+    assert worker.run_once() is True
+    done = store.jobs.get(job.id)
+    assert done is not None
+    assert (done.state, done.result, done.attempts) == ("done", {"doubled": 42}, 1)
+    assert seen[0].job.id == job.id
+    assert seen[0].owner == "w1"
+    assert outcomes.events == [Outcome("completed", job.id, "double", attempt=1, generation=1)]
+    stats = worker.stats()
+    assert isinstance(stats, WorkerStats)
+    assert (stats.claims, stats.completions, stats.in_flight) == (1, 1, 0)
+    assert worker.leases() == []
+    worker.stop()
+
+
+def test_handler_exceptions_retry_then_dead_letter(store: Store, clock: FakeClock) -> None:
+    outcomes = Outcomes()
+    calls = []
+
+    def flaky(payload: Any, ctx: JobContext) -> Any:
+        calls.append(ctx.job.attempts)
+        raise ValueError(f"boom {ctx.job.attempts}")
+
+    worker = store.jobs.create_worker(
+        {"flaky": flaky},
+        on_outcome=outcomes,
+        backoff_base_seconds=10,
+        backoff_cap_seconds=10,
+    )
+    job = store.jobs.enqueue("flaky", max_attempts=2)
+    assert worker.run_once() is True
+    failed = store.jobs.get(job.id)
+    assert failed is not None
+    assert failed.state == "failed"
+    assert failed.last_error == "ValueError: boom 1"
+    # per-worker backoff: d = min(10, 10 * 2**0) = 10; delay = 5 + 0.5 * 5 (ids.random = 0.5)
+    assert failed.run_at - failed.updated_at == timedelta(seconds=7.5)
+    assert worker.run_once() is False  # not due yet
+    clock.advance(7.5)
+    assert worker.run_once() is True
+    dead = store.jobs.get(job.id)
+    assert dead is not None
+    assert (dead.state, dead.last_error, dead.attempts) == ("dead", "ValueError: boom 2", 2)
+    assert calls == [1, 2]
+    assert outcomes.names() == ["failed", "failed"]
+    assert outcomes.events[0].reason == "ValueError: boom 1"
+    assert worker.stats().failures == 2
+    assert worker.stats().completions == 0
+    worker.stop()
+
+
+class Incurable(Exception):
+    retryable = False
+
+
+@pytest.mark.parametrize(
+    "error",
+    [Incurable("no retry can cure this"), RunMismatch("the run moved", job_id="x")],
+)
+def test_an_error_that_is_not_retryable_dead_letters_at_once(
+    store: Store, error: Exception
+) -> None:
+    outcomes = Outcomes()
+
+    def handler(payload: Any, ctx: JobContext) -> Any:
+        raise error
+
+    worker = store.jobs.create_worker({"k": handler}, on_outcome=outcomes)
+    job = store.jobs.enqueue("k", max_attempts=5)
+    assert worker.run_once() is True
+    stored = store.jobs.get(job.id)
+    assert stored is not None
+    assert (stored.state, stored.attempts) == ("dead", 1)
+    assert outcomes.names() == ["failed"]
+    expected_code = "JD2069" if isinstance(error, RunMismatch) else None
+    assert outcomes.events[0].code == expected_code
+    worker.stop()
+
+
+def test_a_result_json_cannot_carry_fails_the_attempt(store: Store) -> None:
+    outcomes = Outcomes()
+
+    def bad(payload: Any, ctx: JobContext) -> Any:
+        return {"not json": {1, 2}} if payload == "set" else float("nan")
+
+    worker = store.jobs.create_worker({"bad": bad}, on_outcome=outcomes)
+    for payload in ("set", "nan"):
+        job = store.jobs.enqueue("bad", payload)
+        assert worker.run_once() is True
+        stored = store.jobs.get(job.id)
+        assert stored is not None
+        assert stored.state == "failed"
+        assert stored.last_error is not None
+        assert stored.last_error.startswith("TypeError")
+    assert outcomes.names() == ["failed", "failed"]
+    worker.stop()
+
+
+def test_an_async_handler_is_a_clear_failure_without_a_warning(store: Store) -> None:
+    outcomes = Outcomes()
+
+    async def handler(payload: Any, ctx: JobContext) -> Any:
+        return 1  # pragma: no cover - never awaited
+
+    worker = store.jobs.create_worker({"a": handler}, on_outcome=outcomes)
+    job = store.jobs.enqueue("a")
+    assert worker.run_once() is True
+    stored = store.jobs.get(job.id)
+    assert stored is not None
+    assert stored.state == "failed"
+    assert "coroutine" in (stored.last_error or "")
+    assert outcomes.names() == ["failed"]
+    worker.stop()
+
+
+def test_a_raising_observer_never_affects_the_worker(
+    store: Store, log_events: Callable[[str], LogEvents]
+) -> None:
+    logs = log_events("on_outcome observer raised")
+    delivered = Outcomes()
+
+    def observer(event: Outcome) -> None:
+        delivered(event)
+        raise RuntimeError("observer bug")
+
+    worker = store.jobs.create_worker(
+        {"k": noop}, concurrency=2, poll_seconds=60, on_outcome=observer
+    )
+    worker.start()
+    ids = [store.jobs.enqueue("k", i).id for i in range(3)]
+    events = delivered.wait_for(3)
+    assert sorted(e.job_id for e in events) == sorted(ids)
+    assert all(job_state(store, i) == "done" for i in ids)
+    assert logs.seen.is_set()
+    assert any(r.exc_info and r.levelno == logging.ERROR for r in logs.records)
+    assert worker.stats().completions == 3
+    assert worker.stop() == StopOutcome(drained=True, in_flight=0)
+
+
+def test_a_handler_that_settles_through_its_own_checkpoints_completes_once(store: Store) -> None:
+    outcomes = Outcomes()
+
+    def handler(payload: Any, ctx: JobContext) -> Any:
+        ctx.checkpoints.save(ctx.job.id, "a", 1)
+        assert ctx.checkpoints.load(ctx.job.id) == {"a": 1}
+        ctx.checkpoints.complete(ctx.job.id, "from checkpoints")
+        return "from return"
+
+    worker = store.jobs.create_worker({"k": handler}, on_outcome=outcomes)
+    job = store.jobs.enqueue("k")
+    assert worker.run_once() is True
+    stored = store.jobs.get(job.id)
+    assert stored is not None
+    assert (stored.state, stored.result) == ("done", "from checkpoints")
+    assert outcomes.names() == ["completed"]
+    worker.stop()
+
+
+def test_a_handler_that_fails_its_own_lease_is_reported_failed(store: Store) -> None:
+    outcomes = Outcomes()
+
+    def handler(payload: Any, ctx: JobContext) -> Any:
+        store.jobs.fail(ctx.lease, "given up", retry=False)
+        return "ignored"
+
+    worker = store.jobs.create_worker({"k": handler}, on_outcome=outcomes)
+    job = store.jobs.enqueue("k")
+    assert worker.run_once() is True
+    assert job_state(store, job.id) == "dead"
+    assert outcomes.names() == ["failed"]
+    assert outcomes.events[0].reason == "given up"
+    worker.stop()
+
+
+def test_claim_errors_are_counted_not_raised(db_path: Path, runtime: Any) -> None:
+    with open_store(db_path, runtime=runtime) as writable:
+        writable.jobs.enqueue("k")
+    with open_store(db_path, runtime=runtime, readonly=True) as store:
+        worker = store.jobs.create_worker({"k": noop})
+        assert worker.run_once() is False
+        assert worker.stats().claim_errors == 1
+        assert worker.stats().claims == 0
+        worker.stop()
+
+
+# ---------------------------------------------------------------- wake-ups and polls
+
+
+def test_an_enqueue_in_this_process_wakes_an_idle_worker(store: Store) -> None:
+    outcomes = Outcomes()
+    idle = Counter()
+    worker = store.jobs.create_worker(
+        {"k": noop}, poll_seconds=3600, on_outcome=outcomes, on_idle=idle
+    )
+    worker.start()
+    assert idle.wait_for(1)
+    first = store.jobs.enqueue("k", 1)
+    assert outcomes.wait_for(1)[0].job_id == first.id  # an hour-long poll: only a wake does this
+    assert idle.wait_for(2)  # idle again after the job
+    with store.transaction() as tx:
+        second = tx.jobs.enqueue("k", 2)
+    assert outcomes.wait_for(2)[1].job_id == second.id
+    stats = worker.stats()
+    assert stats.wakes >= 2
+    assert stats.polls >= 2
+    worker.stop()
+
+
+def test_a_rolled_back_enqueue_wakes_nobody(store: Store) -> None:
+    idle = threading.Event()
+    worker = store.jobs.create_worker({"k": noop}, poll_seconds=3600, on_idle=idle.set)
+    worker.start()
+    assert idle.wait(WAIT)
+
+    def enqueue_then_roll_back() -> None:
+        with store.transaction() as tx:
+            tx.jobs.enqueue("k")
+            raise RuntimeError("roll back")
+
+    with pytest.raises(RuntimeError):
+        enqueue_then_roll_back()
+    # a wake runs in the committing thread, so it would already be counted
+    assert worker.stats().wakes == 0
+    worker.stop()
+
+
+def test_another_process_enqueue_is_seen_at_the_next_poll(db_path: Path, runtime: Any) -> None:
+    outcomes = Outcomes()
+    with open_store(db_path, runtime=runtime) as store, open_store(db_path) as other:
+        worker = store.jobs.create_worker({"k": noop}, poll_seconds=0.02, on_outcome=outcomes)
+        worker.start()
+        job = other.jobs.enqueue("k")  # a separate store: no in-process wake reaches the worker
+        assert outcomes.wait_for(1)[0].job_id == job.id
+        assert worker.stats().wakes == 0
+        worker.stop()
+
+
+# ---------------------------------------------------------------- renewals
+
+
+def test_renewal_keeps_a_handler_running_three_times_its_lease(
+    store: Store, clock: FakeClock
+) -> None:
+    lease_seconds = 0.3
+    outcomes = Outcomes()
+    renewals: queue.Queue[Lease] = queue.Queue()
+    started = threading.Event()
+    release = threading.Event()
+    saved: list[Lease] = []
+    claimed: list[Lease] = []
+
+    def long(payload: Any, ctx: JobContext) -> Any:
+        claimed.append(ctx.job.lease)
+        started.set()
+        assert release.wait(WAIT)
+        # the checkpoint store follows the renewed lease, not the claim's
+        assert ctx.lease.token != ctx.job.lease.token
+        ctx.checkpoints.save(ctx.job.id, "step", "ok")
+        saved.append(ctx.lease)
+        return "finished"
+
+    worker = store.jobs.create_worker(
+        {"long": long},
+        lease_seconds=lease_seconds,
+        on_outcome=outcomes,
+        on_renewal=renewals.put,
+    )
+    job = store.jobs.enqueue("long")
+    worker.start()
+    assert started.wait(WAIT)
+    moved = 0.0
+    while moved <= 3 * lease_seconds:
+        now = clock.advance(0.2)  # less than a lease between two renewals
+        moved += 0.2
+        while True:  # wait for a renewal made at (or after) the new time
+            lease = renewals.get(timeout=WAIT)
+            if lease.expires_at.timestamp() >= now + lease_seconds - 0.001:
+                break
+        [held] = worker.leases()  # the renewal swapped the new lease in
+        assert (held.generation, held.attempt) == (1, 1)
+        assert held.expires_at >= lease.expires_at
+        assert held.token != claimed[0].token
+    release.set()
+    events = outcomes.wait_for(1)
+    assert events == [Outcome("completed", job.id, "long", attempt=1, generation=1)]
+    stored = store.jobs.get(job.id)
+    assert stored is not None
+    assert (stored.state, stored.result, stored.attempts) == ("done", "finished", 1)
+    stats = worker.stats()
+    assert stats.renewals >= 5
+    assert (stats.completions, stats.lost_settlements, stats.failures) == (1, 0, 0)
+    assert saved[0].generation == 1
+    assert worker.stop().drained is True
+    assert outcomes.names() == ["completed"]
+
+
+def test_without_renewal_the_job_is_reclaimed_and_the_first_attempt_is_lost(
+    store: Store, clock: FakeClock
+) -> None:
+    first_outcomes = Outcomes()
+    second_outcomes = Outcomes()
+    started = threading.Event()
+    release = threading.Event()
+
+    def long(payload: Any, ctx: JobContext) -> Any:
+        started.set()
+        assert release.wait(WAIT)
+        return "first"
+
+    first = store.jobs.create_worker(
+        {"long": long}, lease_seconds=0.3, renew=False, on_outcome=first_outcomes, owner="a"
+    )
+    second = store.jobs.create_worker(
+        {"long": lambda payload, ctx: "second"}, on_outcome=second_outcomes, owner="b"
+    )
+    job = store.jobs.enqueue("long")
+    first.start()
+    assert started.wait(WAIT)
+    clock.advance(0.9)  # three leases later, with no renewal
+    assert second.run_once() is True  # rescues the expired lease
+    assert second_outcomes.names() == ["completed"]
+    release.set()
+    lost = first_outcomes.wait_for(1)[0]
+    assert lost.outcome == "lost"
+    assert lost.phase == "completion"
+    assert lost.code == "JD2065"  # the row is settled by another attempt
+    assert (lost.attempt, lost.generation) == (1, 1)
+    stored = store.jobs.get(job.id)
+    assert stored is not None
+    assert (stored.state, stored.result, stored.attempts) == ("done", "second", 2)
+    stats = first.stats()
+    assert (stats.completions, stats.failures, stats.lost_settlements) == (0, 0, 1)
+    assert stats.renewals == 0
+    first.stop()
+    second.stop()
+    assert first_outcomes.names() == ["lost"]
+
+
+def test_a_lease_lost_at_renewal_aborts_the_signal(store: Store, clock: FakeClock) -> None:
+    outcomes = Outcomes()
+    reasons: list[Any] = []
+
+    def waits(payload: Any, ctx: JobContext) -> Any:
+        clock.advance(5)  # the 0.3 s lease is long gone when the renewal tries
+        assert ctx.signal.wait(WAIT)
+        reasons.append(ctx.signal.reason)
+        return "too late"
+
+    worker = store.jobs.create_worker(
+        {"k": waits}, lease_seconds=0.3, on_outcome=outcomes, concurrency=1
+    )
+    job = store.jobs.enqueue("k")
+    assert worker.run_once() is True
+    assert outcomes.names() == ["lost"]
+    event = outcomes.events[0]
+    assert (event.phase, event.code) == ("completion", "JD2067")
+    assert reasons[0].code == "JD2067"
+    assert job_state(store, job.id) == "leased"  # nobody settled it; expiry will rescue it
+    assert worker.stats().lost_settlements == 1
+    worker.stop()
+
+
+def test_a_storage_error_during_renewal_keeps_the_lease_and_retries(
+    db_path: Path,
+    runtime: Any,
+    clock: FakeClock,
+    log_events: Callable[[str], LogEvents],
+) -> None:
+    logs = log_events("renewing the lease")
+    outcomes = Outcomes()
+    renewals: queue.Queue[Lease] = queue.Queue()
+    started = threading.Event()
+    release = threading.Event()
+
+    def long(payload: Any, ctx: JobContext) -> Any:
+        started.set()
+        assert release.wait(WAIT)
+        return "ok"
+
+    with open_store(db_path, runtime=runtime, busy_timeout_seconds=0.01) as store:
+        worker = store.jobs.create_worker(
+            {"k": long}, lease_seconds=0.3, on_outcome=outcomes, on_renewal=renewals.put
+        )
+        job = store.jobs.enqueue("k")
+        worker.start()
+        assert started.wait(WAIT)
+        blocker = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            blocker.execute("BEGIN IMMEDIATE")  # another connection holds the write lock
+            assert logs.seen.wait(WAIT)  # a renewal met "database is locked"
+            blocker.execute("ROLLBACK")
+        finally:
+            blocker.close()
+        # renewals run one at a time on the scheduler thread, so every success
+        # before the failure is already queued: drop them, then wait for one
+        # made after it, with the lease the failed renewal kept
+        while not renewals.empty():
+            renewals.get_nowait()
+        lease = renewals.get(timeout=WAIT)
+        assert lease.generation == 1
+        assert worker.leases()[0].expires_at >= lease.expires_at
+        release.set()
+        assert outcomes.wait_for(1)[0].outcome == "completed"
+        assert job_state(store, job.id) == "done"
+        assert any("locked" in r.getMessage() for r in logs.records)
+        assert worker.stats().lost_settlements == 0
+        worker.stop()
+
+
+def test_leases_are_listed_newest_first(store: Store) -> None:
+    started = {"a": threading.Event(), "b": threading.Event()}
+    release = threading.Event()
+    contexts: dict[str, JobContext] = {}
+
+    def hold(payload: Any, ctx: JobContext) -> Any:
+        contexts[payload] = ctx
+        started[payload].set()
+        assert release.wait(WAIT)
+
+    worker = store.jobs.create_worker({"k": hold}, concurrency=2, poll_seconds=3600, renew=False)
+    worker.start()
+    store.jobs.enqueue("k", "a")
+    assert started["a"].wait(WAIT)
+    store.jobs.enqueue("k", "b")
+    assert started["b"].wait(WAIT)
+    leases = worker.leases()
+    assert [lease.token for lease in leases] == [
+        contexts["b"].lease.token,
+        contexts["a"].lease.token,
+    ]
+    assert worker.stats().in_flight == 2
+    release.set()
+    assert worker.stop().drained is True
+    assert worker.leases() == []
+
+
+# ---------------------------------------------------------------- cancel
+
+
+def test_cancel_of_a_running_job_aborts_its_signal(store: Store) -> None:
+    outcomes = Outcomes()
+    started = threading.Event()
+    reasons: list[Any] = []
+
+    def waits(payload: Any, ctx: JobContext) -> Any:
+        started.set()
+        assert ctx.signal.wait(WAIT)
+        reasons.append(ctx.signal.reason)
+        return "result nobody records"
+
+    worker = store.jobs.create_worker({"k": waits}, on_outcome=outcomes, poll_seconds=3600)
+    job = store.jobs.enqueue("k")
+    worker.start()
+    assert started.wait(WAIT)
+    [lease] = worker.leases()
+    assert store.jobs.cancel(job.id, lease=lease) is True
+    event = outcomes.wait_for(1)[0]
+    assert event.outcome == "cancelled"
+    assert (event.job_id, event.attempt, event.generation) == (job.id, 1, 1)
+    assert isinstance(reasons[0], JobSettled)
+    stored = store.jobs.get(job.id)
+    assert stored is not None
+    assert (stored.state, stored.result) == ("cancelled", None)
+    stats = worker.stats()
+    assert (stats.cancellations, stats.completions, stats.failures) == (1, 0, 0)
+    assert worker.stop().drained is True
+    assert outcomes.names() == ["cancelled"]
+
+
+def test_a_cancel_without_a_local_abort_is_still_a_cancellation(
+    db_path: Path, runtime: Any
+) -> None:
+    # another process cancels with the attempt's lease: no abort reaches this
+    # worker, so its completion is a no-op of its own attempt's generation,
+    # and the row (not the race) decides the outcome
+    outcomes = Outcomes()
+    signals: list[bool] = []
+    with open_store(db_path, runtime=runtime) as store, open_store(db_path) as elsewhere:
+
+        def cancelled_elsewhere(payload: Any, ctx: JobContext) -> Any:
+            assert elsewhere.jobs.cancel(ctx.job.id, lease=ctx.lease) is True
+            signals.append(ctx.signal.aborted)
+            return "done anyway"
+
+        worker = store.jobs.create_worker({"k": cancelled_elsewhere}, on_outcome=outcomes)
+        job = store.jobs.enqueue("k")
+        assert worker.run_once() is True
+        assert signals == [False]  # nothing told this process
+        assert outcomes.names() == ["cancelled"]
+        stored = store.jobs.get(job.id)
+        assert stored is not None
+        assert (stored.state, stored.result) == ("cancelled", None)
+        assert worker.stats().cancellations == 1
+        worker.stop()
+
+
+# ---------------------------------------------------------------- stop
+
+
+def test_stop_drains_a_handler_that_honours_its_signal(store: Store) -> None:
+    outcomes = Outcomes()
+    started = threading.Event()
+    reasons: list[Any] = []
+
+    def polite(payload: Any, ctx: JobContext) -> Any:
+        started.set()
+        assert ctx.signal.wait(WAIT)
+        reasons.append(ctx.signal.reason)
+        return "wound up"
+
+    worker = store.jobs.create_worker({"k": polite}, on_outcome=outcomes, poll_seconds=3600)
+    job = store.jobs.enqueue("k")
+    worker.start()
+    assert started.wait(WAIT)
+    assert worker.stop(WAIT) == StopOutcome(drained=True, in_flight=0)
+    assert isinstance(reasons[0], WorkerStopped)
+    assert outcomes.names() == ["completed"]  # reported before stop() returned
+    assert job_state(store, job.id) == "done"
+    join_threads(worker)
+
+
+def test_an_undrained_handler_is_barred_and_its_job_reclaimed(
+    store: Store, clock: FakeClock
+) -> None:
+    outcomes = Outcomes()
+    started = threading.Event()
+    release = threading.Event()
+    late: list[BaseException] = []
+
+    def stubborn(payload: Any, ctx: JobContext) -> Any:
+        started.set()
+        release.wait(WAIT)  # ignores ctx.signal on purpose
+        try:
+            ctx.checkpoints.save(ctx.job.id, "late", 1)
+        except Exception as exc:
+            late.append(exc)
+        return "late result"
+
+    worker = store.jobs.create_worker({"k": stubborn}, on_outcome=outcomes, poll_seconds=3600)
+    job = store.jobs.enqueue("k")
+    worker.start()
+    assert started.wait(WAIT)
+    began = time.monotonic()
+    outcome = worker.stop(grace_seconds=0.2)
+    elapsed = time.monotonic() - began
+    assert outcome == StopOutcome(drained=False, in_flight=1)
+    assert 0.2 <= elapsed < 2.0
+
+    statements: list[str] = []
+    store.connection.set_trace_callback(statements.append)
+    try:
+        release.set()
+        event = outcomes.wait_for(1)[0]
+        join_threads(worker)
+    finally:
+        store.connection.set_trace_callback(None)
+    assert statements == []  # nothing the first attempt did afterwards reached the database
+    assert (event.outcome, event.phase, event.code) == ("lost", "completion", "JD2091")
+    assert len(late) == 1
+    assert isinstance(late[0], WorkerStopped)
+    assert isinstance(late[0], StoreClosed)
+    assert job_state(store, job.id) == "leased"
+
+    clock.advance(31)  # past the abandoned lease
+    rescued = Outcomes()
+    second = store.jobs.create_worker({"k": lambda p, ctx: "second"}, on_outcome=rescued)
+    assert second.run_once() is True
+    stored = store.jobs.get(job.id)
+    assert stored is not None
+    assert (stored.state, stored.result, stored.attempts) == ("done", "second", 2)
+    assert rescued.events[0].generation == 2
+    second.stop()
+
+
+def test_stop_from_inside_a_handler_is_refused(store: Store) -> None:
+    errors: list[BaseException] = []
+    holder: list[Worker] = []
+
+    def handler(payload: Any, ctx: JobContext) -> Any:
+        try:
+            holder[0].stop()
+        except RuntimeError as exc:
+            errors.append(exc)
+        return "ok"
+
+    worker = store.jobs.create_worker({"k": handler})
+    holder.append(worker)
+    first = store.jobs.enqueue("k")
+    assert worker.run_once() is True  # a handler driven by run_once() is refused too
+    assert len(errors) == 1
+    assert job_state(store, first.id) == "done"  # and the worker went on to complete it
+    outcomes = Outcomes()
+    threaded = store.jobs.create_worker({"k": handler}, on_outcome=outcomes, poll_seconds=3600)
+    holder[0] = threaded
+    threaded.start()
+    store.jobs.enqueue("k")
+    assert outcomes.wait_for(1)[0].outcome == "completed"
+    assert len(errors) == 2
+    assert "own threads" in str(errors[1])
+    assert threaded.stop().drained is True
+    worker.stop()
+
+
+def test_stop_races_leave_nothing_touching_the_database(store: Store) -> None:
+    """Stop while claims, renewals and settlements are in flight, many times over."""
+    renewed_total = 0
+    lost_total = 0
+    for round_ in range(24):
+        outcomes = Outcomes()
+        renewed = threading.Event()
+        release = threading.Event()
+        stubborn_started = threading.Event()
+        grace = (0.0, 0.005, 0.03)[round_ % 3]
+
+        def quick(payload: Any, ctx: JobContext) -> Any:
+            return payload
+
+        def slow(payload: Any, ctx: JobContext, renewed: threading.Event = renewed) -> Any:
+            renewed.wait(0.1)  # long enough for renewals to be under way
+            ctx.signal.wait(0.02)
+            ctx.checkpoints.save(ctx.job.id, "n", payload)
+            return payload
+
+        def stubborn(
+            payload: Any,
+            ctx: JobContext,
+            release: threading.Event = release,
+            started: threading.Event = stubborn_started,
+        ) -> Any:
+            started.set()
+            release.wait(WAIT)  # ignores its signal: always outlives the grace period
+            ctx.checkpoints.save(ctx.job.id, "n", payload)  # barred: WorkerStopped
+            return payload
+
+        kinds = {f"quick{round_}": quick, f"slow{round_}": slow, f"stubborn{round_}": stubborn}
+        worker = store.jobs.create_worker(
+            kinds,
+            concurrency=4,
+            poll_seconds=0.005,
+            lease_seconds=0.03,  # a renewal every 10 ms (the fake clock never expires it)
+            on_outcome=outcomes,
+            on_renewal=lambda lease, renewed=renewed: renewed.set(),
+        )
+        store.jobs.enqueue(f"stubborn{round_}", -1, priority=1)  # claimed first
+        for i in range(12):
+            store.jobs.enqueue(f"quick{round_}", i)
+            store.jobs.enqueue(f"slow{round_}", i)
+        worker.start()
+        assert stubborn_started.wait(WAIT)
+        outcomes.wait_for(3)
+        assert renewed.wait(WAIT)
+        result = worker.stop(grace_seconds=grace)
+
+        statements: list[str] = []
+        store.connection.set_trace_callback(statements.append)
+        try:
+            release.set()
+            join_threads(worker)  # every handler has now returned and been recorded
+        finally:
+            store.connection.set_trace_callback(None)
+        assert statements == [], f"round {round_}: the stopped worker ran {statements}"
+        assert worker_threads(worker) == []
+
+        stats = worker.stats()
+        # exactly one outcome per attempt, even for the barred ones
+        assert len(outcomes.events) == stats.claims
+        assert len({(e.job_id, e.generation) for e in outcomes.events}) == stats.claims
+        assert stats.in_flight == 0
+        assert result.drained is False
+        assert result.in_flight >= 1  # the stubborn handler, at least
+        assert sum(e.code == "JD2091" for e in outcomes.events) >= 1  # ...barred
+        renewed_total += stats.renewals
+        lost_total += stats.lost_settlements
+    assert renewed_total > 0
+    assert lost_total >= 24  # every round's stubborn handler was barred
+
+
+def test_store_close_stops_a_running_worker_first(db_path: Path, runtime: Any) -> None:
+    outcomes = Outcomes()
+    started = threading.Event()
+
+    def polite(payload: Any, ctx: JobContext) -> Any:
+        started.set()
+        ctx.signal.wait(WAIT)
+        return "closed cleanly"
+
+    store = open_store(db_path, runtime=runtime)
+    worker = store.jobs.create_worker({"k": polite}, on_outcome=outcomes, concurrency=2)
+    job = store.jobs.enqueue("k")
+    worker.start()
+    assert started.wait(WAIT)
+    assert store.close(grace_seconds=WAIT) == [StopOutcome(drained=True, in_flight=0)]
+    assert outcomes.names() == ["completed"]
+    join_threads(worker)
+    with open_store(db_path, runtime=runtime) as reopened:
+        assert job_state(reopened, job.id) == "done"
+    assert store.close() == []  # idempotent; the worker is no longer the store's
+
+
+def test_store_close_reports_what_it_could_not_drain(db_path: Path, runtime: Any) -> None:
+    started = threading.Event()
+    release = threading.Event()
+    outcomes = Outcomes()
+
+    def stubborn(payload: Any, ctx: JobContext) -> Any:
+        started.set()
+        release.wait(WAIT)
+        return "late"
+
+    store = open_store(db_path, runtime=runtime)
+    worker = store.jobs.create_worker({"k": stubborn}, on_outcome=outcomes)
+    store.jobs.enqueue("k")
+    worker.start()
+    assert started.wait(WAIT)
+    assert store.close(grace_seconds=0.05) == [StopOutcome(drained=False, in_flight=1)]
+    assert store.closed
+    release.set()
+    assert outcomes.wait_for(1)[0].code == "JD2091"
+    join_threads(worker)
+
+
+# ---------------------------------------------------------------- interrupts
+
+
+def test_keyboard_interrupt_in_run_once_propagates_and_leaves_the_attempt_unsettled(
+    store: Store, clock: FakeClock, log_events: Callable[[str], LogEvents]
+) -> None:
+    logs = log_events("KeyboardInterrupt")
+    outcomes = Outcomes()
+
+    def interrupted(payload: Any, ctx: JobContext) -> Any:
+        raise KeyboardInterrupt
+
+    worker = store.jobs.create_worker({"k": interrupted}, on_outcome=outcomes)
+    job = store.jobs.enqueue("k")
+    other = store.jobs.enqueue("k")
+    with pytest.raises(KeyboardInterrupt):
+        worker.run_once()
+    assert isinstance(worker.interrupted, KeyboardInterrupt)
+    assert logs.seen.is_set()
+    assert outcomes.names() == ["lost"]
+    assert outcomes.events[0].job_id == job.id
+    assert "KeyboardInterrupt" in (outcomes.events[0].reason or "")
+    assert worker.stats().completions == 0
+    assert worker.stats().failures == 0
+    assert job_state(store, job.id) == "leased"  # left for lease-expiry recovery
+    assert worker.run_once() is False  # the worker halted: no more claims
+    assert job_state(store, other.id) == "pending"
+    assert worker.stop() == StopOutcome(drained=True, in_flight=0)
+
+    clock.advance(31)
+    rescuer = store.jobs.create_worker({"k": noop})
+    assert rescuer.run_once() is True
+    assert rescuer.run_once() is True
+    assert job_state(store, job.id) == "done"
+    assert store.jobs.get(job.id).attempts == 2  # type: ignore[union-attr]
+    rescuer.stop()
+
+
+def test_system_exit_in_a_worker_thread_halts_the_worker_and_leaves_the_thread(
+    store: Store, monkeypatch: pytest.MonkeyPatch, log_events: Callable[[str], LogEvents]
+) -> None:
+    logs = log_events("SystemExit")
+    outcomes = Outcomes()
+    escaped: list[type[BaseException]] = []
+    hooked = threading.Event()
+
+    def excepthook(args: threading.ExceptHookArgs) -> None:
+        escaped.append(args.exc_type)
+        hooked.set()
+
+    monkeypatch.setattr(threading, "excepthook", excepthook)
+
+    def exits(payload: Any, ctx: JobContext) -> Any:
+        raise SystemExit(3)
+
+    worker = store.jobs.create_worker(
+        {"k": exits}, concurrency=2, poll_seconds=3600, on_outcome=outcomes
+    )
+    job = store.jobs.enqueue("k")
+    worker.start()
+    assert hooked.wait(WAIT)  # the exception left the worker thread, not swallowed
+    assert escaped == [SystemExit]
+    for thread in worker_threads(worker):  # both loops end: the worker stopped claiming
+        if "-loop-" in thread.name:
+            thread.join(WAIT)
+    assert [t for t in worker_threads(worker) if "-loop-" in t.name] == []
+    assert worker.running is False
+    assert logs.seen.is_set()
+    assert outcomes.names() == ["lost"]
+    assert job_state(store, job.id) == "leased"
+    later = store.jobs.enqueue("k")
+    assert worker.stop() == StopOutcome(drained=True, in_flight=0)
+    assert worker_threads(worker) == []  # stop() ended the renewal scheduler too
+    assert job_state(store, later.id) == "pending"
+    assert worker.stats().claims == 1
