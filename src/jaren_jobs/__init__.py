@@ -32,6 +32,7 @@ from .errors import (
 )
 from .records import (
     ClaimedJob,
+    CorruptJson,
     Counts,
     Job,
     JobState,
@@ -55,6 +56,7 @@ __all__ = [
     "CheckpointStore",
     "ClaimedJob",
     "CompiledDag",
+    "CorruptJson",
     "Counts",
     "Cursor",
     "CursorAborted",

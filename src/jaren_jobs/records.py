@@ -16,6 +16,7 @@ __all__ = [
     "SETTLED_STATES",
     "STATES",
     "ClaimedJob",
+    "CorruptJson",
     "Counts",
     "Job",
     "JobState",
@@ -53,6 +54,27 @@ def _iso(value: datetime | None) -> str | None:
 
 
 @dataclass(frozen=True)
+class CorruptJson:
+    """A stored payload or result that does not parse as JSON.
+
+    Only a row written outside jaren_jobs can hold one. Reads still work and
+    say which row is bad: the job's ``payload`` (or ``result``) is this marker
+    instead of a value, and a worker that claims such a job fails the attempt
+    with a clear error instead of calling the handler.
+    """
+
+    text: str
+    error: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"corrupt_json": self.text, "error": self.error}
+
+
+def _json_value(value: Any) -> Any:
+    return value.to_dict() if isinstance(value, CorruptJson) else value
+
+
+@dataclass(frozen=True)
 class Job:
     """One job as the store holds it (times are aware UTC datetimes)."""
 
@@ -77,7 +99,7 @@ class Job:
         return {
             "id": self.id,
             "kind": self.kind,
-            "payload": self.payload,
+            "payload": _json_value(self.payload),
             "state": self.state,
             "priority": self.priority,
             "attempts": self.attempts,
@@ -87,7 +109,7 @@ class Job:
             "lease_owner": self.lease_owner,
             "lease_generation": self.lease_generation,
             "last_error": self.last_error,
-            "result": self.result,
+            "result": _json_value(self.result),
             "created_at": _iso(self.created_at),
             "updated_at": _iso(self.updated_at),
         }

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .codec import datetime_from_ms, decode_json
-from .errors import StorageError
-from .records import ClaimedJob, Job, Lease
+from .records import ClaimedJob, CorruptJson, Job, Lease
 
 __all__ = ["claimed_from_row", "job_from_row", "lease_from_row"]
 
@@ -32,17 +31,20 @@ def lease_from_row(row: tuple[Any, ...]) -> Lease:
     return claimed_from_row(row).lease
 
 
+def _decoded(text: Any) -> Any:
+    """Stored JSON, or a :class:`CorruptJson` marker naming what is wrong with it."""
+    if text is not None and not isinstance(text, str):
+        return CorruptJson(repr(text), f"stored as {type(text).__name__}, not JSON text")
+    try:
+        return decode_json(text)
+    except ValueError as exc:
+        return CorruptJson(text or "", str(exc))
+
+
 def _job_fields(row: tuple[Any, ...]) -> dict[str, Any]:
     job_id = row[0]
-    try:
-        payload = decode_json(row[2])
-        result = decode_json(row[12])
-    except ValueError as exc:
-        raise StorageError(
-            f"job {job_id!r} holds stored JSON that does not parse ({exc}); "
-            "the row was written outside jaren_jobs",
-            job_id=job_id,
-        ) from exc
+    payload = _decoded(row[2])
+    result = _decoded(row[12])
     return {
         "id": job_id,
         "kind": row[1],

@@ -15,6 +15,7 @@ import pytest
 
 from jaren_jobs import (
     CancelScope,
+    CorruptJson,
     Cursor,
     CursorAborted,
     DeadlinePassed,
@@ -433,18 +434,21 @@ def test_a_transaction_cursor_refuses_once_its_transaction_ended(store: Store) -
 # ----------------------------------------------------------------- failures and cancellation
 
 
-def test_a_corrupt_stored_payload_names_its_row(store: Store) -> None:
+def test_a_corrupt_stored_payload_is_named_and_paging_goes_on(store: Store) -> None:
     made = fill(store, 3)
     with store.transaction() as tx:
         tx.execute('UPDATE "_jaren_jobs" SET payload = ? WHERE id = ?', ("{not json", made[1]))
-    cursor = store.jobs.page()
-    assert next(cursor).id == made[0]
-    with pytest.raises(StorageError, match=made[1]) as caught:
-        next(cursor)
-    assert caught.value.details["job_id"] == made[1]
-    assert cursor.settled
-    with pytest.raises(StopIteration):
-        next(cursor)
+    with store.jobs.page() as cursor:
+        jobs = list(cursor)
+    assert [job.id for job in jobs] == made
+    bad = jobs[1]
+    assert isinstance(bad.payload, CorruptJson)
+    assert bad.payload.text == "{not json"
+    assert bad.to_dict()["payload"]["corrupt_json"] == "{not json"
+    assert not isinstance(jobs[0].payload, CorruptJson)
+    got = store.jobs.get(made[1])
+    assert got is not None
+    assert isinstance(got.payload, CorruptJson)
     # the store is still usable: nothing was left open
     with store.transaction() as tx:
         tx.jobs.enqueue("a", id="zz")
