@@ -16,21 +16,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .codec import encode_json
+from .codec import MAX_DEPTH, check_text
 from .errors import DocumentError, OperationCancelled, RunMismatch
 from .records import ClaimedJob
 from .runtime import check_positive_int
-from .signals import SignalLike
+from .signals import CancelScope, SignalLike, any_signal
 
 __all__ = [
     "RUN_IDENTITY_NODE",
     "CompiledDag",
+    "DagJobs",
     "Task",
     "TaskContext",
     "compile_document",
@@ -70,11 +72,19 @@ class Task:
 
 @dataclass(frozen=True)
 class TaskContext:
-    """What a task sees besides its inputs."""
+    """What a task sees besides its inputs.
+
+    ``job`` is the claimed job, ``node_id`` the node being computed, and
+    ``signal`` the attempt's signal (aborted when the worker stops, the job is
+    cancelled, or the lease is lost: a long task should watch it). ``run_key``
+    names this attempt's run (:meth:`DagJobs.run_key`); it stops resolving
+    (:class:`RunMismatch`) once the attempt's handler has returned.
+    """
 
     job: ClaimedJob
     node_id: str
     signal: SignalLike
+    run_key: str = ""
 
 
 class _Checkpoints(Protocol):
@@ -93,11 +103,12 @@ def canonical_json(value: Any) -> bytes:
 
 
 def fingerprint(value: Any) -> str:
-    return "sha256:" + hashlib.sha256(canonical_json(value)).hexdigest()
+    """The SHA-256 (lowercase hex) of a JSON value's canonical form."""
+    return hashlib.sha256(canonical_json(value)).hexdigest()
 
 
 def document_revision(document: Any) -> str:
-    """The SHA-256 of a document's canonical JSON."""
+    """The SHA-256 (lowercase hex) of a document's canonical JSON: its revision."""
     return fingerprint(document)
 
 
@@ -138,6 +149,49 @@ class CompiledDag:
         return inputs
 
 
+def _json_fault(document: Any) -> tuple[str, str] | None:
+    """The JSON path of the first value JSON cannot carry (in reading order), and why."""
+    # iterative, so a pathologically deep document is refused, not a RecursionError
+    stack: list[tuple[Any, int, str]] = [(document, 0, "$")]
+    while stack:
+        item, depth, path = stack.pop()
+        if depth > MAX_DEPTH:
+            return path, f"it is nested more than {MAX_DEPTH} levels deep"
+        if isinstance(item, str):
+            if not _is_text(item):
+                return path, "it is not JSON (a string that is not valid Unicode)"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return path, f"it is not JSON ({item!r}: JSON has no NaN or infinity)"
+        elif item is None or isinstance(item, (bool, int)):
+            continue
+        elif isinstance(item, dict):
+            children: list[tuple[Any, int, str]] = []
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    return path, f"it is not JSON (a {type(key).__name__} key {key!r})"
+                if not _is_text(key):
+                    return path, "it is not JSON (a key that is not valid Unicode)"
+                children.append((child, depth + 1, _key_path(path, key)))
+            stack.extend(reversed(children))
+        elif isinstance(item, (list, tuple)):
+            stack.extend(
+                (child, depth + 1, f"{path}[{index}]")
+                for index, child in reversed(list(enumerate(item)))
+            )
+        else:
+            return path, f"it is not JSON (a {type(item).__name__})"
+    return None
+
+
+def _is_text(text: str) -> bool:
+    try:
+        check_text(text, "")
+    except ValueError:
+        return False
+    return True
+
+
 def _as_task(name: str, value: object) -> Task:
     if isinstance(value, Task):
         return value
@@ -155,10 +209,9 @@ def compile_document(document: Any, tasks: Mapping[str, Any]) -> CompiledDag:
     def fault(path: str, message: str) -> DocumentError:
         return DocumentError(f"invalid DAG document at {path}: {message}", path=path)
 
-    try:
-        encode_json(document, "the document")
-    except (TypeError, ValueError) as exc:
-        raise fault("$", f"it is not JSON ({exc})") from None
+    problem = _json_fault(document)
+    if problem is not None:
+        raise fault(*problem)
     if not isinstance(document, dict):
         raise fault("$", f"a document is a JSON object, got {type(document).__name__}")
     for key in document:
@@ -184,13 +237,13 @@ def compile_document(document: Any, tasks: Mapping[str, Any]) -> CompiledDag:
         if task not in bound:
             raise fault(f"{path}.task", f"unknown task {task!r} (known: {sorted(bound)})")
         node_needs = node.get("needs", [])
-        if not isinstance(node_needs, list):
+        if not isinstance(node_needs, (list, tuple)):
             raise fault(f"{path}.needs", "needs is a list of node ids")
         for index, need in enumerate(node_needs):
             need_path = f"{path}.needs[{index}]"
             if not isinstance(need, str) or need not in nodes:
                 raise fault(need_path, f"unknown node {need!r}")
-            if need in node_needs[:index]:
+            if need in node_needs[:index]:  # a repeat would say nothing, or a typo
                 raise fault(need_path, f"node {need!r} is needed twice")
         needs[node_id] = tuple(node_needs)
         node_tasks[node_id] = task
@@ -200,7 +253,7 @@ def compile_document(document: Any, tasks: Mapping[str, Any]) -> CompiledDag:
     order = _topological_order(needs, fault)
     used = {name: bound[name] for name in set(node_tasks.values())}
     return CompiledDag(
-        document=document,
+        document=json.loads(canonical_json(document)),
         revision=document_revision(document),
         order=order,
         needs=needs,
@@ -262,7 +315,13 @@ class _Run:
 
 
 class DagJobs:
-    """The handlers a DAG runner's worker runs; one per document kind."""
+    """The handlers a DAG runner's worker runs; one per document kind.
+
+    :func:`create_dag_job_runner` builds one and hands :meth:`handlers` to
+    ``store.jobs.create_worker``. Every checkpoint call of a run goes through
+    :meth:`load`, :meth:`save` and :meth:`complete`, keyed by the attempt's
+    *run key*: a key no running attempt holds is :class:`RunMismatch`.
+    """
 
     def __init__(
         self,
@@ -288,6 +347,7 @@ class DagJobs:
         self._lock = threading.Lock()
 
     def handlers(self) -> dict[str, Callable[[Any, Any], Any]]:
+        """One worker handler per document kind: ``handler(payload, ctx)``."""
         return {kind: self._handler(kind) for kind in self.compiled}
 
     def _handler(self, kind: str) -> Callable[[Any, Any], Any]:
@@ -301,13 +361,14 @@ class DagJobs:
 
     @staticmethod
     def run_key(job_id: str, token: str) -> str:
+        """The key of one attempt's run: the job id and the claim's token."""
         return f"{job_id}{RUN_KEY_SEPARATOR}{token}"
 
     def _bound(self, run_key: str) -> _Run:
         with self._lock:
             run = self._active.get(run_key)
         if run is None:
-            job_id = run_key.split(RUN_KEY_SEPARATOR, 1)[0]
+            job_id = str(run_key).split(RUN_KEY_SEPARATOR, 1)[0]
             raise RunMismatch(
                 f"no attempt holds run {job_id!r}: its lease was lost, or the run outlived "
                 "the handler that started it",
@@ -315,14 +376,28 @@ class DagJobs:
             )
         return run
 
+    def load(self, run_key: str) -> dict[str, Any] | None:
+        """The run's recorded values (its identity row included), through its attempt."""
+        run = self._bound(run_key)
+        return run.checkpoints.load(run.job.id)
+
+    def save(self, run_key: str, node_id: str, value: Any) -> None:
+        """Record one node's value through the attempt holding ``run_key`` (fenced)."""
+        run = self._bound(run_key)
+        run.checkpoints.save(run.job.id, node_id, value)
+
+    def complete(self, run_key: str, result: Any) -> bool:
+        """Complete the job and prune its checkpoints, in one transaction (fenced)."""
+        run = self._bound(run_key)
+        return run.checkpoints.complete(run.job.id, result)
+
     # ----------------------------------------------------------- identity
 
     def _require_same_run(
         self, run_key: str, compiled: CompiledDag, run_input: Any
     ) -> dict[str, Any]:
-        run = self._bound(run_key)
-        job_id = run.job.id
-        loaded = run.checkpoints.load(job_id) or {}
+        job_id = self._bound(run_key).job.id
+        loaded = self.load(run_key) or {}
         versions = compiled.task_versions
         identity = {
             "revision": compiled.revision,
@@ -336,10 +411,12 @@ class DagJobs:
             if recorded:
                 raise RunMismatch(
                     f"run {job_id!r} cannot resume: it holds {len(recorded)} node value(s) but "
-                    "no run identity, so what produced them cannot be confirmed",
+                    "no run identity, so what produced them cannot be confirmed. No retry can "
+                    "cure this: enqueue the work under a new id",
                     job_id=job_id,
+                    moved=["the run identity (none was recorded)"],
                 )
-            self._bound(run_key).checkpoints.save(job_id, RUN_IDENTITY_NODE, identity)
+            self.save(run_key, RUN_IDENTITY_NODE, identity)
             return recorded
         if not isinstance(stored, dict):
             stored = {}
@@ -363,9 +440,15 @@ class DagJobs:
                     "task versions were recorded, so their implementation cannot be confirmed)"
                 )
             elif not moved:
-                self._bound(run_key).checkpoints.save(job_id, RUN_IDENTITY_NODE, identity)
+                self.save(run_key, RUN_IDENTITY_NODE, identity)
         elif stored.get("task_versions_hash") != identity["task_versions_hash"]:
-            drift = _version_drift(stored.get("task_versions") or {}, versions)
+            before = stored.get("task_versions")
+            drift = _version_drift(before if isinstance(before, dict) else {}, versions)
+            if not drift:  # the hash moved but the recorded map does not say how
+                drift = [
+                    f"checkpointed under {stored.get('task_versions_hash')}, this runner "
+                    f"compiles {identity['task_versions_hash']}"
+                ]
             moved.append("the task versions (" + ", ".join(drift) + ")")
         if moved:
             raise RunMismatch(
@@ -380,6 +463,7 @@ class DagJobs:
     # ----------------------------------------------------------- running
 
     def run(self, kind: str, payload: Any, ctx: Any) -> Any:
+        """Run (or resume) one attempt of a ``kind`` job: the handler's body."""
         compiled = self.compiled[kind]
         run_input = payload.get("input") if isinstance(payload, dict) else None
         job: ClaimedJob = ctx.job
@@ -391,7 +475,7 @@ class DagJobs:
             values = {k: v for k, v in values.items() if k in compiled.needs}
             self._run_nodes(run_key, compiled, run_input, values)
             result = values[compiled.output]
-            self._bound(run_key).checkpoints.complete(job.id, result)
+            self.complete(run_key, result)
             return result
         finally:
             with self._lock:
@@ -408,14 +492,23 @@ class DagJobs:
             )
         return run
 
-    def _call(self, run_key: str, compiled: CompiledDag, node: str, inputs: dict[str, Any]) -> Any:
+    def _call(
+        self,
+        run_key: str,
+        compiled: CompiledDag,
+        node: str,
+        inputs: dict[str, Any],
+        signal: SignalLike | None = None,
+    ) -> Any:
         run = self._check_live(run_key)
         task = compiled.tasks[compiled.node_tasks[node]]
-        return task.fn(inputs, TaskContext(job=run.job, node_id=node, signal=run.signal))
+        context = TaskContext(
+            job=run.job, node_id=node, signal=signal or run.signal, run_key=run_key
+        )
+        return task.fn(inputs, context)
 
     def _record(self, run_key: str, node: str, value: Any, values: dict[str, Any]) -> None:
-        run = self._bound(run_key)
-        run.checkpoints.save(run.job.id, node, value)
+        self.save(run_key, node, value)
         values[node] = value
 
     def _run_nodes(
@@ -429,6 +522,11 @@ class DagJobs:
                 )
                 self._record(run_key, node, value, values)
             return
+        job_id = self._bound(run_key).job.id
+        # the tasks' signal: the attempt's, and aborted too when the run ends
+        # early, so running siblings wind up instead of delaying the retry
+        siblings = CancelScope()
+        signal = any_signal(self._bound(run_key).signal, siblings.signal)
         pending: dict[Future[Any], str] = {}
         with ThreadPoolExecutor(self.max_parallel, thread_name_prefix="jaren-dag") as pool:
             try:
@@ -437,15 +535,59 @@ class DagJobs:
                     for node in ready[: self.max_parallel - len(pending)]:
                         todo.remove(node)
                         inputs = compiled.inputs_of(node, run_input, values)
-                        pending[pool.submit(self._call, run_key, compiled, node, inputs)] = node
+                        future = pool.submit(self._call, run_key, compiled, node, inputs, signal)
+                        pending[future] = node
                     done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                    # record in a stable order so checkpoint writes are deterministic
-                    for future in sorted(done, key=lambda f: pending[f]):
-                        node = pending.pop(future)
-                        self._record(run_key, node, future.result(), values)
+                    failed = self._record_finished(run_key, done, pending, values)
+                    if failed is not None:
+                        node, failure = failed
+                        siblings.abort(
+                            OperationCancelled(
+                                f"node {node!r} of run {job_id!r} failed; the attempt is "
+                                "winding up",
+                                job_id=job_id,
+                                node_id=node,
+                            )
+                        )
+                        # start nothing new; what is already running finishes,
+                        # and its values are kept for the retry to resume from
+                        for future in pending:
+                            future.cancel()
+                        finished, _ = wait(pending)
+                        self._record_finished(run_key, finished, pending, values)
+                        raise failure
             finally:
+                if pending:  # ended early some other way (a refused save): wind up
+                    siblings.abort(
+                        OperationCancelled(
+                            f"run {job_id!r} ended early; the attempt is winding up",
+                            job_id=job_id,
+                        )
+                    )
                 for future in pending:
                     future.cancel()
+
+    def _record_finished(
+        self,
+        run_key: str,
+        finished: set[Future[Any]],
+        pending: dict[Future[Any], str],
+        values: dict[str, Any],
+    ) -> tuple[str, BaseException] | None:
+        # record in node-id order so checkpoint writes are deterministic; the
+        # first task failure is returned, not raised, so its siblings' values
+        # are saved first
+        failure: tuple[str, BaseException] | None = None
+        for future in sorted(finished, key=lambda f: pending[f]):
+            node = pending.pop(future)
+            if future.cancelled():
+                continue
+            error = future.exception()
+            if error is not None:
+                failure = failure or (node, error)
+                continue
+            self._record(run_key, node, future.result(), values)
+        return failure
 
 
 def _version_drift(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
@@ -455,12 +597,17 @@ def _version_drift(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[
         if was == now:
             continue
         if was is _MISSING:
-            moved.append(f"{name!r} is new at version {now}")
+            moved.append(f"{name!r} is new at version {_show(now)}")
         elif now is _MISSING:
-            moved.append(f"{name!r} is gone (was version {was})")
+            moved.append(f"{name!r} is gone (was version {_show(was)})")
         else:
-            moved.append(f"{name!r} moved from version {was} to {now}")
+            moved.append(f"{name!r} moved from version {_show(was)} to {_show(now)}")
     return moved
+
+
+def _show(version: Any) -> str:
+    # ints print bare ("version 2"); strings keep their quotes, so 1 and "1" differ
+    return repr(version) if isinstance(version, str) else str(version)
 
 
 _MISSING: Any = object()
