@@ -2,7 +2,8 @@
 
 Exit status: 0 success; 1 the store refused (unknown id, a settled job, a
 live lease); 2 bad usage or input (a missing database, a file that is not a
-jaren_jobs database, a bad duration, a module that fails to import).
+jaren_jobs database, a bad duration, a module that fails to import); 130
+interrupted; 141 the reader of stdout went away (``jaren-jobs ls | head``).
 Errors are one line on stderr, never a traceback for a user mistake.
 """
 
@@ -14,6 +15,7 @@ import json
 import os
 import re
 import signal as os_signal
+import sqlite3
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +26,7 @@ from typing import Any, NoReturn, TextIO
 from .codec import datetime_from_ms
 from .errors import JobsError, SchemaError
 from .records import STATES, Job
+from .sql import SCHEMA_VERSION
 from .store import Store, open_store
 
 __all__ = ["main", "parse_duration"]
@@ -31,6 +34,7 @@ __all__ = ["main", "parse_duration"]
 EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a writer killed by SIGPIPE
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -71,6 +75,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_empty(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("expected a non-empty value")
+    return text
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -95,33 +105,42 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--db",
         metavar="PATH",
-        default=os.environ.get("JAREN_JOBS_DB"),
-        help="the database file (default: $JAREN_JOBS_DB)",
+        help="the database file (default: $JAREN_JOBS_DB; the demo ignores it)",
     )
+    # `--db` is accepted after the subcommand too; SUPPRESS keeps the global
+    # value (or $JAREN_JOBS_DB) when it is not repeated there
+    db_after = _Parser(add_help=False)
+    db_after.add_argument("--db", metavar="PATH", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
-    counts = commands.add_parser("counts", help="jobs per state, and queued jobs per kind")
+    def add_command(name: str, help_text: str) -> argparse.ArgumentParser:
+        command: argparse.ArgumentParser = commands.add_parser(
+            name, help=help_text, parents=[db_after]
+        )
+        return command
+
+    counts = add_command("counts", "jobs per state, and queued jobs per kind")
     counts.add_argument("--json", action="store_true", help="print one JSON object")
 
-    ls = commands.add_parser("ls", help="list jobs by id (keyset paging)")
+    ls = add_command("ls", "list jobs by id (keyset paging)")
     ls.add_argument("--state", choices=STATES, help="only jobs in this state")
-    ls.add_argument("--kind", help="only jobs of this kind")
-    ls.add_argument("--after", metavar="ID", help="continue after this id")
+    ls.add_argument("--kind", type=_non_empty, help="only jobs of this kind")
+    ls.add_argument("--after", type=_non_empty, metavar="ID", help="continue after this id")
     ls.add_argument("--limit", type=_positive_int, default=50, help="at most N jobs (50)")
     ls.add_argument("--json", action="store_true", help="JSON Lines, one job per line")
 
-    show = commands.add_parser("show", help="every field of one job")
-    show.add_argument("id")
+    show = add_command("show", "every field of one job")
+    show.add_argument("id", type=_non_empty)
     show.add_argument("--json", action="store_true", help="print one JSON object")
 
-    cancel = commands.add_parser("cancel", help="cancel a queued job")
-    cancel.add_argument("id")
+    cancel = add_command("cancel", "cancel a queued job")
+    cancel.add_argument("id", type=_non_empty)
 
-    requeue = commands.add_parser("requeue", help="return a failed/dead/cancelled job to pending")
-    requeue.add_argument("id")
+    requeue = add_command("requeue", "return a failed/dead/cancelled job to pending")
+    requeue.add_argument("id", type=_non_empty)
 
-    sweep = commands.add_parser("sweep", help="delete settled jobs older than a duration")
+    sweep = add_command("sweep", "delete settled jobs older than a duration")
     sweep.add_argument(
         "--older-than",
         required=True,
@@ -131,14 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument("--limit", type=_positive_int, help="at most N jobs")
 
-    worker = commands.add_parser("worker", help="run a worker until SIGINT/SIGTERM")
+    worker = add_command("worker", "run a worker until SIGINT/SIGTERM")
     worker.add_argument("handlers", metavar="MODULE:ATTR", help="a dict of kind -> handler")
     worker.add_argument("--concurrency", type=_positive_int, default=1)
     worker.add_argument("--kinds", help="comma-separated subset of the handlers' kinds")
     worker.add_argument("--poll", type=_positive_float, help="poll interval in seconds")
     worker.add_argument("--grace", type=_positive_float, help="stop grace period in seconds")
 
-    demo = commands.add_parser("demo", help="a self-contained run on a temporary database")
+    demo = add_command("demo", "a self-contained run on a temporary database")
     demo.add_argument("--jobs", type=_positive_int, default=300, help="how many jobs (300)")
     return parser
 
@@ -154,19 +173,45 @@ def _require_db(path: str | None) -> str:
     return path
 
 
+def _upgradable(refusal: SchemaError) -> bool:
+    """Whether a read-only store refused only because the schema is older."""
+    missing = refusal.details.get("missing")
+    if missing:
+        return "_jaren_jobs" not in missing
+    if "version" not in refusal.details:
+        return False
+    version = refusal.details["version"]
+    return version is None or version < SCHEMA_VERSION
+
+
 def _open(path: str | None, *, readonly: bool) -> Store:
     checked = _require_db(path)
     try:
-        # check read-only first, so a write command never creates job tables
-        # in a file that is not a jaren_jobs database
+        # probe read-only first, so that no command ever creates job tables in
+        # a file that is not a jaren_jobs database
         probe = open_store(checked, readonly=True)
     except SchemaError as exc:
-        raise CliError(f"{checked!r} is not a jaren_jobs database ({exc.message})") from None
+        if not _upgradable(exc):
+            if "_jaren_jobs" in exc.details.get("missing", ()):
+                raise CliError(
+                    f"{checked!r} is not a jaren_jobs database (no job tables)"
+                ) from None
+            raise CliError(f"cannot open {checked!r}: {exc.message}") from None
+        # an older (or partial) jaren_jobs schema: opening read-write upgrades
+        # it in place, forward only, as the library does on every open
+        probe = None
     except JobsError as exc:
+        if isinstance(exc.__cause__, sqlite3.DatabaseError) and "not a database" in str(
+            exc.__cause__
+        ):
+            raise CliError(
+                f"{checked!r} is not a jaren_jobs database (it is not an SQLite file)"
+            ) from None
         raise CliError(f"cannot open {checked!r}: {exc.message}") from None
-    if readonly:
+    if readonly and probe is not None:
         return probe
-    probe.close()
+    if probe is not None:
+        probe.close()
     try:
         return open_store(checked)
     except JobsError as exc:
@@ -299,7 +344,10 @@ def _load_handlers(spec: str) -> Mapping[str, Callable[..., Any]]:
             raise CliError(f"module {module_name!r} has no attribute {attr!r}")
         target = getattr(target, part)
     if callable(target) and not isinstance(target, Mapping):
-        target = target()
+        try:
+            target = target()
+        except Exception as exc:
+            raise CliError(f"{spec}() raised {type(exc).__name__}: {exc}") from None
     if not isinstance(target, Mapping) or not target:
         raise CliError(f"{spec} must be a non-empty dict of kind -> handler")
     return target
@@ -309,6 +357,8 @@ def cmd_worker(store: Store, args: argparse.Namespace, out: TextIO) -> int:
     handlers = dict(_load_handlers(args.handlers))
     if args.kinds:
         wanted = [k.strip() for k in args.kinds.split(",") if k.strip()]
+        if not wanted:
+            raise CliError(f"--kinds names no kind: {args.kinds!r}")
         unknown = sorted(set(wanted) - set(handlers))
         if unknown:
             raise CliError(f"--kinds names kinds with no handler: {', '.join(unknown)}")
@@ -316,7 +366,11 @@ def cmd_worker(store: Store, args: argparse.Namespace, out: TextIO) -> int:
     options: dict[str, Any] = {"concurrency": args.concurrency}
     if args.poll is not None:
         options["poll_seconds"] = args.poll
-    worker = store.jobs.create_worker(handlers, **options)
+    try:
+        worker = store.jobs.create_worker(handlers, **options)
+    except (TypeError, ValueError) as exc:
+        # the handlers came from the user's module: a bad entry is their input
+        raise CliError(f"{args.handlers}: {exc}") from None
     stop = threading.Event()
 
     def request_stop(signum: int, frame: object) -> None:
@@ -347,9 +401,35 @@ def cmd_worker(store: Store, args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _check_demo_target(path: str) -> None:
+    """The demo writes only to a new file or a jaren_jobs database with no jobs."""
+    target = Path(path)
+    if not target.exists():
+        if not target.parent.is_dir():
+            raise CliError(f"demo: no directory {str(target.parent)!r} for {path!r}")
+        return
+    try:
+        store = _open(path, readonly=True)
+    except CliError as exc:
+        raise CliError(f"demo: {exc}; pass a new path") from None
+    try:
+        counts = store.jobs.counts()
+    finally:
+        store.close()
+    held = sum(getattr(counts, state) for state in STATES)
+    if held:
+        raise CliError(
+            f"demo: {path!r} already holds {held} job(s) and the demo's workers would run "
+            "them; pass a new path"
+        )
+
+
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     from .demo import run_demo  # noqa: PLC0415 - only the demo needs it
 
+    # only an explicit --db: $JAREN_JOBS_DB may name a real queue
+    if args.db is not None:
+        _check_demo_target(args.db)
     return run_demo(db=args.db, jobs=args.jobs, out=out)
 
 
@@ -370,10 +450,23 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     stream = out if out is not None else sys.stdout
     args = build_parser().parse_args(argv)
     try:
+        return _run(args, stream)
+    except BrokenPipeError:
+        # the reader went away (`jaren-jobs ls | head`): not an error to report;
+        # point stdout at devnull so the interpreter's final flush stays quiet
+        if stream is sys.stdout:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _run(args: argparse.Namespace, stream: TextIO) -> int:
+    try:
         if args.command == "demo":
             return cmd_demo(args, stream)
         command, readonly = _COMMANDS[args.command]
-        store = _open(args.db, readonly=readonly)
+        db = args.db if args.db is not None else os.environ.get("JAREN_JOBS_DB")
+        store = _open(db, readonly=readonly)
         try:
             return command(store, args, stream)
         finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import tempfile
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, TextIO
@@ -19,6 +20,9 @@ from .records import NewJob, Outcome
 from .store import open_store
 
 __all__ = ["run_demo"]
+
+# the demo is meant to take a couple of seconds; this only bounds a broken run
+FINISH_WITHIN_SECONDS = 60.0
 
 DEMO_DEFAULTS = {
     "poll_seconds": 0.05,
@@ -40,8 +44,20 @@ REPORT = {
 
 
 def run_demo(*, db: str | None, jobs: int, out: TextIO) -> int:
-    """Run the demo; returns an exit status."""
-    path = Path(db) if db else Path(tempfile.mkdtemp(prefix="jaren-demo-")) / "demo.db"
+    """Run the demo; returns an exit status (1 if it did not finish in time).
+
+    ``db`` names a database to keep (the caller has checked that it holds no
+    jobs); without it the demo runs on a temporary file removed at the end.
+    """
+    if db:
+        out.write(f"demo database: {db} (kept)\n")
+        return _run_on(Path(db), jobs, out)
+    with tempfile.TemporaryDirectory(prefix="jaren-demo-", ignore_cleanup_errors=True) as folder:
+        out.write("demo database: a temporary file, removed at exit (--db PATH keeps one)\n")
+        return _run_on(Path(folder) / "demo.db", jobs, out)
+
+
+def _run_on(path: Path, jobs: int, out: TextIO) -> int:
     tty = out.isatty()
     runs: Counter[str] = Counter()
     runs_lock = threading.Lock()
@@ -94,7 +110,7 @@ def run_demo(*, db: str | None, jobs: int, out: TextIO) -> int:
         store.jobs.enqueue_many(batch)
         store.jobs.enqueue("report", {"input": {"numbers": [3, 4, 5]}}, id="report-1")
         total_jobs = jobs + 1
-        out.write(f"demo database: {path}\nenqueued {total_jobs} jobs\n")
+        out.write(f"enqueued {total_jobs} jobs\n")
 
         worker = store.jobs.create_worker(
             {"send_email": send_email, "resize": resize}, concurrency=4, on_outcome=on_outcome
@@ -108,8 +124,11 @@ def run_demo(*, db: str | None, jobs: int, out: TextIO) -> int:
         worker.start()
         runner.start()
         last_line = ""
+        printed_hundreds = 0  # not a terminal: one plain line per hundred settled
+        give_up = time.monotonic() + FINISH_WITHIN_SECONDS
+        finished = False
         try:
-            while True:
+            while time.monotonic() < give_up:
                 progressed.wait(0.2)
                 progressed.clear()
                 counts = store.jobs.counts()
@@ -120,18 +139,24 @@ def run_demo(*, db: str | None, jobs: int, out: TextIO) -> int:
                         f"  failed attempts {outcomes['failed']}  dead {counts.dead}"
                     )
                 if tty:
-                    out.write("\r" + line)
+                    # pad over a longer previous line
+                    out.write("\r" + line.ljust(len(last_line)))
                     out.flush()
-                elif line != last_line and (settled == total_jobs or settled % 100 == 0):
+                elif settled == total_jobs or settled // 100 > printed_hundreds:
+                    printed_hundreds = settled // 100
                     out.write(line + "\n")
                 last_line = line
                 if settled == total_jobs:
+                    finished = True
                     break
         finally:
             worker.stop()
             runner.stop()
         if tty:
             out.write("\n")
+        if not finished:
+            out.write(f"the demo did not finish within {FINISH_WITHIN_SECONDS:.0f} s\n")
+            return 1
 
         counts = store.jobs.counts()
         out.write("\nstate      jobs\n")
