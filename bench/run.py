@@ -1,0 +1,768 @@
+"""The runner: ``python -m bench`` or ``python bench/run.py``.
+
+Every workload runs against raw ``sqlite3`` and jaren_jobs (and the installed
+peers, for workloads 1, 3, 4, 5 and 6) in the same run, on fresh files in one
+scratch directory, and every figure is printed beside the raw baseline as a
+ratio. ``--quick`` is the short run the test suite uses; the default is the
+full run that ``docs/performance.md`` reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import jaren_jobs
+from bench import (
+    FULL,
+    POLL_SECONDS,
+    QUICK,
+    Sizes,
+    drain_in_processes,
+    dumps,
+    filesystem_of,
+    in_subprocess,
+    median,
+    percentile,
+    raw,
+    remote_latency,
+    sqlite_version,
+    workloads,
+)
+from bench.peers import PEERS, Peer
+
+JAREN = "jaren_jobs"
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Figure:
+    """One measured quantity: raw's value, and each subject's value beside it."""
+
+    workload: int
+    key: str
+    label: str
+    unit: str
+    better: str  # "higher" or "lower"
+    raw: float | None
+    values: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def ratio(self, subject: str) -> float | None:
+        value = self.values.get(subject)
+        if value is None or not self.raw:
+            return None
+        return value / self.raw
+
+
+@dataclass
+class Target:
+    """One of issue 7's targets, checked against this run's figures."""
+
+    text: str
+    measured: str
+    met: bool
+
+
+@dataclass
+class Report:
+    meta: dict[str, Any]
+    figures: list[Figure] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)
+    notes: dict[str, list[str]] = field(default_factory=dict)
+
+    def figure(self, key: str) -> Figure | None:
+        return next((f for f in self.figures if f.key == key), None)
+
+
+WORKLOADS = {
+    1: "enqueue one at a time",
+    2: "enqueue_many in batches",
+    3: "claim + complete one at a time",
+    4: "a worker draining no-op jobs",
+    5: "worker processes on one file",
+    6: "enqueue-to-start latency, idle worker",
+    7: "claim cost against table size",
+    8: "CPU of an idle worker",
+    9: "memory while draining",
+}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class Runner:
+    def __init__(self, sizes: Sizes, durability: str, scratch: Path, peers: Sequence[Peer]) -> None:
+        self.sizes = sizes
+        self.durability = durability
+        self.scratch = scratch
+        self.peers = list(peers)
+        self._files = 0
+
+    def fresh(self, name: str) -> Path:
+        """A new path in the scratch directory (never reused, so no run sees another's file).
+
+        Flushes the page cache first: under ``synchronous=FULL`` an fsync also
+        waits for whatever else is dirty on the filesystem (ext4 commits its
+        journal as a whole), so the previous measurement's writes must not be
+        billed to the next one.
+        """
+        os.sync()
+        self._files += 1
+        return self.scratch / f"{self._files:03d}-{name}"
+
+    def rounds(self, fn: Callable[[Path], float], name: str) -> float:
+        return median([fn(self.fresh(name)) for _ in range(self.sizes.rounds)])
+
+    # ------------------------------------------------------------ the workloads
+
+    def w1(self) -> list[Figure]:
+        s, d = self.sizes, self.durability
+        figure = Figure(1, "1", WORKLOADS[1], "jobs/s", "higher", None)
+        raws, ours = [], []
+        for _ in range(s.rounds):  # interleaved, so drift hits both alike
+            raws.append(raw.enqueue_one(self.fresh("raw.db"), d, s.enqueue))
+            ours.append(workloads.enqueue_one(self.fresh("jj.db"), d, s.enqueue))
+        figure.raw, figure.values[JAREN] = median(raws), median(ours)
+        for peer in self.peers:
+            figure.values[peer.name] = self.rounds(
+                lambda p, peer=peer: peer.enqueue_one(p, d, s.enqueue), peer.name
+            )
+        return [figure]
+
+    def w2(self) -> list[Figure]:
+        s, d = self.sizes, self.durability
+        figure = Figure(2, "2", f"{WORKLOADS[2]} of {s.batch}", "jobs/s", "higher", None)
+        raws, ours = [], []
+        for _ in range(s.rounds):
+            raws.append(raw.enqueue_batches(self.fresh("raw.db"), d, s.enqueue_many, s.batch))
+            ours.append(workloads.enqueue_batches(self.fresh("jj.db"), d, s.enqueue_many, s.batch))
+        figure.raw, figure.values[JAREN] = median(raws), median(ours)
+        return [figure]
+
+    def w3(self) -> list[Figure]:
+        s, d = self.sizes, self.durability
+        figure = Figure(3, "3", WORKLOADS[3], "jobs/s", "higher", None)
+        raws, ours = [], []
+        for _ in range(s.rounds):
+            raws.append(raw.claim_complete_one(self.fresh("raw.db"), d, s.claim_complete))
+            ours.append(workloads.claim_complete_one(self.fresh("jj.db"), d, s.claim_complete))
+        figure.raw, figure.values[JAREN] = median(raws), median(ours)
+        for peer in self.peers:
+            figure.values[peer.name] = self.rounds(
+                lambda p, peer=peer: peer.claim_complete_one(p, d, s.claim_complete), peer.name
+            )
+        return [figure]
+
+    def w4(self, one_at_a_time: float | None) -> list[Figure]:
+        s, d = self.sizes, self.durability
+        if one_at_a_time is None:  # workload 3 was not run: measure its raw rate here
+            one_at_a_time = raw.claim_complete_one(self.fresh("raw.db"), d, s.claim_complete)
+        figures = []
+        for concurrency in s.concurrencies:
+            log(f"  concurrency {concurrency}")
+            figure = Figure(
+                4,
+                f"4.c{concurrency}",
+                f"{WORKLOADS[4]}, concurrency {concurrency}",
+                "jobs/s",
+                "higher",
+                one_at_a_time,
+                extra={"concurrency": concurrency, "raw_is": "claim + complete one at a time"},
+            )
+            figure.values[JAREN] = self.rounds(
+                lambda p, c=concurrency: workloads.drain(p, d, s.drain, c), "jj.db"
+            )
+            for peer in self.peers:
+                peer.take_errors()
+                figure.values[peer.name] = peer.drain(
+                    self.fresh(peer.name), d, s.drain, concurrency
+                )
+                errors = peer.take_errors()
+                if errors:
+                    figure.extra.setdefault("errors", {})[peer.name] = errors
+            figures.append(figure)
+        ceiling = Figure(
+            4,
+            "4.batched",
+            "raw claim + complete, 100 jobs per transaction (the ceiling)",
+            "jobs/s",
+            "higher",
+            raw.drain_batched(self.fresh("raw.db"), d, s.raw_batch_drain),
+            extra={"raw_is": "claim 100 in one transaction, complete 100 in one"},
+        )
+        c4 = next((f for f in figures if f.extra["concurrency"] == 4), None)
+        if c4 is not None:
+            ceiling.values[JAREN + " c=4"] = c4.values[JAREN]
+        figures.append(ceiling)
+        return figures
+
+    def w5(self) -> list[Figure]:
+        s, d = self.sizes, self.durability
+        figure = Figure(
+            5,
+            "5",
+            f"{s.processes} worker processes on one file",
+            "jobs/s",
+            "higher",
+            None,
+            extra={"duplicates": {}},
+        )
+        spec = raw.processes_setup(self.fresh("raw.db"), d, s.process_jobs)
+        figure.raw, dup, _ = drain_in_processes(
+            raw.process_drainer, spec, jobs=s.process_jobs, processes=s.processes
+        )
+        figure.extra["duplicates"]["raw"] = dup
+        spec = workloads.processes_setup(self.fresh("jj.db"), d, s.process_jobs, 1)
+        figure.values[JAREN], dup, _ = drain_in_processes(
+            workloads.process_drainer, spec, jobs=s.process_jobs, processes=s.processes
+        )
+        figure.extra["duplicates"][JAREN] = dup
+        for peer in self.peers:
+            from bench import peers as peer_module
+
+            path = self.fresh(peer.name)
+            peer.setup_file(path, d, s.process_jobs)
+            spec = {"peer": peer.name, "path": str(path), "durability": d, "concurrency": 1}
+            figure.values[peer.name], dup, errors = drain_in_processes(
+                peer_module.process_drainer, spec, jobs=s.process_jobs, processes=s.processes
+            )
+            figure.extra["duplicates"][peer.name] = dup
+            if errors:
+                figure.extra.setdefault("errors", {})[peer.name] = errors
+        return [figure]
+
+    def w6(self) -> list[Figure]:
+        from bench import peers as peer_module
+
+        s, d = self.sizes, self.durability
+        local: dict[str, list[float]] = {}
+        remote: dict[str, list[float]] = {}
+        local["raw"] = raw.latency_local(self.fresh("raw.db"), d, s.latency_local)
+        local[JAREN] = workloads.latency_local(self.fresh("jj.db"), d, s.latency_local)
+        for peer in self.peers:
+            local[peer.name] = peer.latency_local(self.fresh(peer.name), d, s.latency_local)
+
+        spec, enqueue = raw.latency_remote_setup(self.fresh("raw.db"), d)
+        remote["raw"] = remote_latency(
+            raw.latency_consumer, spec, enqueue, samples=s.latency_remote
+        )
+        spec, enqueue, close = workloads.latency_remote_setup(self.fresh("jj.db"), d)
+        try:
+            remote[JAREN] = remote_latency(
+                workloads.latency_consumer, spec, enqueue, samples=s.latency_remote
+            )
+        finally:
+            close()
+        for peer in self.peers:
+            path = self.fresh(peer.name)
+            handle = peer.open(path, d)
+            try:
+                remote[peer.name] = remote_latency(
+                    peer_module.latency_consumer,
+                    {"peer": peer.name, "path": str(path), "durability": d},
+                    lambda n, t, peer=peer, handle=handle: peer.put(handle, {"n": n, "t": t}),
+                    samples=s.latency_remote,
+                )
+            finally:
+                peer.close(handle)
+
+        figures = []
+        for where, samples in (("local", local), ("remote", remote)):
+            place = "in-process" if where == "local" else "from another process"
+            for name, fraction in (("p50", 0.5), ("p99", 0.99)):
+                figure = Figure(
+                    6,
+                    f"6.{where}.{name}",
+                    f"enqueue-to-start {name}, {place} (50 ms poll)",
+                    "ms",
+                    "lower",
+                    percentile(samples["raw"], fraction) * 1000,
+                    extra={"samples": len(samples["raw"])},
+                )
+                for subject, values in samples.items():
+                    if subject != "raw":
+                        figure.values[subject] = percentile(values, fraction) * 1000
+                figures.append(figure)
+        return figures
+
+    def w7(self) -> list[Figure]:
+        s = self.sizes
+        figures = []
+        for pending in sorted({p for _, p in s.table_sizes}):
+            path = self.fresh(f"table-{pending}.db")
+            raw.prepare(path)
+            raw.add_pending(path, pending)
+            settled_so_far = 0
+            for settled in sorted(st for st, p in s.table_sizes if p == pending):
+                log(f"  {settled:,} settled + {pending:,} pending")
+                raw.add_settled(path, settled - settled_so_far, start=settled_so_far)
+                settled_so_far = settled
+                ours, raws = self._claim_costs(path)
+                figures.append(
+                    Figure(
+                        7,
+                        f"7.{settled}+{pending}",
+                        f"claim at {settled:,} settled + {pending:,} pending rows",
+                        "ms",
+                        "lower",
+                        median(raws) * 1000,
+                        {JAREN: median(ours) * 1000},
+                        extra={"settled": settled, "pending": pending},
+                    )
+                )
+            path.unlink(missing_ok=True)
+        return figures
+
+    def _claim_costs(self, path: Path) -> tuple[list[float], list[float]]:
+        ours: list[float] = []
+        raws: list[float] = []
+        conn = raw.connect(path, self.durability)
+        os.sync()  # the rows just built must not be flushed by the first timed fsync
+        with workloads.open_(path, self.durability) as store:
+            for _ in range(3):  # warm both connections' page caches alike
+                workloads.claim_cost(store)
+                raw.claim_cost(conn)
+            for _ in range(self.sizes.table_claims):  # interleaved
+                ours.append(workloads.claim_cost(store))
+                raws.append(raw.claim_cost(conn))
+        conn.close()
+        return ours, raws
+
+    def w8(self) -> list[Figure]:
+        s, d = self.sizes, self.durability
+        path = self.fresh("raw.db")
+        raw.prepare(path)
+        raw_share = in_subprocess(raw.idle_cpu, str(path), d, s.idle_seconds)
+        path = self.fresh("jj.db")
+        raw.prepare(path)
+        ours = in_subprocess(workloads.idle_cpu, str(path), d, s.idle_seconds)
+        return [
+            Figure(
+                8,
+                "8",
+                "CPU of an idle worker, 50 ms poll (raw: a claim transaction every 50 ms)",
+                "% of a core",
+                "lower",
+                raw_share * 100,
+                {JAREN: ours * 100},
+                extra={"seconds": s.idle_seconds},
+            )
+        ]
+
+    def w9(self) -> list[Figure]:
+        s, d = self.sizes, self.durability
+
+        def drain(module: Any, name: str, jobs: int, heap: bool) -> list[tuple[int, int]]:
+            path = self.fresh(name)
+            raw.prepare(path)
+            samples: list[tuple[int, int]] = in_subprocess(module.memory, str(path), d, jobs, heap)
+            return samples
+
+        def growth(samples: list[tuple[int, int]], jobs: int) -> float:
+            # the highest sample of the second half less the highest of the first
+            # (after 10% for warm-up), per 10k jobs: a structure that fills and
+            # empties shows the same peak in both halves; a leak does not
+            first = [r for n, r in samples if jobs * 0.1 <= n <= jobs * 0.5]
+            second = [r for n, r in samples if n > jobs * 0.5]
+            return (max(second) - max(first)) / 1024 / (jobs * 0.5) * 10_000
+
+        def peak(samples: list[tuple[int, int]]) -> float:
+            return max(r for _, r in samples) / 2**20
+
+        raw_rss = drain(raw, "raw.db", s.memory_jobs, False)
+        our_rss = drain(workloads, "jj.db", s.memory_jobs, False)
+        raw_heap = drain(raw, "raw.db", s.heap_jobs, True)
+        our_heap = drain(workloads, "jj.db", s.heap_jobs, True)
+        return [
+            Figure(
+                9,
+                "9.heap",
+                f"Python heap growth, second half over first, draining {s.heap_jobs:,} jobs "
+                "(tracemalloc)",
+                "KiB per 10k jobs",
+                "lower",
+                growth(raw_heap, s.heap_jobs),
+                {JAREN: growth(our_heap, s.heap_jobs)},
+                extra={"samples": {"raw": raw_heap, JAREN: our_heap}},
+            ),
+            Figure(
+                9,
+                "9.growth",
+                f"RSS growth, second half over first, draining {s.memory_jobs:,} jobs",
+                "KiB per 10k jobs",
+                "lower",
+                growth(raw_rss, s.memory_jobs),
+                {JAREN: growth(our_rss, s.memory_jobs)},
+                extra={
+                    "samples": {"raw": raw_rss, JAREN: our_rss},
+                    "raw_is": "claim 100 and complete 100 per transaction; ours: a worker, c=4",
+                },
+            ),
+            Figure(
+                9,
+                "9.peak",
+                "peak RSS while draining",
+                "MiB",
+                "lower",
+                peak(raw_rss),
+                {JAREN: peak(our_rss)},
+            ),
+        ]
+
+
+# ---------------------------------------------------------------- targets
+
+
+def check_targets(report: Report, sizes: Sizes) -> list[Target]:
+    targets: list[Target] = []
+
+    def ratio(key: str, subject: str = JAREN) -> float | None:
+        figure = report.figure(key)
+        return None if figure is None else figure.ratio(subject)
+
+    def value(key: str, subject: str = JAREN) -> float | None:
+        figure = report.figure(key)
+        return None if figure is None else figure.values.get(subject)
+
+    for key, text in (
+        ("1", "enqueue one at a time ≥ 0.8× raw"),
+        ("3", "claim + complete one at a time ≥ 0.8× raw"),
+    ):
+        r = ratio(key)
+        if r is not None:
+            targets.append(Target(text, f"{r:.2f}×", r >= 0.8))
+    r = ratio("4.c4")
+    if r is not None:
+        targets.append(
+            Target("worker at concurrency 4 ≥ 10× raw one-at-a-time", f"{r:.1f}×", r >= 10)
+        )
+        huey = value("4.c4", "huey")
+        if huey:
+            mine = value("4.c4")
+            assert mine is not None
+            targets.append(
+                Target("worker at concurrency 4 ≥ 5× huey", f"{mine / huey:.1f}×", mine >= 5 * huey)
+            )
+    sevens = [f for f in report.figures if f.workload == 7]
+    if sevens:
+        smallest = min(sevens, key=lambda f: f.extra["settled"] + f.extra["pending"])
+        largest = max(sevens, key=lambda f: f.extra["settled"] + f.extra["pending"])
+        r = largest.values[JAREN] / smallest.values[JAREN]
+        targets.append(
+            Target(
+                f"claim at {largest.extra['settled']:,}+{largest.extra['pending']:,} rows "
+                f"within 1.5× of {smallest.extra['settled']:,}+{smallest.extra['pending']:,}",
+                f"{r:.2f}×",
+                r <= 1.5,
+            )
+        )
+    p50 = value("6.local.p50")
+    if p50 is not None:
+        targets.append(Target("in-process enqueue-to-start p50 < 5 ms", f"{p50:.2f} ms", p50 < 5))
+    p99 = value("6.remote.p99")
+    if p99 is not None:
+        limit = POLL_SECONDS * 1000
+        targets.append(
+            Target(
+                f"cross-process enqueue-to-start p99 ≤ the poll interval ({limit:g} ms)",
+                f"{p99:.1f} ms",
+                p99 <= limit,
+            )
+        )
+    cpu = value("8")
+    if cpu is not None:
+        targets.append(Target("idle worker at a 50 ms poll < 1% of a core", f"{cpu:.2f}%", cpu < 1))
+    heap = value("9.heap")
+    if heap is not None:
+        # a leak is objects kept per job: the Python heap must not grow with jobs
+        # (< 16 KiB per 10k jobs after warm-up, i.e. under 2 bytes a job)
+        targets.append(
+            Target(
+                "no memory growth proportional to jobs processed (Python heap < 16 KiB "
+                "per 10k jobs)",
+                f"{heap:.1f} KiB per 10k jobs",
+                heap < 16,
+            )
+        )
+    return targets
+
+
+# ---------------------------------------------------------------- output
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    memory = None
+    try:
+        with open("/proc/meminfo") as info:
+            memory = int(info.readline().split()[1]) // 1024
+    except OSError:  # pragma: no cover
+        pass
+    return {
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_mib": memory,
+        "python": platform.python_version(),
+        "sqlite": sqlite_version(),
+        "jaren_jobs": getattr(jaren_jobs, "__version__", "dev"),
+    }
+
+
+def format_value(value: float | None, unit: str) -> str:
+    if value is None:
+        return "—"
+    if unit in ("jobs/s",):
+        return f"{value:,.0f}"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def format_ratio(ratio: float | None) -> str:
+    return "—" if ratio is None else f"{ratio:.2f}×"
+
+
+def print_text(report: Report) -> None:
+    meta = report.meta
+    m = meta["machine"]
+    print(
+        f"jaren_jobs bench — durability {meta['durability'].upper()}, {meta['mode']} run, "
+        f"{meta['seconds']:.0f} s"
+    )
+    print(
+        f"machine: {m['cores']} × {m['cpu']}, {m['memory_mib']} MiB, {m['platform']}; "
+        f"Python {m['python']}, SQLite {m['sqlite']}; files on {meta['filesystem']}; "
+        f"load {meta['load_before']} → {meta['load_after']}"
+    )
+    print("ratio = subject ÷ raw sqlite3 measured in this run (↑ higher is better, ↓ lower)")
+    current = 0
+    for figure in report.figures:
+        if figure.workload != current:
+            current = figure.workload
+            print(f"\n[{current}] {WORKLOADS[current]}")
+        arrow = "↑" if figure.better == "higher" else "↓"
+        print(f"  {figure.label} ({figure.unit} {arrow})")
+        raw_is = figure.extra.get("raw_is")
+        print(
+            f"    {'raw sqlite3':<22}{format_value(figure.raw, figure.unit):>12}"
+            + (f"   ({raw_is})" if raw_is else "")
+        )
+        for subject, value in figure.values.items():
+            line = (
+                f"    {subject:<22}{format_value(value, figure.unit):>12}"
+                f"   {format_ratio(figure.ratio(subject))} raw"
+            )
+            duplicates = figure.extra.get("duplicates", {}).get(subject)
+            if duplicates is not None:
+                line += f", {duplicates} duplicate executions"
+            errors = figure.extra.get("errors", {}).get(subject)
+            if errors:
+                line += f", {errors} 'database is locked' errors retried"
+            print(line)
+        duplicates = figure.extra.get("duplicates", {}).get("raw")
+        if duplicates:
+            print(f"    (raw: {duplicates} duplicate executions)")
+    if report.targets:
+        print("\ntargets (issue 7)")
+        for target in report.targets:
+            print(f"  [{'met' if target.met else 'MISSED'}] {target.text}: {target.measured}")
+    if report.notes:
+        print("\npeer notes")
+        for name, notes in report.notes.items():
+            for note in notes:
+                print(f"  {name}: {note}")
+    for line in meta.get("skipped", []):
+        print(f"\nskipped: {line}")
+
+
+def print_markdown(report: Report) -> None:
+    subjects: list[str] = [JAREN, *report.meta["peers"]]
+    print("| workload | unit | raw sqlite3 | " + " | ".join(subjects) + " |")
+    print("|---|---|---:|" + "---:|" * len(subjects))
+    for figure in report.figures:
+        arrow = "↑" if figure.better == "higher" else "↓"
+        cells = []
+        for subject in subjects:
+            key = subject if subject in figure.values else f"{subject} c=4"
+            value = figure.values.get(key)
+            if value is None:
+                cells.append("")
+                continue
+            cell = f"{format_value(value, figure.unit)} ({format_ratio(figure.ratio(key))})"
+            duplicates = figure.extra.get("duplicates", {}).get(subject)
+            if duplicates:
+                cell += f", {duplicates} dup."
+            errors = figure.extra.get("errors", {}).get(subject)
+            if errors:
+                cell += f", {errors} locked errors"
+            cells.append(cell)
+        print(
+            f"| {figure.workload}. {figure.label} | {figure.unit} {arrow} | "
+            f"{format_value(figure.raw, figure.unit)} | " + " | ".join(cells) + " |"
+        )
+    if report.targets:
+        print("\n| target | measured | |\n|---|---:|---|")
+        for target in report.targets:
+            print(f"| {target.text} | {target.measured} | {'met' if target.met else 'missed'} |")
+
+
+def to_json(report: Report) -> dict[str, Any]:
+    figures = []
+    for figure in report.figures:
+        entry = asdict(figure)
+        entry["ratios"] = {s: figure.ratio(s) for s in figure.values}
+        figures.append(entry)
+    return {
+        "meta": report.meta,
+        "figures": figures,
+        "targets": [asdict(t) for t in report.targets],
+        "notes": report.notes,
+    }
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="jaren_jobs against raw sqlite3 and its peers, every figure as a ratio "
+        "to raw sqlite3 measured in the same run.",
+    )
+    parser.add_argument("--quick", action="store_true", help="a short run (well under a minute)")
+    parser.add_argument("--durability", choices=("full", "normal"), default="full")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    parser.add_argument(
+        "--only", default="", help="comma-separated workload numbers (default: all nine)"
+    )
+    parser.add_argument(
+        "--peers",
+        default="all",
+        help="'all' (every installed peer), 'none', or a comma-separated list of "
+        + ", ".join(PEERS),
+    )
+    parser.add_argument(
+        "--plots",
+        metavar="DIR",
+        default=None,
+        help="write PNG plots here (default: docs/ in a full run, none in a quick run)",
+    )
+    parser.add_argument("--no-plots", action="store_true", help="never draw plots")
+    parser.add_argument("--save", metavar="PATH", default=None, help="also write the JSON here")
+    parser.add_argument(
+        "--dir", default=None, help="where the scratch databases go (default: the temp dir)"
+    )
+    return parser.parse_args(argv)
+
+
+def choose_peers(option: str, skipped: list[str]) -> list[Peer]:
+    if option == "none":
+        return []
+    names = list(PEERS) if option == "all" else [n.strip() for n in option.split(",") if n]
+    chosen = []
+    for name in names:
+        if name not in PEERS:
+            raise SystemExit(f"bench: unknown peer {name!r}; choose from {', '.join(PEERS)}")
+        peer = PEERS[name]
+        if peer.available():
+            chosen.append(peer)
+        else:
+            skipped.append(f"peer {name} is not installed (pip install -e '.[bench]')")
+    return chosen
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    only = {int(n) for n in args.only.split(",") if n.strip()} or set(WORKLOADS)
+    unknown = only - set(WORKLOADS)
+    if unknown:
+        raise SystemExit(f"bench: no workload {sorted(unknown)}; they are 1 to 9")
+    skipped: list[str] = []
+    peers = choose_peers(args.peers, skipped)
+    scratch = Path(tempfile.mkdtemp(prefix="jaren-bench-", dir=args.dir))
+    report = Report(
+        meta={
+            "mode": "quick" if args.quick else "full",
+            "durability": args.durability,
+            "machine": machine(),
+            "filesystem": filesystem_of(scratch),
+            "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+            "peers": [p.name for p in peers],
+            "peer_versions": {p.name: p.version() for p in peers},
+            "workloads": sorted(only),
+            "skipped": skipped,
+        },
+        notes={p.name: list(p.notes) for p in peers},
+    )
+    runner = Runner(sizes, args.durability, scratch, peers)
+    began = time.monotonic()
+    try:
+        for number in sorted(only):
+            log(f"bench: workload {number}: {WORKLOADS[number]}")
+            started = time.monotonic()
+            if number == 4:
+                three = report.figure("3")
+                report.figures.extend(runner.w4(None if three is None else three.raw))
+            else:
+                report.figures.extend(getattr(runner, f"w{number}")())
+            report.meta.setdefault("workload_seconds", {})[number] = round(
+                time.monotonic() - started, 2
+            )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    report.meta["seconds"] = time.monotonic() - began
+    report.meta["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    report.targets = check_targets(report, sizes)
+
+    plots_dir = None if args.no_plots else args.plots
+    if plots_dir is None and not args.quick and not args.no_plots:
+        plots_dir = str(REPO / "docs")
+    if plots_dir is not None:
+        from bench.plots import draw
+
+        written, why = draw(report, Path(plots_dir))
+        report.meta["plots"] = [str(p) for p in written]
+        if why:
+            skipped.append(why)
+
+    if args.save:
+        Path(args.save).write_text(dumps(to_json(report)) + "\n")
+    if args.json:
+        print(dumps(to_json(report)))
+    else:
+        print_text(report)
+        if args.markdown:
+            print()
+            print_markdown(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

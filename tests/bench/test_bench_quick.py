@@ -1,0 +1,96 @@
+"""The benchmark's quick run, so the harness cannot rot: it runs and it reports.
+
+Nothing here asserts a speed: only that every workload ran, against raw
+sqlite3 in the same run, and was reported with its ratio (and that the
+multi-process drain executed every job exactly once).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_quick_run_reports_every_workload_beside_raw(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--quick",
+            "--json",
+            "--plots",
+            str(tmp_path / "plots"),
+            "--dir",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    report = json.loads(completed.stdout)
+
+    meta = report["meta"]
+    assert meta["mode"] == "quick"
+    assert meta["durability"] == "full"
+    assert meta["workloads"] == list(range(1, 10))
+    assert meta["machine"]["cores"] >= 1
+
+    figures = report["figures"]
+    assert {f["workload"] for f in figures} == set(range(1, 10))
+    for figure in figures:
+        assert figure["raw"] is not None, figure["key"]
+        assert figure["values"], figure["key"]
+        if figure["raw"] > 0:
+            for subject, value in figure["values"].items():
+                assert value >= 0, (figure["key"], subject)
+                ratio = figure["ratios"][subject]
+                assert ratio is not None
+                assert abs(ratio - value / figure["raw"]) < 1e-9 * max(1.0, ratio)
+    for workload in (1, 2, 3, 4, 5, 6, 7, 8, 9):
+        assert any("jaren_jobs" in f["values"] for f in figures if f["workload"] == workload)
+
+    # the peers that are installed ran workloads 1, 3, 4, 5 and 6 through their own API
+    for peer in meta["peers"]:
+        for workload in (1, 3, 4, 5, 6):
+            assert any(peer in f["values"] for f in figures if f["workload"] == workload), (
+                peer,
+                workload,
+            )
+        assert report["notes"][peer]
+
+    # four processes drained the queue: every job ran, none twice
+    (five,) = [f for f in figures if f["workload"] == 5]
+    assert five["extra"]["duplicates"]["jaren_jobs"] == 0
+
+    # the table sizes of workload 7 were built and measured
+    sevens = [f for f in figures if f["workload"] == 7]
+    assert len(sevens) == len({(f["extra"]["settled"], f["extra"]["pending"]) for f in sevens}) >= 2
+
+    # plots: drawn when matplotlib is present, and said to be skipped when not
+    if importlib.util.find_spec("matplotlib") is not None:
+        plots = [Path(p) for p in meta["plots"]]
+        assert {p.name for p in plots} == {"bench-throughput.png", "bench-claim-cost.png"}
+        for plot in plots:
+            assert plot.read_bytes().startswith(b"\x89PNG")
+    else:
+        assert any("matplotlib" in line for line in meta["skipped"])
+
+    assert {t["text"] for t in report["targets"]}, "the targets were checked"
