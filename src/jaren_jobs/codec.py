@@ -33,11 +33,43 @@ MAX_DEPTH = 256
 
 _SCALARS = (str, int, float, bool, type(None))
 
+# json.dumps with these options would build this encoder on every call
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
 
 def encode_json(value: Any, what: str) -> str:
     """Serialise a JSON value compactly, refusing what JSON cannot carry."""
-    _check_json(value, what)
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    flat = _flat(value)
+    if not flat:
+        _check_json(value, what)
+    text = _ENCODER.encode(value)
+    if flat:
+        # one UTF-8 check of the whole text stands for one per string; on a
+        # lone surrogate the full walk names where it is
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            _check_json(value, what)
+            raise  # pragma: no cover - the walk always finds it first
+    return text
+
+
+def _scalar(item: Any) -> bool:
+    if isinstance(item, float):
+        return math.isfinite(item)
+    return isinstance(item, _SCALARS)
+
+
+def _flat(value: Any) -> bool:
+    """A scalar, or a dict/list of scalars with str keys: the common payload, checked fast."""
+    if isinstance(value, dict):
+        for key, child in value.items():
+            if not isinstance(key, str) or not _scalar(child):
+                return False
+        return True
+    if isinstance(value, list):
+        return all(_scalar(child) for child in value)
+    return _scalar(value)
 
 
 def _check_json(value: Any, what: str) -> None:
@@ -98,7 +130,7 @@ def datetime_from_ms(value: int | None) -> datetime | None:
     """Integer epoch milliseconds as an aware UTC datetime."""
     if value is None:
         return None
-    return EPOCH + timedelta(milliseconds=int(value))
+    return EPOCH + timedelta(0, 0, 0, int(value))  # (days, seconds, µs, ms): exact ints
 
 
 def check_aware(value: object, what: str) -> datetime:

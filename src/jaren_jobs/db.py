@@ -105,7 +105,10 @@ class Database:
         self.begin(immediate=immediate, doing=doing)
         try:
             result = fn()
-            self.run(sql.COMMIT, doing=doing)
+            try:
+                self.connection.execute(sql.COMMIT)
+            except sqlite3.Error as exc:
+                raise storage_error(exc, doing) from exc
         except BaseException:
             self.rollback_quietly()
             raise
@@ -123,21 +126,33 @@ class Database:
             self.run(sql.BEGIN_IMMEDIATE if immediate else sql.BEGIN_DEFERRED, doing=doing)
             return
         self.check_open(doing)
-        end = time.monotonic() + self.busy_ms / 1000
-        nap = 0.0005
-        self.run(sql.pragma_busy_timeout(0), doing=doing)
+        execute = self.connection.execute
         try:
+            execute(_BUSY_OFF)
+        except sqlite3.Error as exc:
+            raise storage_error(exc, doing) from exc
+        try:
+            end = None
+            nap = 0.0005
             while True:
                 try:
-                    self.connection.execute(sql.BEGIN_IMMEDIATE)
+                    execute(sql.BEGIN_IMMEDIATE)
                     return
                 except sqlite3.OperationalError as exc:
-                    if not _is_busy(exc) or time.monotonic() >= end:
+                    if not _is_busy(exc):
+                        raise storage_error(exc, doing) from exc
+                    now = time.monotonic()
+                    if end is None:
+                        end = now + self.busy_ms / 1000
+                    elif now >= end:
                         raise storage_error(exc, doing) from exc
                 time.sleep(nap)
                 nap = min(nap * 2, 0.004)
         finally:
-            self.run(sql.pragma_busy_timeout(self.busy_ms), doing=doing)
+            try:
+                execute(sql.pragma_busy_timeout(self.busy_ms))
+            except sqlite3.Error as exc:
+                raise storage_error(exc, doing) from exc
 
     def savepoint(self, fn: Callable[[], T], *, doing: str) -> T:
         """Run ``fn`` under a savepoint: its writes land all together or not at all."""
@@ -176,6 +191,7 @@ class Database:
                 raise storage_error(exc, "closing the database") from exc
 
 
+_BUSY_OFF = sql.pragma_busy_timeout(0)
 _SQLITE_BUSY = 5  # the primary result code; extended codes keep it in the low byte
 
 
@@ -205,14 +221,24 @@ class RootScope:
         self.db = db
 
     def write(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
-        self.db.check_open(what)
-        with self.db.gate.held(what, signal):
-            return self.db.transaction(fn, doing=what)
+        db = self.db
+        db.check_open(what)
+        gate = db.gate
+        gate.acquire(what, signal)
+        try:
+            return db.transaction(fn, doing=what)
+        finally:
+            gate.release()
 
     def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
-        self.db.check_open(what)
-        with self.db.gate.held(what, signal):
+        db = self.db
+        db.check_open(what)
+        gate = db.gate
+        gate.acquire(what, signal)
+        try:
             return fn()
+        finally:
+            gate.release()
 
     def read_consistent(self, fn: Callable[[], T], what: str) -> T:
         """A multi-statement read from one snapshot."""

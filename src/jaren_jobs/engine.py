@@ -18,7 +18,14 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from . import sql
-from .codec import check_aware, check_text, encode_json, ms_from_datetime
+from .codec import (
+    check_aware,
+    check_text,
+    datetime_from_ms,
+    decode_json,
+    encode_json,
+    ms_from_datetime,
+)
 from .db import Database, RootScope, TxScope
 from .errors import (
     DuplicateJob,
@@ -40,7 +47,7 @@ if TYPE_CHECKING:
     from .checkpoints import CheckpointStore
     from .cursor import Cursor
 
-__all__ = ["EngineHub", "JobEngine", "backoff_seconds", "is_lease_lost"]
+__all__ = ["ClaimRequest", "EngineHub", "Failure", "JobEngine", "backoff_seconds", "is_lease_lost"]
 
 _INT64 = (-(2**63), 2**63 - 1)
 
@@ -71,6 +78,9 @@ class EngineHub:
     worker_factory: Callable[..., Any] | None = None
     # live workers of this store, so close() can stop them first
     workers: set[Any] = field(default_factory=set)
+    # kinds -> (data_version, total_changes, next due ms) as of the last root
+    # claim of those kinds that found nothing; read and written under the gate
+    idle_claims: dict[tuple[str, ...], tuple[int, int, int | None]] = field(default_factory=dict)
 
     def wake(self) -> None:
         with self.lock:
@@ -123,6 +133,26 @@ class _Prepared:
     priority: int
 
 
+@dataclass(frozen=True)
+class ClaimRequest:
+    """Checked claim arguments: the kinds (sorted, unique), the owner, the lease in ms."""
+
+    kinds: tuple[str, ...]
+    owner: str
+    lease_ms: int
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A checked ``fail()``: the lease, the described error, and how to retry."""
+
+    lease: Lease
+    message: str
+    retry: bool
+    base: float
+    cap: float
+
+
 class JobEngine:
     """The queue over one store, reached through a scope (root or transaction)."""
 
@@ -170,13 +200,8 @@ class JobEngine:
             run_at = now + prepared.delay_ms
         else:
             run_at = now
-        if self._db.one(sql.JOB_EXISTS, (job_id,), doing=what) is not None:
-            raise DuplicateJob(
-                f"{what}: a job with id {job_id!r} already exists; ids are unique for a "
-                "job's whole life (until it is swept)",
-                job_id=job_id,
-            )
-        row = self._db.one(
+        # one statement: a taken id inserts nothing
+        inserted = self._db.changes(
             sql.ENQUEUE,
             (
                 job_id,
@@ -190,8 +215,31 @@ class JobEngine:
             ),
             doing=what,
         )
-        assert row is not None
-        return job_from_row(row)
+        if not inserted:
+            raise DuplicateJob(
+                f"{what}: a job with id {job_id!r} already exists; ids are unique for a "
+                "job's whole life (until it is swept)",
+                job_id=job_id,
+            )
+        # the row is exactly what was bound: build the record without reading it back
+        created = _instant(now)
+        return Job(
+            id=job_id,
+            kind=prepared.kind,
+            payload=decode_json(prepared.payload),
+            state="pending",
+            priority=prepared.priority,
+            attempts=0,
+            max_attempts=prepared.max_attempts,
+            run_at=created if run_at == now else _instant(run_at),
+            lease_until=None,
+            lease_owner=None,
+            lease_generation=0,
+            last_error=None,
+            result=None,
+            created_at=created,
+            updated_at=created,
+        )
 
     def enqueue(
         self,
@@ -307,6 +355,53 @@ class JobEngine:
         )
         return checked, owner, _lease_ms(seconds)
 
+    # ------------------------------------------------------------ the idle check
+    #
+    # An empty root claim records the connection's `PRAGMA data_version`
+    # (moves when another connection commits), its total_changes (moves when
+    # this connection writes) and the earliest time anything of those kinds
+    # can come due without a write (a delayed run_at, a lease expiring). Until
+    # one of the three moves, the next claim of those kinds would find nothing
+    # too: it answers None without taking the write lock.
+
+    def _nothing_claimable(self, kinds: tuple[str, ...], what: str) -> bool:
+        if not isinstance(self._scope, RootScope) or kinds not in self._hub.idle_claims:
+            return False
+
+        def probe() -> bool:
+            known = self._hub.idle_claims.get(kinds)
+            if known is None:
+                return False
+            row = self._db.one(sql.DATA_VERSION, doing=what)
+            version, changes, due = known
+            if (
+                row is not None
+                and int(row[0]) == version
+                and self._db.connection.total_changes == changes
+                and (due is None or self._runtime.now_ms() < due)
+            ):
+                return True
+            # stale: forget it, so busy claims do not pay for a probe each time
+            del self._hub.idle_claims[kinds]
+            return False
+
+        return self._scope.read(probe, what)
+
+    def _remember_empty(self, kinds: tuple[str, ...], params: dict[str, Any], what: str) -> None:
+        """Inside the empty claim's transaction: when could these kinds next be claimable?"""
+        if not isinstance(self._scope, RootScope):
+            return
+        ready = self._db.one(sql.next_ready_at(len(kinds)), params, doing=what)
+        lease = self._db.one(sql.NEXT_LEASE_EXPIRY, doing=what)
+        dues = [int(r[0]) for r in (ready, lease) if r is not None and r[0] is not None]
+        version = self._db.one(sql.DATA_VERSION, doing=what)
+        assert version is not None
+        self._hub.idle_claims[kinds] = (
+            int(version[0]),
+            self._db.connection.total_changes,
+            min(dues) if dues else None,
+        )
+
     def claim(
         self, kinds: Iterable[str], *, owner: str, lease_seconds: float | None = None
     ) -> ClaimedJob | None:
@@ -320,10 +415,16 @@ class JobEngine:
         what = "claim()"
         checked, owner_, lease_ms = self._claim_args(kinds, owner, lease_seconds, what)
         statement = sql.claim_next(len(checked))
+        if self._nothing_claimable(checked, what):
+            return None
 
         def work() -> ClaimedJob | None:
-            row = self._db.one(statement, self._claim_params(checked, owner_, lease_ms), doing=what)
-            return None if row is None else claimed_from_row(row)
+            params = self._claim_params(checked, owner_, lease_ms)
+            row = self._db.one(statement, params, doing=what)
+            if row is None:
+                self._remember_empty(checked, params, what)
+                return None
+            return claimed_from_row(row)
 
         return self._scope.write(work, what)
 
@@ -339,20 +440,30 @@ class JobEngine:
         what = "claim_many()"
         checked, owner_, lease_ms = self._claim_args(kinds, owner, lease_seconds, what)
         count = check_positive_int(limit, f"{what}: limit")
-        statement = sql.claim_next(len(checked))
+        if self._nothing_claimable(checked, what):
+            return []
+        request = ClaimRequest(checked, owner_, lease_ms)
+        return self._scope.write(lambda: self.claim_within(request, count, what), what)
 
-        def work() -> list[ClaimedJob]:
-            claimed: list[ClaimedJob] = []
-            for _ in range(count):
-                row = self._db.one(
-                    statement, self._claim_params(checked, owner_, lease_ms), doing=what
-                )
-                if row is None:
-                    break
-                claimed.append(claimed_from_row(row))
-            return claimed
+    def claim_request(
+        self, kinds: Iterable[str], *, owner: str, lease_seconds: float | None = None
+    ) -> ClaimRequest:
+        """Checked claim arguments, for :meth:`claim_within` (a worker's repeated claims)."""
+        return ClaimRequest(*self._claim_args(kinds, owner, lease_seconds, "claim_many()"))
 
-        return self._scope.write(work, what)
+    def claim_within(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
+        """The claim statements alone, for callers already inside a write: up to ``limit``."""
+        statement = sql.claim_next(len(request.kinds))
+        claimed: list[ClaimedJob] = []
+        for _ in range(limit):
+            params = self._claim_params(request.kinds, request.owner, request.lease_ms)
+            row = self._db.one(statement, params, doing=what)
+            if row is None:
+                if not claimed:
+                    self._remember_empty(request.kinds, params, what)
+                break
+            claimed.append(claimed_from_row(row))
+        return claimed
 
     # ------------------------------------------------------------ the fence
 
@@ -459,15 +570,19 @@ class JobEngine:
         A result JSON cannot carry is ``TypeError`` before any write.
         """
         what = "complete()"
+        current, text = self.prepare_complete(lease, result, what)
+        return self._scope.write(
+            lambda: self.settle_done(current, text, self._runtime.now_ms(), what), what
+        )
+
+    def prepare_complete(self, lease: object, result: Any, what: str) -> tuple[Lease, str]:
+        """A completion's checks, before any write: the lease, and the result as JSON."""
         current = self._require_lease(lease, what)
         try:
             text = encode_json(result, f"{what}: result")
         except ValueError as exc:
             raise TypeError(str(exc)) from None
-
-        return self._scope.write(
-            lambda: self.settle_done(current, text, self._runtime.now_ms(), what), what
-        )
+        return current, text
 
     def fail(
         self,
@@ -484,6 +599,29 @@ class JobEngine:
         ``last_error`` records a readable description of ``error``.
         """
         what = "fail()"
+        failure = self.prepare_fail(
+            lease,
+            error,
+            retry=retry,
+            backoff_base_seconds=backoff_base_seconds,
+            backoff_cap_seconds=backoff_cap_seconds,
+            what=what,
+        )
+        return self._scope.write(
+            lambda: self.settle_fail(failure, self._runtime.now_ms(), what), what
+        )
+
+    def prepare_fail(
+        self,
+        lease: object,
+        error: object,
+        *,
+        retry: object,
+        backoff_base_seconds: float | None,
+        backoff_cap_seconds: float | None,
+        what: str,
+    ) -> Failure:
+        """A failure's checks, before any write; the error is described here, once."""
         current = self._require_lease(lease, what)
         if not isinstance(retry, bool):
             raise TypeError(f"{what}: retry must be a bool, got {type(retry).__name__}")
@@ -497,26 +635,27 @@ class JobEngine:
             if backoff_cap_seconds is None
             else check_seconds(backoff_cap_seconds, f"{what}: backoff_cap_seconds")
         )
-        message = describe_error(error)
+        return Failure(current, describe_error(error), retry, base, cap)
 
-        def work() -> bool:
-            now = self._runtime.now_ms()
-            fenced = {"id": current.job_id, "token": current.token, "now": now}
-            row = self._db.one(sql.READ_ATTEMPTS, fenced, doing=what)
-            if row is None:
-                return self._settled_or_raise(current, now, what)
-            attempts, max_attempts = int(row[0]), int(row[1])
-            if not retry or attempts >= max_attempts:
-                self._db.run(sql.SETTLE_DEAD, {**fenced, "error": message}, doing=what)
-            else:
-                delay = backoff_seconds(attempts, base, cap, self._runtime.random())
-                run_at = now + math.floor(delay * 1000)
-                self._db.run(
-                    sql.SETTLE_RETRY, {**fenced, "error": message, "run_at": run_at}, doing=what
-                )
-            return True
-
-        return self._scope.write(work, what)
+    def settle_fail(self, failure: Failure, now: int, what: str) -> bool:
+        """The fenced failure statements alone, for callers already inside a write."""
+        current = failure.lease
+        fenced = {"id": current.job_id, "token": current.token, "now": now}
+        row = self._db.one(sql.READ_ATTEMPTS, fenced, doing=what)
+        if row is None:
+            return self._settled_or_raise(current, now, what)
+        attempts, max_attempts = int(row[0]), int(row[1])
+        if not failure.retry or attempts >= max_attempts:
+            self._db.run(sql.SETTLE_DEAD, {**fenced, "error": failure.message}, doing=what)
+        else:
+            delay = backoff_seconds(attempts, failure.base, failure.cap, self._runtime.random())
+            run_at = now + math.floor(delay * 1000)
+            self._db.run(
+                sql.SETTLE_RETRY,
+                {**fenced, "error": failure.message, "run_at": run_at},
+                doing=what,
+            )
+        return True
 
     # ------------------------------------------------------------ administration
 
@@ -739,6 +878,12 @@ class JobEngine:
             doing=what,
         )
         return True if changed else self._settled_or_raise(lease, now, what)
+
+
+def _instant(ms: int) -> datetime:
+    moment = datetime_from_ms(ms)
+    assert moment is not None
+    return moment
 
 
 def _short(value: object) -> str:

@@ -22,7 +22,7 @@ def claimed_from_row(row: tuple[Any, ...]) -> ClaimedJob:
         generation=int(row[10]),
         attempt=int(row[5]),
         owner=row[9],
-        expires_at=datetime_from_ms(row[8]),  # type: ignore[arg-type]
+        expires_at=fields_["lease_until"],  # converted once, with the other times
     )
     return ClaimedJob(**fields_, lease=lease)
 
@@ -45,6 +45,11 @@ def _job_fields(row: tuple[Any, ...]) -> dict[str, Any]:
     job_id = row[0]
     payload = _decoded(row[2])
     result = _decoded(row[12])
+    # run_at, created_at and updated_at are often the same instant: convert once
+    times: dict[Any, Any] = {}
+    for ms in (row[7], row[8], row[13], row[14]):
+        if ms not in times:
+            times[ms] = datetime_from_ms(ms)
     return {
         "id": job_id,
         "kind": row[1],
@@ -53,12 +58,12 @@ def _job_fields(row: tuple[Any, ...]) -> dict[str, Any]:
         "priority": int(row[4]),
         "attempts": int(row[5]),
         "max_attempts": int(row[6]),
-        "run_at": datetime_from_ms(row[7]),
-        "lease_until": datetime_from_ms(row[8]),
+        "run_at": times[row[7]],
+        "lease_until": times[row[8]],
         "lease_owner": row[9],
         "lease_generation": int(row[10]),
         "last_error": row[11],
         "result": result,
-        "created_at": datetime_from_ms(row[13]),
-        "updated_at": datetime_from_ms(row[14]),
+        "created_at": times[row[13]],
+        "updated_at": times[row[14]],
     }

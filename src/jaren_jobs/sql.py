@@ -95,16 +95,15 @@ ENQUEUE = f"""INSERT INTO {JOBS}
   (id, kind, payload, state, priority, run_at, attempts, max_attempts,
    lease_generation, created_at, updated_at)
   VALUES (?, ?, ?, 'pending', ?, ?, 0, ?, 0, ?, ?)
-  RETURNING {JOB_COLUMNS}"""
+  ON CONFLICT (id) DO NOTHING"""
 
 GET_JOB = f"SELECT {JOB_COLUMNS} FROM {JOBS} WHERE id = ?"
-
-JOB_EXISTS = f"SELECT 1 FROM {JOBS} WHERE id = ?"
 
 FENCE_ROW = f"""SELECT state, lease_token, lease_until, lease_generation, settled_generation
   FROM {JOBS} WHERE id = ?"""
 
 _CLAIM_ORDER = "priority DESC, run_at, created_at, id"
+_PROBED_KINDS = 64  # up to this many kinds, one index probe per kind
 
 
 @lru_cache(maxsize=64)
@@ -113,29 +112,58 @@ def claim_next(kind_count: int) -> str:
 
     Each kind's best ready job comes from the ``_jaren_jobs_ready`` index in
     claim order (one probe per kind, no sort of the backlog); expired leases
-    come from ``_jaren_jobs_leased``. The claim mints the fence: a fresh
-    token and generation + 1.
+    come from a range of ``_jaren_jobs_leased`` (only leases already expired:
+    live leases are never read). ``INDEXED BY`` pins both plans, so neither
+    an application's ``ANALYZE`` nor a backlog of live leases can turn a claim
+    into a scan. The claim mints the fence: a fresh token and generation + 1.
     """
     if kind_count < 1:
         raise ValueError("a claim names at least one kind")
-    kinds = ", ".join(f":k{i}" for i in range(kind_count))
-    ready = "\n    UNION ALL ".join(
-        f"""SELECT * FROM (SELECT id, priority, run_at, created_at FROM {JOBS}
-        WHERE state IN ('pending', 'failed') AND kind = :k{i} AND run_at <= :now
-        ORDER BY {_CLAIM_ORDER} LIMIT 1)"""
-        for i in range(kind_count)
-    )
     return f"""UPDATE {JOBS} SET state = 'leased', lease_owner = :owner, lease_until = :until,
     lease_generation = lease_generation + 1, lease_token = :token, settled_generation = NULL,
     attempts = attempts + 1, updated_at = :now
-  WHERE id = (SELECT id FROM (
-    {ready}
-    UNION ALL SELECT * FROM (SELECT id, priority, run_at, created_at FROM {JOBS}
-        WHERE state = 'leased' AND lease_until <= :now AND kind IN ({kinds}) AND run_at <= :now
-        ORDER BY {_CLAIM_ORDER} LIMIT 1)
-  ) ORDER BY {_CLAIM_ORDER} LIMIT 1)
+  WHERE id = (SELECT id FROM ({_claimable(kind_count, "1")}) ORDER BY {_CLAIM_ORDER} LIMIT 1)
   RETURNING {JOB_COLUMNS}"""
 
+
+def _claimable(kind_count: int, limit: str) -> str:
+    """The claimable candidates of ``kind_count`` kinds, up to ``limit`` from each branch."""
+    kinds = ", ".join(f":k{i}" for i in range(kind_count))
+    if kind_count <= _PROBED_KINDS:
+        ready = "\n    UNION ALL ".join(
+            f"""SELECT * FROM (SELECT id, priority, run_at, created_at
+        FROM {JOBS} INDEXED BY "_jaren_jobs_ready"
+        WHERE state IN ('pending', 'failed') AND kind = :k{i} AND run_at <= :now
+        ORDER BY {_CLAIM_ORDER} LIMIT {limit})"""
+            for i in range(kind_count)
+        )
+    else:
+        # SQLite caps a compound SELECT at 500 terms: past a few dozen kinds,
+        # one IN probe of the ready index (sorting the ready rows) replaces them
+        ready = f"""SELECT * FROM (SELECT id, priority, run_at, created_at
+        FROM {JOBS} INDEXED BY "_jaren_jobs_ready"
+        WHERE state IN ('pending', 'failed') AND kind IN ({kinds}) AND run_at <= :now
+        ORDER BY {_CLAIM_ORDER} LIMIT {limit})"""
+    return f"""
+    {ready}
+    UNION ALL SELECT * FROM (SELECT id, priority, run_at, created_at
+        FROM {JOBS} INDEXED BY "_jaren_jobs_leased"
+        WHERE state = 'leased' AND lease_until <= :now AND kind IN ({kinds}) AND run_at <= :now
+        ORDER BY {_CLAIM_ORDER} LIMIT {limit})
+  """
+
+
+@lru_cache(maxsize=64)
+def next_ready_at(kind_count: int) -> str:
+    """The earliest ``run_at`` of a pending or failed job of these kinds (``:k0`` …)."""
+    kinds = ", ".join(f":k{i}" for i in range(kind_count))
+    return f"""SELECT min(run_at) FROM {JOBS} INDEXED BY "_jaren_jobs_ready"
+  WHERE state IN ('pending', 'failed') AND kind IN ({kinds})"""
+
+
+# the earliest lease to expire, of any kind (a bound, never later than the truth)
+NEXT_LEASE_EXPIRY = f"""SELECT min(lease_until) FROM {JOBS} INDEXED BY "_jaren_jobs_leased"
+  WHERE state = 'leased'"""
 
 RENEW = f"""UPDATE {JOBS} SET lease_until = :until, lease_token = :new_token, updated_at = :now
   WHERE id = :id AND {FENCE}
@@ -173,7 +201,9 @@ REQUEUE = f"""UPDATE {JOBS} SET state = 'pending', run_at = :now, lease_until = 
   WHERE id = :id AND (state IN ('failed', 'dead', 'cancelled')
     OR (state = 'leased' AND lease_until <= :now))"""
 
-_SWEEP_SELECTION = f"""SELECT id FROM {JOBS}
+# the settled index is in sweep order: a bounded sweep reads `limit` entries,
+# never sorts every settled row
+_SWEEP_SELECTION = f"""SELECT id FROM {JOBS} INDEXED BY "_jaren_jobs_settled"
     WHERE state IN ('done', 'dead', 'cancelled') AND updated_at < :horizon
     ORDER BY updated_at, id LIMIT :limit"""
 
@@ -221,6 +251,7 @@ SET_WAL = "PRAGMA main.journal_mode = WAL"
 DATA_VERSION = "PRAGMA data_version"
 
 
+@lru_cache(maxsize=8)
 def pragma_busy_timeout(milliseconds: int) -> str:
     return f"PRAGMA busy_timeout = {int(milliseconds)}"
 

@@ -13,6 +13,19 @@ Shape of one worker:
   ones: when ``stop()`` returns, nothing the worker started still touches
   the store.
 
+Batching, so that ``synchronous=FULL`` costs an fsync per batch rather than
+per job:
+
+* loops that want a job at the same moment share one claim transaction,
+  which leases exactly one job per waiting loop (never more: no lease is
+  taken for work no loop can start now);
+* settlements go through a :class:`~jaren_jobs.batcher.SettlementBatcher`:
+  concurrent completions and failures share one transaction, each fenced on
+  its own and answered only after the commit;
+* a loop's settlement also claims that loop's next job in the same
+  transaction (unless the worker is stopping), so a busy loop pays one
+  commit per job, shared with its peers.
+
 Each attempt has exactly one :class:`~jaren_jobs.records.Outcome`:
 ``completed``, ``failed``, ``cancelled`` or ``lost``.
 """
@@ -25,15 +38,17 @@ import itertools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+from .batcher import SettlementBatcher
 from .checkpoints import CheckpointStore
 from .codec import check_text
 from .db import Database, RootScope
-from .engine import EngineHub, JobEngine
+from .engine import ClaimRequest, EngineHub, JobEngine
 from .errors import (
     GateRefused,
     JobsError,
@@ -105,6 +120,7 @@ class _Attempt:
 
     __slots__ = (
         "cancelled",
+        "chain",
         "claimed",
         "ended",
         "key",
@@ -112,6 +128,7 @@ class _Attempt:
         "lease_lock",
         "lease_seq",
         "lost",
+        "next_job",
         "scope",
         "unsubscribe",
     )
@@ -130,6 +147,10 @@ class _Attempt:
         self.lost: LeaseLost | None = None
         self.ended = False  # no renewal once set
         self.unsubscribe: Callable[[], None] = _noop
+        # a loop's attempt asks its settlement to claim the loop's next job in
+        # the same transaction; that job is handed back here
+        self.chain = False
+        self.next_job: ClaimedJob | None = None
 
     @property
     def job_id(self) -> str:
@@ -169,38 +190,37 @@ class _TrackedScope(RootScope):
         super().__init__(db)
         self._worker = worker
         self._signal = signal
-        self._local = threading.local()
-
-    def changes(self) -> int | None:
-        """Rows the last write of this thread changed (``None`` if it did not finish)."""
-        return getattr(self._local, "changes", None)
 
     def write(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
-        connection = self.db.connection
-        self._local.changes = None
-
-        def measured() -> T:
-            # under the gate nothing else uses the connection, so the delta is
-            # this call's own writes: how a no-op idempotent settlement shows
-            before = connection.total_changes
-            result = fn()
-            self._local.changes = connection.total_changes - before
-            return result
-
-        with self._worker._tracked(what):
-            return self._refusing(
-                lambda: super(_TrackedScope, self).write(measured, what, signal or self._signal)
-            )
+        worker = self._worker
+        worker._track(what)
+        try:
+            return RootScope.write(self, fn, what, signal or self._signal)
+        except GateRefused as exc:
+            self._stopped(exc)
+            raise
+        finally:
+            worker._untrack()
 
     def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
-        with self._worker._tracked(what):
-            return self._refusing(
-                lambda: super(_TrackedScope, self).read(fn, what, signal or self._signal)
-            )
+        worker = self._worker
+        worker._track(what)
+        try:
+            return RootScope.read(self, fn, what, signal or self._signal)
+        except GateRefused as exc:
+            self._stopped(exc)
+            raise
+        finally:
+            worker._untrack()
 
     def read_consistent(self, fn: Callable[[], T], what: str) -> T:
         with self._worker._tracked(what):
             return self._refusing(lambda: super(_TrackedScope, self).read_consistent(fn, what))
+
+    def _stopped(self, exc: GateRefused) -> None:
+        # a queued call the stop abandoned is the stop working: say so by name
+        if self._signal.aborted and exc.details.get("reason") == "aborted":
+            raise self._worker._stopped_error(exc.message) from exc
 
     def _refusing(self, call: Callable[[], T]) -> T:
         try:
@@ -242,13 +262,18 @@ class _Renewals:
                 return
             due = time.monotonic() + delay_seconds
             heapq.heappush(self._heap, (due, next(self._order), attempt))
-            self._cond.notify()
+            if self._heap[0][2] is attempt:
+                # only a new earliest entry changes how long the thread sleeps;
+                # waking it for every later one costs a context switch per job
+                self._cond.notify()
 
     def discard(self, attempt: _Attempt) -> None:
         """The attempt ended: drop its entry soon, so a busy worker's heap holds no dead jobs."""
         with self._cond:
             self._finished += 1
-            if self._finished > 64 and self._finished * 2 > len(self._heap):
+            # an ended attempt's entry keeps its job (payload and all) alive
+            # until it is due or dropped here: drop them often
+            if self._finished > 8 and self._finished * 2 > len(self._heap):
                 self._heap = [entry for entry in self._heap if not entry[2].ended]
                 heapq.heapify(self._heap)
                 self._finished = 0
@@ -343,6 +368,11 @@ class Worker:
         # application transaction's fate)
         self._claims = JobEngine(self._db, self._claims_scope, hub)
         self._control = JobEngine(self._db, self._control_scope, hub)
+        # settlements of concurrent loops share one transaction (group commit)
+        self._settlements = SettlementBatcher(self._control)
+        self._claim_request = self._control.claim_request(
+            self._kinds, owner=owner, lease_seconds=lease_seconds
+        )
         self._renewals = _Renewals(f"{self._name}-renewals", self._renew_attempt)
 
         self._lock = threading.Lock()
@@ -351,6 +381,9 @@ class Worker:
         self._lease_seqs = itertools.count(1)
         self._attempt_keys = itertools.count(1)
         self._attempts: dict[int, _Attempt] = {}
+        self._claim_lock = threading.Lock()
+        self._claimed: deque[ClaimedJob] = deque()  # leased for loops waiting on the lock
+        self._wanting = 0  # loops inside _claim()
         self._threads: list[threading.Thread] = []
         self._stepping: set[int] = set()  # ident of each thread inside a step
         self._active = False
@@ -591,17 +624,23 @@ class Worker:
 
     @contextmanager
     def _tracked(self, what: str) -> Iterator[None]:
+        self._track(what)
+        try:
+            yield
+        finally:
+            self._untrack()
+
+    def _track(self, what: str) -> None:
         with self._lock:
             if self._barred:
                 raise self._stopped_error(what)
             self._io += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._io -= 1
-                if self._io == 0:
-                    self._cond.notify_all()
+
+    def _untrack(self) -> None:
+        with self._cond:
+            self._io -= 1
+            if self._io == 0:
+                self._cond.notify_all()
 
     def _halt_for(self, reason: JobsError) -> None:
         self._halt.abort(reason)
@@ -622,7 +661,7 @@ class Worker:
         try:
             while not self._halt.aborted:
                 try:
-                    ran = self._step()
+                    ran = self._step(chain=True)
                 except Exception:  # a worker bug must not end the loop silently
                     _log.exception("jaren_jobs: worker %r: a loop step raised", self.owner)
                     ran = False
@@ -650,7 +689,7 @@ class Worker:
                     return
                 self._cond.wait(left)
 
-    def _step(self) -> bool:
+    def _step(self, *, chain: bool = False) -> bool:
         me = threading.get_ident()
         with self._cond:
             if self._halt.aborted:
@@ -661,7 +700,10 @@ class Worker:
             claimed = self._claim()
             if claimed is None:
                 return False
-            self._run(claimed)
+            # a job handed back by a settlement was claimed while this step was
+            # under way: it is run here, still counted busy, even if stop() began
+            while claimed is not None:
+                claimed = self._run(claimed, chain=chain)
             return True
         finally:
             with self._cond:
@@ -670,10 +712,26 @@ class Worker:
                 self._cond.notify_all()
 
     def _claim(self) -> ClaimedJob | None:
+        # Loops that want a job at the same time share one claim transaction:
+        # whoever holds the claim lock leases one job for every loop waiting
+        # for one (never more: a lease is taken only for a loop that starts
+        # it at once), keeps one and leaves the rest to the waiting loops.
+        with self._lock:
+            self._wanting += 1
         try:
-            return self._claims.claim(
-                self._kinds, owner=self.owner, lease_seconds=self.lease_seconds
-            )
+            with self._claim_lock:
+                with self._lock:
+                    if self._claimed:
+                        return self._claimed.popleft()
+                    wanted = self._wanting
+                batch = self._claims.claim_many(
+                    self._kinds, owner=self.owner, limit=wanted, lease_seconds=self.lease_seconds
+                )
+                if not batch:
+                    return None
+                with self._lock:
+                    self._claimed.extend(batch[1:])
+                return batch[0]
         except WorkerStopped:
             return None  # the stop abandoned it: not an error
         except StoreClosed as exc:
@@ -689,11 +747,16 @@ class Worker:
                 exc,
             )
             return None
+        finally:
+            with self._lock:
+                self._wanting -= 1
 
     # ------------------------------------------------------------ one attempt
 
-    def _run(self, claimed: ClaimedJob) -> None:
+    def _run(self, claimed: ClaimedJob, *, chain: bool = False) -> ClaimedJob | None:
+        """Run one attempt to its outcome; returns the next job its settlement claimed."""
         attempt = self._begin(claimed)
+        attempt.chain = chain
         ctx = JobContext(
             attempt,
             _AttemptCheckpoints(self._control, attempt),
@@ -712,7 +775,7 @@ class Worker:
                     reason="the worker stopped before this attempt could run; its lease will "
                     "expire and the job will be re-claimed",
                 )
-                return
+                return None
             handler = self._handlers[claimed.kind]
             try:
                 result = handler(claimed.payload, ctx)
@@ -729,6 +792,7 @@ class Worker:
                     attempt, "lost", phase="failure", reason="the attempt was interrupted"
                 )
             self._end(attempt, outcome)
+        return attempt.next_job
 
     def _begin(self, claimed: ClaimedJob) -> _Attempt:
         attempt = _Attempt(claimed, next(self._attempt_keys), next(self._lease_seqs))
@@ -807,7 +871,11 @@ class Worker:
                     )
                 else:
                     try:
-                        self._control.complete(attempt.lease, result)
+                        completed = self._settlements.settle_complete(
+                            attempt.lease, result, claim=self._next_claim(attempt)
+                        )
+                        attempt.next_job = completed.handed
+                        completed.result()
                     except TypeError as exc:  # a result JSON cannot carry
                         error = exc
                     except LeaseLost as exc:
@@ -826,16 +894,19 @@ class Worker:
                         )
                         error = exc
                     else:
-                        return self._written(attempt, "completed")
+                        return self._written(attempt, "completed", completed.changes)
             phase = "failure"
             try:
-                self._control.fail(
+                failed = self._settlements.settle_fail(
                     attempt.lease,
                     error,
                     retry=_retryable(error),
                     backoff_base_seconds=self._backoff_base,
                     backoff_cap_seconds=self._backoff_cap,
+                    claim=self._next_claim(attempt),
                 )
+                attempt.next_job = failed.handed
+                failed.result()
             except LeaseLost as exc:
                 return self._lost(attempt, phase, exc)
             except StoreClosed as exc:
@@ -852,16 +923,21 @@ class Worker:
                     exc,
                 )
                 return self._failed(attempt, error)
-            if self._control_scope.changes() == 0:
+            if failed.changes == 0:
                 return self._truth(attempt) or self._failed(attempt, error)
             return self._failed(attempt, error)
 
-    def _written(self, attempt: _Attempt, outcome: OutcomeName) -> Outcome:
+    def _next_claim(self, attempt: _Attempt) -> ClaimRequest | None:
+        # a loop that will run another job asks for it with this settlement;
+        # a stopping worker claims nothing more
+        return self._claim_request if attempt.chain and not self._halt.aborted else None
+
+    def _written(self, attempt: _Attempt, outcome: OutcomeName, changes: int) -> Outcome:
         # True from a settlement that wrote nothing means THIS attempt had
         # already settled the row: by ctx.checkpoints.complete, by the handler
         # calling the engine with ctx.lease, or by cancel(id, lease=...) whose
         # abort has not reached us yet. The row says which.
-        if self._control_scope.changes() == 0:
+        if changes == 0:
             truth = self._truth(attempt)
             if truth is not None:
                 return truth

@@ -1,0 +1,303 @@
+"""Group commit: concurrent settlements share a transaction, each answered as if alone.
+
+The main test builds two identical stores (same fake clock, same ids). On the
+control store every settlement runs as a lone ``store.jobs`` call, one after
+another; on the other, many threads run the same settlements at once through
+a :class:`SettlementBatcher`, with the gate held at the start so that the
+calls pile up behind one leader and really share transactions. Valid leases,
+renewed-away leases, expired leases, rescued and requeued jobs, repeated
+settlements and unknown jobs are mixed in every thread. Every caller must get
+exactly the control's answer (the same value, or the same refusal with the
+same message), the two tables must end identical — nothing settled twice —
+and each answer must arrive only once the settlement is visible to another
+connection (committed).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jaren_jobs import (
+    JobSettled,
+    Lease,
+    LeaseExpired,
+    LeaseRequired,
+    LeaseSuperseded,
+    NewJob,
+    Runtime,
+    StorageError,
+    Store,
+    open_store,
+)
+from jaren_jobs.batcher import SettlementBatcher
+from tests.conftest import FakeClock, Sequence
+
+THREADS = 12
+WAIT = 30.0
+
+
+@dataclass(frozen=True)
+class Call:
+    """One settlement: ``op`` is "complete" or "fail"."""
+
+    op: str
+    lease: Lease
+    args: tuple[Any, ...] = ()
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+
+def open_twin(path: Path) -> tuple[Store, FakeClock]:
+    clock = FakeClock()
+    ids = Sequence()
+    return open_store(path, runtime=Runtime(now=clock.now, random=ids.random, uuid=ids.uuid)), clock
+
+
+def build(store: Store, clock: FakeClock) -> list[list[Call]]:
+    """The same jobs, leases and per-thread settlement lists on either twin."""
+    jobs = store.jobs
+    short = []  # leases that will expire, per thread: (to expire, to rescue, to requeue)
+    for t in range(THREADS):
+        # one kind each, so no other thread's claim can take them
+        short.append(
+            tuple(
+                jobs.claim([kind], owner=f"crashed-{t}", lease_seconds=1)
+                for kind in (
+                    jobs.enqueue("expires", {"t": t}).kind,
+                    jobs.enqueue("rescued", {"t": t}).kind,
+                    jobs.enqueue("requeued", {"t": t}).kind,
+                )
+            )
+        )
+    clock.advance(2)  # every short lease is now expired
+    calls: list[list[Call]] = []
+    for t in range(THREADS):
+        expired, to_rescue, to_requeue = short[t]
+        assert expired is not None
+        assert to_rescue is not None
+        assert to_requeue is not None
+        assert jobs.requeue(to_requeue.id) is True
+        jobs.enqueue_many([NewJob("long", {"t": t, "n": n}) for n in range(4)])
+        jobs.enqueue("dies", {"t": t}, max_attempts=1)
+        done, retried, renewed, twice = (
+            jobs.claim(["long"], owner=f"w-{t}", lease_seconds=600) for _ in range(4)
+        )
+        dead = jobs.claim(["dies"], owner=f"w-{t}", lease_seconds=600)
+        for claimed in (done, retried, renewed, twice, dead):
+            assert claimed is not None
+        rescuer = jobs.claim(["rescued"], owner=f"rescuer-{t}", lease_seconds=600)
+        assert rescuer is not None
+        assert rescuer.id == to_rescue.id
+        fresh = jobs.renew(renewed.lease, lease_seconds=600)
+        ghost = Lease(
+            job_id=f"never-{t}",
+            token="nothing",
+            generation=1,
+            attempt=1,
+            owner="nobody",
+            expires_at=done.lease.expires_at,
+        )
+        calls.append(
+            [
+                Call("complete", done.lease, ({"t": t},)),
+                Call("fail", retried.lease, (RuntimeError(f"boom {t}"),)),
+                Call("fail", dead.lease, (ValueError("fatal"),)),
+                Call("complete", renewed.lease),  # superseded by its own renewal
+                Call("complete", fresh),  # ...which still settles
+                Call("complete", expired.lease),  # expired, never rescued
+                Call("fail", to_requeue.lease, (RuntimeError("late"),)),  # requeued: settled
+                Call("complete", twice.lease, ("once",)),
+                Call("complete", twice.lease, ("twice",)),  # same attempt: idempotent True
+                Call("fail", twice.lease, (RuntimeError("after"),)),  # ...still True
+                Call("complete", ghost),  # unknown job
+                Call("complete", rescuer.lease, ("rescued",)),
+                Call("fail", dead.lease, (ValueError("again"),), (("retry", False),)),
+            ]
+        )
+    # the rescued job's first attempt speaks last, long after its lease was taken over
+    for t in range(THREADS):
+        calls[t].append(Call("complete", short[t][1].lease))
+    return calls
+
+
+def answer_of(call: Callable[[], bool]) -> tuple[str, Any]:
+    try:
+        return ("value", call())
+    except (JobSettled, LeaseSuperseded, LeaseExpired) as exc:
+        return (type(exc).__name__, (exc.code, str(exc)))
+
+
+def run_call(settle: Any, call: Call) -> tuple[str, Any]:
+    method = getattr(settle, call.op)
+    return answer_of(lambda: method(call.lease, *call.args, **dict(call.kwargs)))
+
+
+def table(store: Store) -> list[tuple[Any, ...]]:
+    with store.transaction() as tx:
+        return tx.execute('SELECT * FROM "_jaren_jobs" ORDER BY id').fetchall()
+
+
+def committed_state(path: Path, job_id: str) -> str | None:
+    conn = sqlite3.connect(path)
+    try:
+        row = conn.execute('SELECT state FROM "_jaren_jobs" WHERE id = ?', (job_id,)).fetchone()
+    finally:
+        conn.close()
+    return None if row is None else str(row[0])
+
+
+def test_concurrent_settlements_answer_exactly_as_lone_calls(tmp_path: Path) -> None:
+    control, control_clock = open_twin(tmp_path / "control.db")
+    batched, batched_clock = open_twin(tmp_path / "batched.db")
+    try:
+        control_calls = build(control, control_clock)
+        calls = build(batched, batched_clock)
+        assert table(control) == table(batched)  # the twins start identical
+
+        expected = [[run_call(control.jobs, c) for c in thread] for thread in control_calls]
+        # every kind of answer is in play
+        kinds = {a[0] for thread in expected for a in thread}
+        assert kinds == {"value", "JobSettled", "LeaseSuperseded", "LeaseExpired"}
+
+        batcher = SettlementBatcher(batched.jobs)
+        answers: list[list[tuple[str, Any]]] = [[] for _ in range(THREADS)]
+        not_durable: list[str] = []
+        start = threading.Barrier(THREADS + 1)
+
+        def settle(t: int) -> None:
+            start.wait(WAIT)
+            for call in calls[t]:
+                answer = run_call(batcher, call)
+                answers[t].append(answer)
+                if answer == ("value", True):
+                    state = committed_state(tmp_path / "batched.db", call.lease.job_id)
+                    if state == "leased":
+                        not_durable.append(call.lease.job_id)
+
+        threads = [threading.Thread(target=settle, args=(t,)) for t in range(THREADS)]
+        for thread in threads:
+            thread.start()
+        # hold the store while the first settlements arrive: one leads (and waits
+        # for the gate), the rest queue behind it and must share the next batch
+        with batched.transaction():
+            start.wait(WAIT)
+            deadline = time.monotonic() + WAIT
+            while batcher.waiting() < THREADS - 1:
+                assert time.monotonic() < deadline, "the settlements never queued"
+                time.sleep(0.001)
+        for thread in threads:
+            thread.join(WAIT)
+            assert not thread.is_alive()
+
+        assert answers == expected
+        assert not_durable == []
+        assert table(batched) == table(control)  # same writes, nothing settled twice
+        total = sum(len(thread) for thread in calls)
+        assert batcher.settled == total
+        assert batcher.retried_alone == 0  # a refusal never fails the batch it is in
+        # the leader's batch, then the other THREADS - 1 first calls in ONE transaction
+        assert batcher.batches <= total - (THREADS - 2)
+    finally:
+        control.close()
+        batched.close()
+
+
+def test_a_lone_settlement_waits_for_nobody(store: Store) -> None:
+    store.jobs.enqueue("k")
+    claimed = store.jobs.claim(["k"], owner="w")
+    assert claimed is not None
+    batcher = SettlementBatcher(store.jobs)
+    statements: list[str] = []
+    store.connection.set_trace_callback(statements.append)
+    try:
+        assert batcher.complete(claimed.lease, {"ok": 1}) is True
+    finally:
+        store.connection.set_trace_callback(None)
+    writes = [s for s in statements if not s.startswith("PRAGMA")]
+    assert writes[0] == "BEGIN IMMEDIATE"
+    assert writes[-1] == "COMMIT"
+    assert batcher.batches == 1
+    job = store.jobs.get(claimed.id)
+    assert job is not None
+    assert (job.state, job.result) == ("done", {"ok": 1})
+
+
+def test_a_failing_batch_is_retried_one_settlement_at_a_time(
+    store: Store, db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.jobs.enqueue_many([NewJob("k", n) for n in range(4)])
+    claims = store.jobs.claim_many(["k"], owner="w", limit=4)
+    poisoned = claims[2].id
+    engine = store.jobs
+    real = engine.settle_done
+
+    def settle_done(lease: Lease, text: str, now: int, what: str) -> bool:
+        if lease.job_id == poisoned:  # a driver failure on this settlement, every time
+            raise StorageError(f"{what}: disk I/O error (simulated)")
+        return real(lease, text, now, what)
+
+    monkeypatch.setattr(engine, "settle_done", settle_done)
+    batcher = SettlementBatcher(engine)
+    answers: dict[str, Any] = {}
+
+    def complete(claimed: Any) -> None:
+        answers[claimed.id] = answer_of(lambda: batcher.complete(claimed.lease))
+
+    def raising(claimed: Any) -> None:
+        try:
+            batcher.complete(claimed.lease)
+        except StorageError as exc:
+            answers[claimed.id] = ("StorageError", str(exc))
+
+    threads = [
+        threading.Thread(target=raising if c.id == poisoned else complete, args=(c,))
+        for c in claims
+    ]
+    with store.transaction():
+        threads[0].start()  # the leader (its job is not the poisoned one): alone
+        deadline = time.monotonic() + WAIT
+        while not batcher.writing():
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        for thread in threads[1:]:
+            thread.start()
+        while batcher.waiting() < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+    for thread in threads:
+        thread.join(WAIT)
+    assert batcher.retried_alone == 3  # the three queued together; the leader was alone
+    assert answers[poisoned] == ("StorageError", "JD2099: complete(): disk I/O error (simulated)")
+    for claimed in claims:
+        expected = "leased" if claimed.id == poisoned else "done"
+        assert committed_state(db_path, claimed.id) == expected
+        if claimed.id != poisoned:
+            assert answers[claimed.id] == ("value", True)
+
+
+def test_mistakes_are_refused_before_anything_queues(store: Store) -> None:
+    store.jobs.enqueue("k")
+    claimed = store.jobs.claim(["k"], owner="w")
+    assert claimed is not None
+    batcher = SettlementBatcher(store.jobs)
+    with pytest.raises(TypeError):
+        batcher.complete(claimed.lease, {1, 2})
+    with pytest.raises(LeaseRequired):
+        batcher.complete(claimed.id)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        batcher.fail(claimed.lease, RuntimeError("x"), retry="yes")  # type: ignore[arg-type]
+    assert (batcher.settled, batcher.batches) == (0, 0)
+    job = store.jobs.get(claimed.id)
+    assert job is not None
+    assert job.state == "leased"
+    assert batcher.fail(claimed.lease, RuntimeError("x")) is True  # the lease still works
+    after = store.jobs.get(claimed.id)
+    assert after is not None
+    assert (after.state, after.last_error) == ("failed", "RuntimeError: x")
