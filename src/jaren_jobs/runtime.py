@@ -105,8 +105,14 @@ def resolve_defaults(defaults: Defaults | Mapping[str, Any] | None) -> Defaults:
     raise TypeError(f"defaults must be a Defaults or a dict, got {type(defaults).__name__}")
 
 
+# the longest duration accepted: a century keeps every deadline computed from
+# one within both an SQLite INTEGER of milliseconds and a datetime
+MAX_SECONDS = 100 * 366 * 86_400.0
+_INT64_MAX = 2**63 - 1
+
+
 def check_seconds(value: object, what: str, *, allow_zero: bool = False) -> float:
-    """Validate a duration in seconds: a finite real number, > 0 (or >= 0)."""
+    """Validate a duration in seconds: finite, > 0 (or >= 0), and at most a century."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__}")
     if not math.isfinite(value):
@@ -114,13 +120,17 @@ def check_seconds(value: object, what: str, *, allow_zero: bool = False) -> floa
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{what} must be {bound}, got {value!r}")
+    if value > MAX_SECONDS:
+        raise ValueError(f"{what} must be at most a century ({MAX_SECONDS:.0f} s), got {value!r}")
     return float(value)
 
 
 def check_positive_int(value: object, what: str) -> int:
-    """Validate a positive integer (bools refused)."""
+    """Validate a positive integer that fits SQLite's 64-bit INTEGER (bools refused)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}")
     if value < 1:
         raise ValueError(f"{what} must be >= 1, got {value!r}")
+    if value > _INT64_MAX:
+        raise ValueError(f"{what} must fit in 64 bits (at most {_INT64_MAX}), got {value!r}")
     return value
