@@ -54,10 +54,11 @@ from .errors import (
     JobsError,
     JobSettled,
     LeaseLost,
+    StorageError,
     StoreClosed,
     describe_error,
 )
-from .records import ClaimedJob, Lease, Outcome, OutcomeName, StopOutcome, WorkerStats
+from .records import ClaimedJob, CorruptJson, Lease, Outcome, OutcomeName, StopOutcome, WorkerStats
 from .runtime import check_positive_int, check_seconds
 from .signals import CancelScope, Signal, SignalLike
 
@@ -778,6 +779,16 @@ class Worker:
                 return None
             handler = self._handlers[claimed.kind]
             try:
+                if isinstance(claimed.payload, CorruptJson):
+                    # a row written outside the library: the handler could only
+                    # misread it, so the attempt fails (and dead-letters after
+                    # its attempts) with an error that names the row
+                    raise StorageError(
+                        f"job {claimed.id!r} holds a payload that is not JSON "
+                        f"({claimed.payload.error}); it was written outside jaren_jobs — "
+                        "fix the row and requeue the job, or cancel it",
+                        job_id=claimed.id,
+                    )
                 result = handler(claimed.payload, ctx)
             except Exception as exc:
                 outcome = self._settle(attempt, exc, None)
