@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
+from json.encoder import encode_basestring
+from json.scanner import make_scanner
 from typing import Any
 
 __all__ = [
@@ -26,50 +29,89 @@ __all__ = [
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MS = timedelta(milliseconds=1)
+_EPOCH_PLUS = EPOCH.__add__
 
 # deep enough for any honest document, shallow enough that neither the
 # encoder nor the decoder can hit Python's recursion limit
 MAX_DEPTH = 256
 
 _SCALARS = (str, int, float, bool, type(None))
+_isfinite = math.isfinite
 
 # json.dumps with these options would build this encoder on every call
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+# The C encoder JSONEncoder.encode builds afresh per call, built once for
+# flat values (no container inside, so no circular-reference check needed).
+_c_make_encoder: Any = vars(json.encoder).get("c_make_encoder")  # None without the C module
+_C_ENCODER: Callable[[Any, int], Any] | None = (
+    None
+    if _c_make_encoder is None
+    else _c_make_encoder(
+        None, _ENCODER.default, encode_basestring, None, ":", ",", False, False, False
+    )
+)
+# the scanner alone: what json.loads runs once it has skipped whitespace
+_scan_once: Callable[[str, int], tuple[Any, int]] = make_scanner(
+    json.JSONDecoder()  # type: ignore[arg-type]  # typeshed types the C scanner's context oddly
+)
 
 
-def encode_json(value: Any, what: str) -> str:
-    """Serialise a JSON value compactly, refusing what JSON cannot carry."""
-    flat = _flat(value)
-    if not flat:
-        _check_json(value, what)
-    text = _ENCODER.encode(value)
-    if flat:
+def encode_json(value: Any, what: str, part: str | None = None) -> str:
+    """Serialise a JSON value compactly, refusing what JSON cannot carry.
+
+    Refusals name ``what`` (and ``part`` of it, when given: ``"enqueue():
+    payload"``); the label is built only when one is raised.
+    """
+    if value is None:
+        return "null"
+    if not _flat(value):
+        _check_json(value, what if part is None else f"{what}: {part}")
+        return _ENCODER.encode(value)
+    if _C_ENCODER is None:  # pragma: no cover - CPython always has the C encoder
+        text = _ENCODER.encode(value)
+    else:
+        text = "".join(_C_ENCODER(value, 0))
+    if not text.isascii():
         # one UTF-8 check of the whole text stands for one per string; on a
         # lone surrogate the full walk names where it is
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
-            _check_json(value, what)
+            _check_json(value, what if part is None else f"{what}: {part}")
             raise  # pragma: no cover - the walk always finds it first
     return text
 
 
-def _scalar(item: Any) -> bool:
-    if isinstance(item, float):
-        return math.isfinite(item)
-    return isinstance(item, _SCALARS)
-
-
 def _flat(value: Any) -> bool:
-    """A scalar, or a dict/list of scalars with str keys: the common payload, checked fast."""
-    if isinstance(value, dict):
+    """A scalar, or a dict/list of scalars with str keys: the common payload, checked fast.
+
+    Exact types only: a subclass (of str, int, dict …) takes the full walk,
+    which accepts it just the same.
+    """
+    cls = type(value)
+    if cls is dict:
         for key, child in value.items():
-            if not isinstance(key, str) or not _scalar(child):
+            if type(key) is not str:
                 return False
+            kind = type(child)
+            if kind is str or kind is int or kind is bool or child is None:
+                continue
+            if kind is float and _isfinite(child):
+                continue
+            return False
         return True
-    if isinstance(value, list):
-        return all(_scalar(child) for child in value)
-    return _scalar(value)
+    if cls is list:
+        for child in value:
+            kind = type(child)
+            if kind is str or kind is int or kind is bool or child is None:
+                continue
+            if kind is float and _isfinite(child):
+                continue
+            return False
+        return True
+    if cls is str or cls is int or cls is bool:
+        return True
+    return cls is float and _isfinite(value)
 
 
 def _check_json(value: Any, what: str) -> None:
@@ -115,10 +157,22 @@ def check_text(text: str, what: str) -> str:
 
 
 def decode_json(text: str | None) -> Any:
-    """Parse stored JSON (``None`` stays ``None``); raises ``ValueError`` when corrupt."""
+    """Parse stored JSON (``None`` stays ``None``); raises ``ValueError`` when corrupt.
+
+    Exactly ``json.loads``: text the scanner takes whole in one pass (what
+    :func:`encode_json` writes) is answered at once; anything else (leading
+    or trailing whitespace, extra data, a fault) goes through ``json.loads``,
+    which answers or raises as it always does.
+    """
     if text is None:
         return None
-    return json.loads(text)
+    try:
+        value, end = _scan_once(text, 0)
+    except Exception:
+        return json.loads(text)
+    if end != len(text):
+        return json.loads(text)
+    return value
 
 
 def ms_from_datetime(value: datetime) -> int:
@@ -130,7 +184,7 @@ def datetime_from_ms(value: int | None) -> datetime | None:
     """Integer epoch milliseconds as an aware UTC datetime."""
     if value is None:
         return None
-    return EPOCH + timedelta(0, 0, 0, int(value))  # (days, seconds, µs, ms): exact ints
+    return _EPOCH_PLUS(timedelta(0, 0, 0, int(value)))  # (days, seconds, µs, ms): exact ints
 
 
 def check_aware(value: object, what: str) -> datetime:

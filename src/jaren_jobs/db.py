@@ -39,12 +39,20 @@ class Database:
         self._savepoints = itertools.count(1)
         # the connection's busy_timeout (set by open_store); begin() polls within it
         self.busy_ms = 0
+        # whether a write may leave busy_timeout at 0 once it committed (see begin)
+        self.lazy_busy = False
+        # True while the connection's busy_timeout is 0 because a write set it so
+        self._busy_off = False
+        self.max_variables = _max_variables(connection)
 
     def check_open(self, what: str) -> None:
         if self.closed:
             raise StoreClosed(f"{what}: the store is closed; open a new one")
 
     def cursor(self) -> sqlite3.Cursor:
+        if self._busy_off and not self.connection.in_transaction:
+            # a statement outside any write of ours: it waits out a lock as configured
+            self.restore_busy("reading")
         cur = self.connection.cursor()
         # the application's row_factory must not change what we read
         cur.row_factory = None
@@ -96,7 +104,8 @@ class Database:
 
     def transaction(self, fn: Callable[[], T], *, doing: str, immediate: bool = True) -> T:
         """Run ``fn`` inside BEGIN [IMMEDIATE] … COMMIT; roll back on any exception."""
-        if self.connection.in_transaction:
+        connection = self.connection
+        if connection.in_transaction:
             raise StorageError(
                 f"{doing}: the connection has an open transaction that jaren_jobs did not "
                 "start; commit it first, or enqueue through store.transaction()",
@@ -106,7 +115,7 @@ class Database:
         try:
             result = fn()
             try:
-                self.connection.execute(sql.COMMIT)
+                connection.execute(sql.COMMIT)
             except sqlite3.Error as exc:
                 raise storage_error(exc, doing) from exc
         except BaseException:
@@ -114,45 +123,98 @@ class Database:
             raise
         return result
 
-    def begin(self, *, immediate: bool, doing: str) -> None:
+    def begin(self, *, immediate: bool, doing: str, keep_busy: bool = False) -> None:
         """BEGIN [IMMEDIATE]; a busy write lock is polled in short naps, within busy_timeout.
 
         SQLite's own busy handler backs off to 100 ms naps, while a process
         writing back-to-back re-takes the lock microseconds after each commit:
         other processes could starve past busy_timeout and fail. Short polls
-        find those gaps.
+        find those gaps, so each attempt runs with busy_timeout at 0.
+
+        With ``lazy_busy`` (a WAL file the store opened itself) busy_timeout
+        stays 0 after the write lock is taken: nothing an immediate
+        transaction runs in WAL mode waits on a lock (COMMIT included), so
+        back-to-back writes pay no PRAGMA at all, and the first statement
+        outside a write (:meth:`restore_busy`, called by every read path)
+        turns it back on. ``keep_busy`` restores it at once, for a
+        transaction that runs the application's own SQL.
         """
-        if not immediate or self.busy_ms <= 0:
-            self.run(sql.BEGIN_IMMEDIATE if immediate else sql.BEGIN_DEFERRED, doing=doing)
-            return
         self.check_open(doing)
         execute = self.connection.execute
-        try:
-            execute(_BUSY_OFF)
-        except sqlite3.Error as exc:
-            raise storage_error(exc, doing) from exc
-        try:
-            end = None
-            nap = 0.0005
-            while True:
-                try:
-                    execute(sql.BEGIN_IMMEDIATE)
-                    return
-                except sqlite3.OperationalError as exc:
-                    if not _is_busy(exc):
-                        raise storage_error(exc, doing) from exc
-                    now = time.monotonic()
-                    if end is None:
-                        end = now + self.busy_ms / 1000
-                    elif now >= end:
-                        raise storage_error(exc, doing) from exc
-                time.sleep(nap)
-                nap = min(nap * 2, 0.004)
-        finally:
+        if not immediate:
+            if self._busy_off:
+                self.restore_busy(doing)
             try:
-                execute(sql.pragma_busy_timeout(self.busy_ms))
+                execute(sql.BEGIN_DEFERRED)
             except sqlite3.Error as exc:
                 raise storage_error(exc, doing) from exc
+            return
+        if self.busy_ms <= 0:
+            # no wait was asked for (busy_timeout is 0 already): one attempt
+            try:
+                execute(sql.BEGIN_IMMEDIATE)
+            except sqlite3.Error as exc:
+                raise storage_error(exc, doing) from exc
+            return
+        try:
+            if not self._busy_off:
+                execute(_BUSY_OFF)
+                self._busy_off = True
+            try:
+                execute(sql.BEGIN_IMMEDIATE)
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise
+                self._poll_begin(exc)
+        except sqlite3.Error as exc:
+            self._restore_after_begin(doing)
+            raise storage_error(exc, doing) from exc
+        except BaseException:  # an interrupt: whether BEGIN ran is unknown
+            self.rollback_quietly()
+            self._restore_after_begin(doing)
+            raise
+        if keep_busy or not self.lazy_busy:
+            self._restore_after_begin(doing)
+
+    def _poll_begin(self, first: sqlite3.OperationalError) -> None:
+        """Retry BEGIN IMMEDIATE in short naps until it succeeds or busy_timeout passes."""
+        execute = self.connection.execute
+        end = time.monotonic() + self.busy_ms / 1000
+        nap = 0.0005
+        failure = first
+        while time.monotonic() < end:
+            time.sleep(nap)
+            nap = min(nap * 2, 0.004)
+            try:
+                execute(sql.BEGIN_IMMEDIATE)
+                return
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise
+                failure = exc
+        raise failure
+
+    def _restore_after_begin(self, doing: str) -> None:
+        if self._busy_off:
+            try:
+                self.restore_busy(doing)
+            except JobsError:
+                self.rollback_quietly()
+                raise
+
+    def busy_is_off(self) -> bool:
+        """Whether a write left busy_timeout at 0 (see :meth:`begin`)."""
+        return self._busy_off
+
+    def restore_busy(self, doing: str) -> None:
+        """Put busy_timeout back after a write left it at 0 (every read path calls this)."""
+        if not self._busy_off:
+            return
+        try:
+            self.connection.execute(sql.pragma_busy_timeout(self.busy_ms))
+        except sqlite3.Error as exc:
+            raise storage_error(exc, doing) from exc
+        self._busy_off = False
 
     def savepoint(self, fn: Callable[[], T], *, doing: str) -> T:
         """Run ``fn`` under a savepoint: its writes land all together or not at all."""
@@ -189,6 +251,20 @@ class Database:
                 self.connection.close()
             except sqlite3.Error as exc:
                 raise storage_error(exc, "closing the database") from exc
+
+
+def _max_variables(connection: sqlite3.Connection) -> int:
+    """The most parameters one statement may bind (SQLITE_LIMIT_VARIABLE_NUMBER).
+
+    Python < 3.11 cannot ask; 999 is the smallest limit any SQLite had.
+    """
+    getlimit = getattr(connection, "getlimit", None)
+    if getlimit is None:  # pragma: no cover - Python 3.10
+        return 999
+    try:
+        return int(getlimit(getattr(sqlite3, "SQLITE_LIMIT_VARIABLE_NUMBER", 9)))
+    except sqlite3.Error:  # a closed connection: every later use says so
+        return 999
 
 
 _BUSY_OFF = sql.pragma_busy_timeout(0)
@@ -236,6 +312,8 @@ class RootScope:
         gate = db.gate
         gate.acquire(what, signal)
         try:
+            if db._busy_off:
+                db.restore_busy(what)
             return fn()
         finally:
             gate.release()

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import sql
 from .codec import (
+    EPOCH,
     check_aware,
     check_text,
     datetime_from_ms,
@@ -38,7 +39,7 @@ from .errors import (
     describe_error,
 )
 from .pages import page_jobs
-from .records import STATES, ClaimedJob, Counts, Job, Lease, NewJob
+from .records import STATES, ClaimedJob, Counts, Job, Lease, NewJob, assemble
 from .rows import claimed_from_row, job_from_row, lease_from_row
 from .runtime import Defaults, ResolvedRuntime, check_positive_int, check_seconds
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
@@ -122,8 +123,9 @@ def _lease_ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
-@dataclass(frozen=True)
-class _Prepared:
+class _Prepared(NamedTuple):
+    """One new job, checked and ready to bind (an ``id`` of None is minted at insert)."""
+
     id: str | None
     kind: str
     payload: str
@@ -131,6 +133,25 @@ class _Prepared:
     delay_ms: int | None
     max_attempts: int
     priority: int
+
+    def run_at(self, now: int) -> int:
+        if self.run_at_ms is not None:
+            return max(self.run_at_ms, now)  # a past run_at runs now, in FIFO order
+        if self.delay_ms is not None:
+            return now + self.delay_ms
+        return now
+
+
+_ROW_PARAMS = 8  # the parameters of one row of sql.ENQUEUE / sql.enqueue_rows
+_BATCH_ROWS = 256  # the most rows one multi-row INSERT carries (a power of two)
+
+
+# NamedTuple's own __new__ is Python code; tuple's is the same, faster
+_new_prepared = tuple.__new__
+
+
+class _Skipped(Exception):
+    """A row of a batch insert was skipped: its id was taken."""
 
 
 @dataclass(frozen=True)
@@ -165,41 +186,54 @@ class JobEngine:
 
     # ------------------------------------------------------------ enqueue
 
-    def _prepare(self, new: NewJob, what: str) -> _Prepared:
-        if not isinstance(new.kind, str):
-            raise TypeError(f"{what}: kind must be a non-empty str, got {type(new.kind).__name__}")
-        kind = check_id(new.kind, f"{what}: kind")
-        job_id = None if new.id is None else check_id(new.id, f"{what}: id")
-        payload = encode_json(new.payload, f"{what}: payload")
-        if new.run_at is not None and new.delay_seconds is not None:
-            raise ValueError(f"{what}: give run_at or delay_seconds, not both")
-        run_at_ms = None
-        if new.run_at is not None:
-            run_at_ms = ms_from_datetime(check_aware(new.run_at, f"{what}: run_at"))
-        delay_ms = None
-        if new.delay_seconds is not None:
-            delay = check_seconds(new.delay_seconds, f"{what}: delay_seconds", allow_zero=True)
-            delay_ms = math.floor(delay * 1000)
-        max_attempts = (
-            self._defaults.max_attempts
-            if new.max_attempts is None
-            else check_positive_int(new.max_attempts, f"{what}: max_attempts")
-        )
-        priority = new.priority
-        if isinstance(priority, bool) or not isinstance(priority, int):
+    def _prepare(
+        self,
+        kind: object,
+        payload: Any,
+        *,
+        job_id: object,
+        run_at: object,
+        delay_seconds: object,
+        max_attempts: object,
+        priority: object,
+        what: str,
+    ) -> _Prepared:
+        """Check one new job's arguments; raises before anything is written."""
+        # the common case (a non-empty ASCII str) is valid as it stands;
+        # everything else takes the full checks, which name what is wrong
+        if type(kind) is not str or not kind or not kind.isascii():
+            if not isinstance(kind, str):
+                raise TypeError(f"{what}: kind must be a non-empty str, got {type(kind).__name__}")
+            kind = check_id(kind, f"{what}: kind")
+        if job_id is not None and (type(job_id) is not str or not job_id or not job_id.isascii()):
+            job_id = check_id(job_id, f"{what}: id")
+        text = "null" if payload is None else encode_json(payload, what, "payload")
+        run_at_ms = delay_ms = None
+        if run_at is not None or delay_seconds is not None:
+            if run_at is not None and delay_seconds is not None:
+                raise ValueError(f"{what}: give run_at or delay_seconds, not both")
+            if run_at is not None:
+                run_at_ms = ms_from_datetime(check_aware(run_at, f"{what}: run_at"))
+            else:
+                delay = check_seconds(delay_seconds, f"{what}: delay_seconds", allow_zero=True)
+                delay_ms = math.floor(delay * 1000)
+        if max_attempts is None:
+            attempts = self._defaults.max_attempts
+        else:
+            attempts = check_positive_int(max_attempts, f"{what}: max_attempts")
+        if type(priority) is not int and (
+            isinstance(priority, bool) or not isinstance(priority, int)
+        ):
             raise TypeError(f"{what}: priority must be an int, got {type(priority).__name__}")
         if not _INT64[0] <= priority <= _INT64[1]:
             raise ValueError(f"{what}: priority must fit in 64 bits, got {priority}")
-        return _Prepared(job_id, kind, payload, run_at_ms, delay_ms, max_attempts, priority)
+        return _new_prepared(
+            _Prepared, (job_id, kind, text, run_at_ms, delay_ms, attempts, priority)
+        )
 
     def _insert(self, prepared: _Prepared, now: int, what: str) -> Job:
         job_id = prepared.id if prepared.id is not None else self._runtime.uuid()
-        if prepared.run_at_ms is not None:
-            run_at = max(prepared.run_at_ms, now)  # a past run_at runs now, in FIFO order
-        elif prepared.delay_ms is not None:
-            run_at = now + prepared.delay_ms
-        else:
-            run_at = now
+        run_at = prepared.run_at(now)
         # one statement: a taken id inserts nothing
         inserted = self._db.changes(
             sql.ENQUEUE,
@@ -221,25 +255,51 @@ class JobEngine:
                 "job's whole life (until it is swept)",
                 job_id=job_id,
             )
-        # the row is exactly what was bound: build the record without reading it back
+        return _new_job(job_id, prepared, run_at, now, _instant(now))
+
+    def _insert_batch(self, prepared: list[_Prepared], now: int, what: str) -> list[Job]:
+        """Insert a batch with multi-row statements (inside the caller's write); all or none.
+
+        The batch goes in under a savepoint. If any row was skipped (a taken
+        id), the savepoint is rolled back and the batch replayed one job at a
+        time from the same state, which raises exactly what one-by-one
+        inserts raise: :class:`DuplicateJob` for the first taken id, in order.
+        """
+        minted = iter(self._runtime.uuids(sum(1 for p in prepared if p.id is None)))
+        ids = [next(minted) if p.id is None else p.id for p in prepared]
+        run_ats = [p.run_at(now) for p in prepared]
+        params: list[Any] = []
+        add = params.extend
+        for job_id, p, run_at in zip(ids, prepared, run_ats, strict=True):
+            add((job_id, p.kind, p.payload, p.priority, run_at, p.max_attempts, now, now))
+        db = self._db
+        # statements of a few fixed sizes (powers of two), each kept prepared
+        largest = _BATCH_ROWS
+        while largest > 1 and largest * _ROW_PARAMS > db.max_variables:
+            largest //= 2
+
+        def insert() -> None:
+            inserted = start = 0
+            size = largest
+            while start < len(ids):
+                while size > len(ids) - start:
+                    size //= 2
+                chunk = params[start * _ROW_PARAMS : (start + size) * _ROW_PARAMS]
+                inserted += db.run(sql.enqueue_rows(size), chunk, doing=what).rowcount
+                start += size
+            if inserted != len(ids):
+                raise _Skipped
+
+        try:
+            db.savepoint(insert, doing=what)
+        except _Skipped:
+            replay = zip(ids, prepared, strict=True)
+            return [self._insert(p._replace(id=job_id), now, what) for job_id, p in replay]
         created = _instant(now)
-        return Job(
-            id=job_id,
-            kind=prepared.kind,
-            payload=decode_json(prepared.payload),
-            state="pending",
-            priority=prepared.priority,
-            attempts=0,
-            max_attempts=prepared.max_attempts,
-            run_at=created if run_at == now else _instant(run_at),
-            lease_until=None,
-            lease_owner=None,
-            lease_generation=0,
-            last_error=None,
-            result=None,
-            created_at=created,
-            updated_at=created,
-        )
+        return [
+            _new_job(job_id, p, run_at, now, created)
+            for job_id, p, run_at in zip(ids, prepared, run_ats, strict=True)
+        ]
 
     def enqueue(
         self,
@@ -261,34 +321,55 @@ class JobEngine:
         """
         what = "enqueue()"
         prepared = self._prepare(
-            NewJob(
-                kind,
-                payload,
-                id=id,
-                run_at=run_at,
-                delay_seconds=delay_seconds,
-                max_attempts=max_attempts,
-                priority=priority,
-            ),
-            what,
+            kind,
+            payload,
+            job_id=id,
+            run_at=run_at,
+            delay_seconds=delay_seconds,
+            max_attempts=max_attempts,
+            priority=priority,
+            what=what,
         )
-        job = self._scope.write(lambda: self._insert(prepared, self._runtime.now_ms(), what), what)
+        now_ms = self._runtime.now_ms
+        job = self._scope.write(lambda: self._insert(prepared, now_ms(), what), what)
         self._scope.after_commit(self._hub.wake)
         return job
 
     def enqueue_many(self, jobs: Iterable[NewJob]) -> list[Job]:
-        """Add many jobs in one transaction: all of them, or (on any refusal) none."""
+        """Add many jobs in one transaction: all of them, or (on any refusal) none.
+
+        Refuses exactly as :meth:`enqueue` would for each item (naming the
+        item), an id named twice in the batch, and an id that exists
+        (:class:`DuplicateJob`, for the first such item in order).
+        """
         what = "enqueue_many()"
         if isinstance(jobs, (str, bytes, Mapping)):
             raise TypeError(f"{what} takes an iterable of NewJob")
         batch = list(jobs)
         prepared: list[_Prepared] = []
+        prepare = self._prepare
+        named = False  # an item with an id came before
+        minted_after_named = False  # an item without one followed it
         for index, new in enumerate(batch):
             if not isinstance(new, NewJob):
                 raise TypeError(
                     f"{what}: item {index} is a {type(new).__name__}, expected jaren_jobs.NewJob"
                 )
-            prepared.append(self._prepare(new, f"{what}: item {index}"))
+            item = prepare(
+                new.kind,
+                new.payload,
+                job_id=new.id,
+                run_at=new.run_at,
+                delay_seconds=new.delay_seconds,
+                max_attempts=new.max_attempts,
+                priority=new.priority,
+                what=f"{what}: item {index}",
+            )
+            prepared.append(item)
+            if item.id is not None:
+                named = True
+            elif named:
+                minted_after_named = True
         ids = [p.id for p in prepared if p.id is not None]
         if len(ids) != len(set(ids)):
             seen: set[str] = set()
@@ -296,10 +377,16 @@ class JobEngine:
             raise DuplicateJob(f"{what}: the batch names id {dup!r} twice", job_id=dup)
         if not prepared:
             return []
+        now_ms = self._runtime.now_ms
 
         def work() -> list[Job]:
-            now = self._runtime.now_ms()
-            return [self._insert(p, now, what) for p in prepared]
+            now = now_ms()
+            if len(prepared) == 1 or minted_after_named:
+                # One by one: a taken id stops the batch before any later id
+                # is minted, so the runtime's uuid() is drawn exactly as often
+                # as one-by-one enqueues would draw it.
+                return [self._insert(p, now, what) for p in prepared]
+            return self._insert_batch(prepared, now, what)
 
         created = self._scope.write(work, what)
         self._scope.after_commit(self._hub.wake)
@@ -329,14 +416,13 @@ class JobEngine:
 
     # ------------------------------------------------------------ claims
 
-    def _claim_params(self, kinds: tuple[str, ...], owner: str, lease_ms: int) -> dict[str, Any]:
+    def _claim_params(
+        self, kinds: tuple[str, ...], owner: str, lease_ms: int, *, token: bool = True
+    ) -> dict[str, Any]:
         now = self._runtime.now_ms()
-        params: dict[str, Any] = {
-            "owner": owner,
-            "until": now + lease_ms,
-            "token": self._runtime.uuid(),
-            "now": now,
-        }
+        params: dict[str, Any] = {"owner": owner, "until": now + lease_ms, "now": now}
+        if token:
+            params["token"] = self._runtime.uuid()
         for index, kind in enumerate(kinds):
             params[f"k{index}"] = kind
         return params
@@ -452,7 +538,15 @@ class JobEngine:
         return ClaimRequest(*self._claim_args(kinds, owner, lease_seconds, "claim_many()"))
 
     def claim_within(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
-        """The claim statements alone, for callers already inside a write: up to ``limit``."""
+        """The claim statements alone, for callers already inside a write: up to ``limit``.
+
+        Jobs come back in claim order, each with its own lease (a fresh token
+        from the runtime, generation + 1, attempts + 1). Past one job this is
+        two statements, not one per job: the candidates in claim order, then
+        one update minting every lease (one more per 256 jobs).
+        """
+        if limit > 1 and sql.MULTI_ROW_UPDATES:
+            return self._claim_batch(request, limit, what)
         statement = sql.claim_next(len(request.kinds))
         claimed: list[ClaimedJob] = []
         for _ in range(limit):
@@ -464,6 +558,26 @@ class JobEngine:
                 break
             claimed.append(claimed_from_row(row))
         return claimed
+
+    def _claim_batch(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
+        kinds = request.kinds
+        params = self._claim_params(kinds, request.owner, request.lease_ms, token=False)
+        params["limit"] = limit
+        candidates = self._db.all(sql.claim_candidates(len(kinds)), params, doing=what)
+        if not candidates:
+            self._remember_empty(kinds, params, what)
+            return []
+        # one fresh token per lease, as many uuid() calls would give
+        tokens = self._runtime.uuids(len(candidates))
+        picked = [(rowid, token) for (rowid, _), token in zip(candidates, tokens, strict=True)]
+        head = (request.owner, params["until"], params["now"])
+        rows: list[tuple[Any, ...]] = []
+        for statement, batch in self._batches(sql.claim_rows, head, picked):
+            rows += self._db.all(statement, batch, doing=what)
+        # RETURNING follows no promised order: put the rows back in claim order
+        place = {job_id: index for index, (_, job_id) in enumerate(candidates)}
+        rows.sort(key=lambda row: place[row[0]])
+        return [claimed_from_row(row) for row in rows]
 
     # ------------------------------------------------------------ the fence
 
@@ -578,6 +692,8 @@ class JobEngine:
     def prepare_complete(self, lease: object, result: Any, what: str) -> tuple[Lease, str]:
         """A completion's checks, before any write: the lease, and the result as JSON."""
         current = self._require_lease(lease, what)
+        if result is None:
+            return current, "null"
         try:
             text = encode_json(result, f"{what}: result")
         except ValueError as exc:
@@ -879,11 +995,138 @@ class JobEngine:
         )
         return True if changed else self._settled_or_raise(lease, now, what)
 
+    def settle_done_many(
+        self, items: Sequence[tuple[Lease, str]], now: int, what: str
+    ) -> list[int | LeaseLost]:
+        """Many completions at once, for callers already inside a write.
+
+        Each item is a lease and its result as JSON text (from
+        :meth:`prepare_complete`). Per item, in input order: ``1`` when this
+        call settled the job (exactly what :meth:`settle_done` writes), ``0``
+        when this same attempt had already settled it (nothing written), or
+        the :class:`LeaseLost` a lone ``complete()`` would raise — returned,
+        not raised. Items naming the same job act as if applied one after
+        another. From four jobs up, one statement settles every fenced item
+        and only the rest are read back, one by one, to say why.
+        """
+        answers: list[int | LeaseLost] = [0] * len(items)
+        first: dict[str, int] = {}  # job id -> index of its first item
+        repeats: list[int] = []
+        for index, (lease, _) in enumerate(items):
+            if lease.job_id in first:
+                repeats.append(index)
+            else:
+                first[lease.job_id] = index
+        if len(first) >= sql.SETTLE_MANY_MIN and sql.MULTI_ROW_UPDATES:
+            firsts = [items[index] for index in first.values()]
+            fenced = [(lease.job_id, lease.token, text) for lease, text in firsts]
+            settled: set[str] = set()
+            for statement, batch in self._batches(sql.settle_done_rows, (now,), fenced):
+                settled.update(row[0] for row in self._db.all(statement, batch, doing=what))
+            for job_id, index in first.items():
+                if job_id in settled:
+                    answers[index] = 1
+                else:
+                    refusal = self._refusal(items[index][0], now, what)
+                    answers[index] = 0 if refusal is None else refusal
+        else:
+            repeats = list(range(len(items)))  # one by one, in input order
+        # a repeat meets the row its earlier items left: strictly after them
+        for index in repeats:
+            lease, text = items[index]
+            answers[index] = self._settle_one(lease, text, now, what)
+        return answers
+
+    def _batches(
+        self,
+        statement: Callable[[int], str],
+        head: tuple[Any, ...],
+        rows: Sequence[tuple[Any, ...]],
+    ) -> Iterator[tuple[str, list[Any]]]:
+        """A batched statement (``sql.*_rows``) and its parameters, per chunk of ``rows``.
+
+        Chunks fill the largest statement size the connection's parameter
+        limit allows; the last is padded with NULL rows up to its size.
+        """
+        width = len(rows[0])
+        largest = sql.BATCH_ROWS
+        while largest > 1 and len(head) + largest * width > self._db.max_variables:
+            largest //= 2
+        for start in range(0, len(rows), largest):
+            chunk = rows[start : start + largest]
+            size = sql.batch_size(len(chunk))
+            params = list(head)
+            for row in chunk:
+                params += row
+            params += [None] * ((size - len(chunk)) * width)
+            yield statement(size), params
+
+    def _settle_one(self, lease: Lease, text: str, now: int, what: str) -> int | LeaseLost:
+        params = {"result": text, "now": now, "id": lease.job_id, "token": lease.token}
+        if self._db.changes(sql.SETTLE_DONE, params, doing=what):
+            return 1
+        refusal = self._refusal(lease, now, what)
+        return 0 if refusal is None else refusal
+
+    def release_within(self, leases: Sequence[Lease], now: int, what: str) -> int:
+        """Hand back leases whose attempts never started, for callers already inside a write.
+
+        Each job still held by exactly that lease (leased, same token, not
+        expired at ``now``) is pending again at once: its lease cleared, the
+        claim's attempt undone (``attempts - 1``), ``run_at`` and the
+        generation kept, so the released lease stays superseded and settles
+        nothing. Leases no longer held are skipped. Returns how many jobs
+        were released. Waking workers after the commit is the caller's call.
+        """
+        held = list(dict.fromkeys((lease.job_id, lease.token) for lease in leases))
+        released = 0
+        if len(held) >= sql.SETTLE_MANY_MIN and sql.MULTI_ROW_UPDATES:
+            for statement, batch in self._batches(sql.release_rows, (now,), held):
+                released += self._db.changes(statement, batch, doing=what)
+            return released
+        for job_id, token in held:
+            params = {"id": job_id, "token": token, "now": now}
+            released += self._db.changes(sql.RELEASE_LEASE, params, doing=what)
+        return released
+
 
 def _instant(ms: int) -> datetime:
+    # one instant remembered (calls a few hundred microseconds apart share
+    # their ms), as one tuple: a thread never sees one call's ms with another's time
+    last_ms, last = _LAST_INSTANT[0]
+    if last_ms == ms:
+        return last
     moment = datetime_from_ms(ms)
     assert moment is not None
+    _LAST_INSTANT[0] = (ms, moment)
     return moment
+
+
+_LAST_INSTANT: list[tuple[int, datetime]] = [(0, EPOCH)]
+
+
+def _new_job(job_id: str, prepared: _Prepared, run_at: int, now: int, created: datetime) -> Job:
+    """The record of a row just inserted at ``now``: exactly what was bound, never read back."""
+    return assemble(
+        Job,
+        {
+            "id": job_id,
+            "kind": prepared.kind,
+            "payload": decode_json(prepared.payload),
+            "state": "pending",
+            "priority": prepared.priority,
+            "attempts": 0,
+            "max_attempts": prepared.max_attempts,
+            "run_at": created if run_at == now else _instant(run_at),
+            "lease_until": None,
+            "lease_owner": None,
+            "lease_generation": 0,
+            "last_error": None,
+            "result": None,
+            "created_at": created,
+            "updated_at": created,
+        },
+    )
 
 
 def _short(value: object) -> str:

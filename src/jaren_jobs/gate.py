@@ -21,6 +21,8 @@ from .signals import FOREIGN_POLL_SECONDS, SignalLike, subscribe
 
 __all__ = ["Gate"]
 
+_get_ident = threading.get_ident
+
 
 class _Waiter:
     __slots__ = ("event", "granted", "thread")
@@ -46,8 +48,16 @@ class Gate:
 
     def acquire(self, what: str, signal: SignalLike | None = None) -> None:
         """Take the gate for ``what`` or raise ``GateRefused`` / ``StoreClosed``."""
-        me = threading.get_ident()
+        me = _get_ident()
         with self._mutex:
+            if (
+                self._owner is None
+                and not self._waiters
+                and not self._closed
+                and (signal is None or not signal.aborted)
+            ):
+                self._owner = me  # free, and nobody queued: the common case
+                return
             if self._closed:
                 raise StoreClosed(f"{what}: the store is closed")
             if self._owner == me:
@@ -106,6 +116,14 @@ class Gate:
             if unsubscribe is not None:
                 unsubscribe()
 
+    def try_acquire(self) -> bool:
+        """Take the gate only if it is free and nobody is queued; never waits or raises."""
+        with self._mutex:
+            if self._owner is None and not self._waiters and not self._closed:
+                self._owner = _get_ident()
+                return True
+            return False
+
     def _refusal(self, signal: SignalLike | None, deadline: float) -> str | None:
         if self._closed:
             return "closed"
@@ -117,9 +135,12 @@ class Gate:
 
     def release(self) -> None:
         with self._mutex:
-            if self._owner != threading.get_ident():
+            if self._owner != _get_ident():
                 raise RuntimeError("the gate is released only by the thread that holds it")
-            self._release_locked()
+            if self._waiters:
+                self._release_locked()
+            else:
+                self._owner = None
 
     def _release_locked(self) -> None:
         if self._waiters:

@@ -29,6 +29,24 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+R = TypeVar("R")
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+def assemble(cls: type[R], fields: dict[str, Any]) -> R:
+    """A record built from a dict holding every one of its fields, already checked.
+
+    For the row mappers, which build thousands of records a second: a frozen
+    dataclass's ``__init__`` sets each field through ``object.__setattr__``
+    and costs more than the whole row's decoding. The result is equal, field
+    for field, to the record ``cls(**fields)`` builds (no record here has a
+    ``__post_init__`` or ``__slots__``; a test holds them to it).
+    """
+    record = _new(cls)
+    _set(record, "__dict__", fields)
+    return record
 
 
 class JobState(str, enum.Enum):

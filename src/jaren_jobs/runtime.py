@@ -8,9 +8,9 @@ clock, ``random`` and ``uuid`` (a ruff banned-API rule keeps it so).
 from __future__ import annotations
 
 import math
+import os
 import random as _random
 import time as _time
-import uuid as _uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -22,9 +22,32 @@ __all__ = ["Defaults", "ResolvedRuntime", "Runtime", "resolve_defaults", "resolv
 _SYSTEM_RANDOM = _random.SystemRandom()
 
 
+_urandom = os.urandom
+_floor = math.floor
+
+
 def _platform_uuid() -> str:
-    # uuid4 reads os.urandom: unguessable, which is what a lease token needs
-    return str(_uuid.uuid4())
+    """A random (version 4) UUID from os.urandom, as ``str(uuid.uuid4())`` would spell it.
+
+    Unguessable, which is what a lease token needs; built from the hex
+    digits directly, at a third of the cost of going through ``uuid.UUID``.
+    """
+    h = _urandom(16).hex()
+    # the version nibble is 4; the variant's top two bits are 10 (8, 9, a or b)
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+
+
+def _platform_uuids(count: int) -> list[str]:
+    """``count`` platform UUIDs from one os.urandom read (16 random bytes each)."""
+    h = _urandom(16 * count).hex()
+    return [
+        f"{h[a : a + 8]}-{h[a + 8 : a + 12]}-4{h[a + 13 : a + 16]}-"
+        f"{_VARIANT[h[a + 16]]}{h[a + 17 : a + 20]}-{h[a + 20 : a + 32]}"
+        for a in range(0, 32 * count, 32)
+    ]
+
+
+_VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
 
 
 @dataclass(frozen=True)
@@ -50,7 +73,17 @@ class ResolvedRuntime:
 
     def now_ms(self) -> int:
         """The clock as integer epoch milliseconds, rounded down."""
-        return math.floor(self.now() * 1000)
+        return _floor(self.now() * 1000)
+
+    def uuids(self, count: int) -> list[str]:
+        """``count`` identifiers, as ``count`` calls of :attr:`uuid` in a row would give.
+
+        The platform default reads its randomness for all of them at once.
+        """
+        if self.uuid is _platform_uuid:
+            return _platform_uuids(count)
+        uuid = self.uuid
+        return [uuid() for _ in range(count)]
 
 
 def resolve_runtime(runtime: Runtime | None) -> ResolvedRuntime:

@@ -9,6 +9,7 @@ is prepared once and reused.
 
 from __future__ import annotations
 
+import sqlite3
 from functools import lru_cache
 
 JOBS = '"_jaren_jobs"'
@@ -97,6 +98,25 @@ ENQUEUE = f"""INSERT INTO {JOBS}
   VALUES (?, ?, ?, 'pending', ?, ?, 0, ?, 0, ?, ?)
   ON CONFLICT (id) DO NOTHING"""
 
+
+@lru_cache(maxsize=16)
+def enqueue_rows(count: int) -> str:
+    """ENQUEUE for ``count`` rows in one statement: ENQUEUE's 8 parameters per row, in order.
+
+    One multi-row INSERT costs SQLite less than ``count`` executions of
+    ENQUEUE. Callers use a few fixed counts, so the connection's statement
+    cache keeps each one prepared.
+    """
+    if count < 1:
+        raise ValueError("a multi-row insert names at least one row")
+    values = ",\n    ".join(["(?, ?, ?, 'pending', ?, ?, 0, ?, 0, ?, ?)"] * count)
+    return f"""INSERT INTO {JOBS}
+  (id, kind, payload, state, priority, run_at, attempts, max_attempts,
+   lease_generation, created_at, updated_at)
+  VALUES {values}
+  ON CONFLICT (id) DO NOTHING"""
+
+
 GET_JOB = f"SELECT {JOB_COLUMNS} FROM {JOBS} WHERE id = ?"
 
 FENCE_ROW = f"""SELECT state, lease_token, lease_until, lease_generation, settled_generation
@@ -131,7 +151,7 @@ def _claimable(kind_count: int, limit: str) -> str:
     kinds = ", ".join(f":k{i}" for i in range(kind_count))
     if kind_count <= _PROBED_KINDS:
         ready = "\n    UNION ALL ".join(
-            f"""SELECT * FROM (SELECT id, priority, run_at, created_at
+            f"""SELECT * FROM (SELECT rowid AS rid, id, priority, run_at, created_at
         FROM {JOBS} INDEXED BY "_jaren_jobs_ready"
         WHERE state IN ('pending', 'failed') AND kind = :k{i} AND run_at <= :now
         ORDER BY {_CLAIM_ORDER} LIMIT {limit})"""
@@ -140,17 +160,89 @@ def _claimable(kind_count: int, limit: str) -> str:
     else:
         # SQLite caps a compound SELECT at 500 terms: past a few dozen kinds,
         # one IN probe of the ready index (sorting the ready rows) replaces them
-        ready = f"""SELECT * FROM (SELECT id, priority, run_at, created_at
+        ready = f"""SELECT * FROM (SELECT rowid AS rid, id, priority, run_at, created_at
         FROM {JOBS} INDEXED BY "_jaren_jobs_ready"
         WHERE state IN ('pending', 'failed') AND kind IN ({kinds}) AND run_at <= :now
         ORDER BY {_CLAIM_ORDER} LIMIT {limit})"""
     return f"""
     {ready}
-    UNION ALL SELECT * FROM (SELECT id, priority, run_at, created_at
+    UNION ALL SELECT * FROM (SELECT rowid AS rid, id, priority, run_at, created_at
         FROM {JOBS} INDEXED BY "_jaren_jobs_leased"
         WHERE state = 'leased' AND lease_until <= :now AND kind IN ({kinds}) AND run_at <= :now
         ORDER BY {_CLAIM_ORDER} LIMIT {limit})
   """
+
+
+# ----------------------------------------------------------------- batched statements
+#
+# A worker claims and settles dozens of jobs per transaction; these
+# statements take a whole batch at once instead of one statement per row.
+# The rows come as a VALUES list of numbered parameters (``?1`` … for the
+# shared values, then each row's), in a few fixed sizes (powers of two, the
+# last rows padded with NULLs that match nothing), so each size is prepared
+# once. Two choices keep SQLite's cost per row below the one-row
+# statements':
+# - OR FAIL. A multi-row UPDATE that may ABORT must be able to undo itself
+#   alone, so SQLite copies every page it touches into a statement journal,
+#   a temp file past 64 KiB: a third of the batch's cost. None of these
+#   statements can break a constraint (every NOT NULL column gets a value),
+#   and OR FAIL says so. Should one fail anyway, the error rolls back the
+#   caller's whole write, as every error does.
+# - VALUES, not json_each(): a virtual table in the statement brings the
+#   statement journal back, whatever the conflict clause.
+# UPDATE … FROM needs SQLite 3.33 (RETURNING, which every claim uses, 3.35);
+# older libraries run the one-row statements row by row (MULTI_ROW_UPDATES).
+
+MULTI_ROW_UPDATES = sqlite3.sqlite_version_info >= (3, 33, 0)
+
+BATCH_ROWS = 256  # the most rows one batched statement carries (a power of two)
+# a batched settlement's fixed cost is about three one-row statements': below
+# this many rows, the one-row statements are cheaper
+SETTLE_MANY_MIN = 4
+
+
+def batch_size(count: int) -> int:
+    """The statement size that carries ``count`` rows (1 ≤ count ≤ BATCH_ROWS)."""
+    return 1 << (count - 1).bit_length()
+
+
+def _values(rows: int, width: int, first: int) -> str:
+    numbers = iter(range(first, first + rows * width))
+    return ", ".join(
+        "(" + ", ".join(f"?{next(numbers)}" for _ in range(width)) + ")" for _ in range(rows)
+    )
+
+
+@lru_cache(maxsize=64)
+def claim_candidates(kind_count: int) -> str:
+    """Up to ``:limit`` claimable ``(rowid, id)`` of ``kind_count`` kinds, in claim order.
+
+    The same index-pinned branches as :func:`claim_next`, each stopping after
+    ``:limit`` entries; only the few candidates are sorted.
+    """
+    if kind_count < 1:
+        raise ValueError("a claim names at least one kind")
+    return f"""SELECT rid, id FROM ({_claimable(kind_count, ":limit")})
+  ORDER BY {_CLAIM_ORDER} LIMIT :limit"""
+
+
+@lru_cache(maxsize=16)
+def claim_rows(rows: int) -> str:
+    """Mint ``rows`` leases: ``?1`` owner, ``?2`` until, ``?3`` now, then (rowid, token) each.
+
+    Each row gets its own token (a token derived from a shared one would be
+    guessable). Rows are found by rowid, stable inside the write transaction
+    that chose them; the claimability guard is repeated, so a stale
+    candidate can never take over a live lease. ``+state`` keeps the plan on
+    the rowid whatever the table's statistics say (never the state index).
+    """
+    return f"""UPDATE OR FAIL {JOBS} SET state = 'leased', lease_owner = ?1, lease_until = ?2,
+    lease_generation = lease_generation + 1, lease_token = picked.column2,
+    settled_generation = NULL, attempts = attempts + 1, updated_at = ?3
+  FROM (VALUES {_values(rows, 2, 4)}) AS picked
+  WHERE {JOBS}.rowid = picked.column1 AND run_at <= ?3
+    AND (+state IN ('pending', 'failed') OR (+state = 'leased' AND lease_until <= ?3))
+  RETURNING {JOB_COLUMNS}"""
 
 
 @lru_cache(maxsize=64)
@@ -172,6 +264,48 @@ RENEW = f"""UPDATE {JOBS} SET lease_until = :until, lease_token = :new_token, up
 SETTLE_DONE = f"""UPDATE {JOBS} SET state = 'done', result = :result, lease_until = NULL,
     lease_token = NULL, settled_generation = lease_generation, updated_at = :now
   WHERE id = :id AND {FENCE}"""
+
+
+@lru_cache(maxsize=16)
+def settle_done_rows(rows: int) -> str:
+    """SETTLE_DONE for ``rows`` items: ``?1`` now, then (id, token, result text) each.
+
+    Each item is fenced by its own token; RETURNING names the rows settled,
+    the rest are diagnosed one by one. Ids must be distinct (a row matched
+    twice is updated once, by either item). ``+state`` keeps the plan on the
+    primary key whatever the table's statistics say: the fence's state term
+    must never turn it into a read of every lease through the state or lease index.
+    """
+    return f"""UPDATE OR FAIL {JOBS} SET state = 'done', result = item.column3,
+    lease_until = NULL, lease_token = NULL, settled_generation = lease_generation,
+    updated_at = ?1
+  FROM (VALUES {_values(rows, 3, 2)}) AS item
+  WHERE {JOBS}.id = item.column1 AND +state = 'leased' AND lease_token = item.column2
+    AND lease_until > ?1
+  RETURNING id"""
+
+
+# A release hands back a lease whose attempt never started (a worker that
+# prefetched more than it could run before stopping): the job is pending
+# again at once, without waiting out the lease, and the claim's attempt is
+# undone, since none was spent. The generation stays, so the released lease
+# stays superseded: it can settle nothing, and the next claim moves on.
+# run_at is kept: the job keeps its place in claim order.
+RELEASE_LEASE = f"""UPDATE {JOBS} SET state = 'pending', lease_until = NULL, lease_token = NULL,
+    lease_owner = NULL, attempts = attempts - 1, settled_generation = NULL, updated_at = :now
+  WHERE id = :id AND {FENCE}"""
+
+
+@lru_cache(maxsize=16)
+def release_rows(rows: int) -> str:
+    """RELEASE_LEASE for ``rows`` leases: ``?1`` now, then (id, token) each, pairs distinct."""
+    return f"""UPDATE OR FAIL {JOBS} SET state = 'pending', lease_until = NULL,
+    lease_token = NULL, lease_owner = NULL, attempts = attempts - 1,
+    settled_generation = NULL, updated_at = ?1
+  FROM (VALUES {_values(rows, 2, 2)}) AS held
+  WHERE {JOBS}.id = held.column1 AND +state = 'leased' AND lease_token = held.column2
+    AND lease_until > ?1"""
+
 
 READ_ATTEMPTS = f"SELECT attempts, max_attempts FROM {JOBS} WHERE id = :id AND {FENCE}"
 

@@ -172,8 +172,25 @@ class Store:
 
     @property
     def connection(self) -> sqlite3.Connection:
-        """The underlying connection (use it only inside ``store.transaction()``)."""
-        return self._db.connection
+        """The underlying connection (use it only inside ``store.transaction()``).
+
+        Its ``busy_timeout`` is the store's, as configured, when it is handed
+        out (unless another thread is using the store at that moment).
+        """
+        db = self._db
+        if db.busy_is_off() and not db.closed:
+            # a write left it at 0 (Database.begin): the application's own
+            # statements wait out a lock as configured. Never wait for the
+            # gate here: a thread holding it restores it itself on its next read.
+            gate = db.gate
+            if gate.held_by_me():
+                db.restore_busy("store.connection")
+            elif gate.try_acquire():
+                try:
+                    db.restore_busy("store.connection")
+                finally:
+                    gate.release()
+        return db.connection
 
     def _create_worker(self, handlers: Mapping[str, Callable[..., Any]], **options: Any) -> Any:
         from .worker import create_worker  # noqa: PLC0415 - the worker layer sits above
@@ -243,7 +260,8 @@ class Store:
                     "start; commit it first",
                     doing=what,
                 )
-            self._db.begin(immediate=True, doing=what)
+            # the application's own statements wait out a lock as configured
+            self._db.begin(immediate=True, doing=what, keep_busy=True)
             self._stack.append(tx)
             try:
                 yield tx
@@ -359,12 +377,18 @@ def open_store(
     db = Database(conn, owns=owns, gate=Gate(gate_timeout))
     try:
         _configure(
-            db, durability=durability, busy_ms=round(busy * 1000), readonly=readonly, memory=memory
+            db,
+            durability=durability,
+            busy_ms=round(busy * 1000),
+            readonly=readonly,
+            memory=memory,
+            owns=owns,
         )
         if readonly:
             require_schema(db)
         else:
             ensure_schema(db)
+            db.restore_busy("opening the store")  # creating the tables may have left it at 0
     except BaseException:
         if owns:
             conn.close()
@@ -374,13 +398,20 @@ def open_store(
 
 
 def _configure(
-    db: Database, *, durability: str, busy_ms: int, readonly: bool, memory: bool
+    db: Database, *, durability: str, busy_ms: int, readonly: bool, memory: bool, owns: bool
 ) -> None:
     what = "configuring the connection"
     db.run(sql.pragma_busy_timeout(busy_ms), doing=what)
     db.busy_ms = busy_ms
     if not memory and not readonly:
         row = db.one(sql.READ_JOURNAL_MODE, doing=what)
-        if row is None or str(row[0]).lower() not in ("wal", "memory"):
-            db.run(sql.SET_WAL, doing=what)
+        mode = None if row is None else str(row[0]).lower()
+        if mode not in ("wal", "memory"):
+            row = db.one(sql.SET_WAL, doing=what)
+            mode = None if row is None else str(row[0]).lower()
+        # In WAL mode nothing inside an immediate transaction waits on a lock,
+        # so writes may leave busy_timeout at 0 between calls (Database.begin).
+        # Not on an application's connection: its own statements, outside the
+        # store, keep the busy_timeout it was given.
+        db.lazy_busy = owns and mode == "wal"
     db.run(sql.pragma_synchronous(durability), doing=what)
