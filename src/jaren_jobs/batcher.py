@@ -28,7 +28,7 @@ lone call, so a ``TypeError`` never reaches the batch.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .engine import ClaimRequest, Failure, JobEngine
@@ -39,22 +39,55 @@ __all__ = ["Settlement", "SettlementBatcher"]
 
 
 class Settlement:
-    """One queued settlement: what to write, and (once committed) its answer."""
+    """One queued settlement: what to write, and (once committed) its answer.
 
-    __slots__ = ("answer", "apply", "changes", "claim", "error", "event", "handed", "lead", "what")
+    ``apply`` runs the fenced statements at time ``now`` (it may raise a
+    refusal); ``done`` marks a plain completion ``(lease, result text)``,
+    which a batch writes with one multi-row statement instead. ``apply`` may
+    be ``None``: a carrier for a claim or a release alone.
+    """
+
+    __slots__ = (
+        "answer",
+        "apply",
+        "changes",
+        "claim",
+        "claim_count",
+        "done",
+        "error",
+        "event",
+        "handed",
+        "job_id",
+        "lead",
+        "release",
+        "what",
+    )
 
     def __init__(
-        self, what: str, apply: Callable[[int], bool], claim: ClaimRequest | None = None
+        self,
+        what: str,
+        apply: Callable[[int], bool] | None,
+        claim: ClaimRequest | None = None,
+        *,
+        claim_count: int = 1,
+        done: tuple[Lease, str] | None = None,
+        job_id: str | None = None,
+        release: Sequence[Lease] = (),
     ) -> None:
         self.what = what
-        self.apply = apply  # runs the fenced statements at time `now`; may raise a refusal
-        # a worker loop's next job, claimed in the same transaction
+        self.apply = apply
+        self.done = done
+        self.job_id = job_id  # the job it settles, if any
+        # a worker loop's next jobs, claimed in the same transaction
         self.claim = claim
-        self.handed: ClaimedJob | None = None
+        self.claim_count = claim_count if claim is not None else 0
+        self.handed: list[ClaimedJob] = []
+        # leases whose attempts never started: handed back in the same transaction
+        self.release = release
         self.answer = False
         self.error: BaseException | None = None
         self.changes = 0  # rows this settlement's statements changed (0: already settled)
-        self.event: threading.Event | None = None  # only a queued call waits on one
+        self.event: threading.Event | None = None  # only a queued group waits on one
         self.lead = False  # set by the previous leader: this call writes the next batch
 
     def result(self) -> bool:
@@ -120,15 +153,14 @@ class SettlementBatcher:
         """Complete, and return the committed :class:`Settlement` (answer and changes).
 
         With ``claim``, the same transaction also claims one job for the
-        caller (``settlement.handed``, ``None`` when nothing was claimable):
+        caller (``settlement.handed``, empty when nothing was claimable):
         the next job of a worker loop costs no transaction of its own.
         """
-        what = "complete()"
-        current, text = self._engine.prepare_complete(lease, result, what)
-        engine = self._engine
-        return self._submit(
-            Settlement(what, lambda now: engine.settle_done(current, text, now, what), claim)
-        )
+        item = self.completion(lease, result)
+        if claim is not None:
+            item.claim, item.claim_count = claim, 1
+        self.submit([item])
+        return item
 
     def settle_fail(
         self,
@@ -141,6 +173,42 @@ class SettlementBatcher:
         claim: ClaimRequest | None = None,
     ) -> Settlement:
         """Fail, and return the committed :class:`Settlement` (see :meth:`settle_complete`)."""
+        item = self.failure(
+            lease,
+            error,
+            retry=retry,
+            backoff_base_seconds=backoff_base_seconds,
+            backoff_cap_seconds=backoff_cap_seconds,
+        )
+        if claim is not None:
+            item.claim, item.claim_count = claim, 1
+        self.submit([item])
+        return item
+
+    # ------------------------------------------------------------ groups
+
+    def completion(self, lease: Lease, result: Any = None) -> Settlement:
+        """A checked, unsubmitted completion (``TypeError`` for a result JSON cannot carry)."""
+        what = "complete()"
+        current, text = self._engine.prepare_complete(lease, result, what)
+        engine = self._engine
+        return Settlement(
+            what,
+            lambda now: engine.settle_done(current, text, now, what),
+            done=(current, text),
+            job_id=current.job_id,
+        )
+
+    def failure(
+        self,
+        lease: Lease,
+        error: object,
+        *,
+        retry: bool = True,
+        backoff_base_seconds: float | None = None,
+        backoff_cap_seconds: float | None = None,
+    ) -> Settlement:
+        """A checked, unsubmitted failure (see :meth:`completion`)."""
         what = "fail()"
         failure: Failure = self._engine.prepare_fail(
             lease,
@@ -151,28 +219,35 @@ class SettlementBatcher:
             what=what,
         )
         engine = self._engine
-        return self._submit(
-            Settlement(what, lambda now: engine.settle_fail(failure, now, what), claim)
+        return Settlement(
+            what, lambda now: engine.settle_fail(failure, now, what), job_id=failure.lease.job_id
         )
 
-    # ------------------------------------------------------------ leader / follower
+    def submit(self, group: list[Settlement]) -> list[Settlement]:
+        """Write ``group`` in one transaction (shared with whatever else is queued).
 
-    def _submit(self, item: Settlement) -> Settlement:
+        Returns once the commit that made every item of the group durable
+        has happened; each item then holds its own answer or refusal. The
+        group is never split between transactions, except when its batch
+        fails as a whole and each item is retried alone.
+        """
+        if not group:
+            return group
         with self._lock:
             follower = self._leading
             if follower:
-                item.event = event = threading.Event()
-                self._queue.append(item)
+                group[0].event = event = threading.Event()
+                self._queue.extend(group)
             else:
                 self._leading = True
         if follower:
             event.wait()
-            if not item.lead:
-                return item  # a leader committed it
-            with self._lock:  # promoted: write everything queued, this call included
+            if not group[0].lead:
+                return group  # a leader committed it
+            with self._lock:  # promoted: write everything queued, this group included
                 batch, self._queue = self._queue, []
         else:
-            batch = [item]
+            batch = group
         try:
             self._write(batch)
         finally:
@@ -183,13 +258,16 @@ class SettlementBatcher:
                     successor.lead = True
                 else:
                     self._leading = False
-                self.settled += len(batch)
+                self.settled += sum(1 for item in batch if item.apply is not None)
+            first = group[0]
             for other in batch:
-                if other.event is not None and other is not item:
+                if other.event is not None and other is not first:
                     other.event.set()
             if successor is not None and successor.event is not None:
                 successor.event.set()
-        return item
+        return group
+
+    # ------------------------------------------------------------ writing
 
     def _write(self, batch: list[Settlement]) -> None:
         """One transaction for the batch; on failure, each settlement alone."""
@@ -216,22 +294,60 @@ class SettlementBatcher:
         runtime = engine.runtime
 
         def work() -> None:
-            wanting: dict[ClaimRequest, list[Settlement]] = {}
             for item in batch:
-                item.answer, item.error, item.handed = False, None, None
+                item.answer, item.error, item.handed = False, None, []
+            rest = self._settle_done_together(batch, runtime.now_ms())
+            for item in rest:
+                if item.apply is None:
+                    continue
                 before = connection.total_changes
                 try:
                     item.answer = item.apply(runtime.now_ms())
                 except LeaseLost as refusal:
                     item.error = refusal  # fenced out: it wrote nothing
                 item.changes = connection.total_changes - before
-                if item.claim is not None:
+            releasing = [lease for item in batch for lease in item.release]
+            if releasing:
+                engine.release_within(releasing, runtime.now_ms(), "releasing unstarted jobs")
+            # the jobs each caller asked for, in its order: each starts them
+            # as soon as it is answered
+            wanting: dict[ClaimRequest, list[Settlement]] = {}
+            for item in batch:
+                if item.claim is not None and item.claim_count > 0:
                     wanting.setdefault(item.claim, []).append(item)
-            # one job for each caller that asked: each starts it as soon as it is answered
             for request, items in wanting.items():
-                jobs = engine.claim_within(request, len(items), "claim()")
-                for item, job in zip(items, jobs, strict=False):  # fewer jobs than asked: None
-                    item.handed = job
+                total = sum(item.claim_count for item in items)
+                jobs = engine.claim_within(request, total, "claim()")
+                at = 0
+                for item in items:
+                    item.handed = jobs[at : at + item.claim_count]
+                    at += item.claim_count
 
         engine.scope.write(work, batch[0].what if len(batch) == 1 else "settling (group commit)")
         self.batches += 1
+
+    def _settle_done_together(self, batch: list[Settlement], now: int) -> list[Settlement]:
+        """Plain completions in one multi-row statement; returns the items still to apply.
+
+        Only when that cannot change an answer: a job named twice, or named
+        by a failure too, is applied item by item in queue order.
+        """
+        named: dict[str, int] = {}
+        for item in batch:
+            if item.job_id is not None:
+                named[item.job_id] = named.get(item.job_id, 0) + 1
+        dones = [
+            item for item in batch if item.done is not None and named[item.done[0].job_id] == 1
+        ]
+        if len(dones) < 2:
+            return batch
+        answers = self._engine.settle_done_many(
+            [item.done for item in dones if item.done is not None], now, "complete()"
+        )
+        for item, answer in zip(dones, answers, strict=True):
+            if isinstance(answer, LeaseLost):
+                item.error = answer
+            else:
+                item.answer, item.changes = True, answer
+        together = set(map(id, dones))
+        return [item for item in batch if id(item) not in together]

@@ -45,17 +45,20 @@ class SignalLike(Protocol):
 class Signal:
     """A waitable, subscribable cancellation signal (read side of a scope)."""
 
-    __slots__ = ("_callbacks", "_event", "_lock", "_reason")
+    __slots__ = ("_aborted", "_callbacks", "_event", "_lock", "_reason")
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._aborted = False
+        # built on the first wait: most signals (one per worker attempt) are
+        # never waited on, and an Event costs a Condition and two locks
+        self._event: threading.Event | None = None
         self._lock = threading.Lock()
         self._reason: Any = None
         self._callbacks: list[Callable[[], None]] = []
 
     @property
     def aborted(self) -> bool:
-        return self._event.is_set()
+        return self._aborted
 
     @property
     def reason(self) -> Any:
@@ -63,12 +66,20 @@ class Signal:
 
     def wait(self, timeout_seconds: float | None = None) -> bool:
         """Block until aborted or the timeout passes; True once aborted."""
-        return self._event.wait(timeout_seconds)
+        if self._aborted:
+            return True
+        with self._lock:
+            if self._aborted:
+                return True
+            event = self._event
+            if event is None:
+                event = self._event = threading.Event()
+        return event.wait(timeout_seconds)
 
     def add_callback(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback`` once on abort (at once if already aborted); returns an unsubscriber."""
         with self._lock:
-            if not self._event.is_set():
+            if not self._aborted:
                 self._callbacks.append(callback)
 
                 def remove() -> None:
@@ -82,10 +93,12 @@ class Signal:
 
     def _abort(self, reason: Any) -> bool:
         with self._lock:
-            if self._event.is_set():
+            if self._aborted:
                 return False
             self._reason = reason
-            self._event.set()
+            self._aborted = True
+            if self._event is not None:
+                self._event.set()
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             _safe_call(callback)

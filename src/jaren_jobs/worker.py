@@ -2,29 +2,26 @@
 
 Shape of one worker:
 
-* ``concurrency`` loop threads, each repeating :meth:`Worker.run_once` and
-  sleeping on a condition variable between empty claims until the poll
-  interval passes or an in-process enqueue wakes it;
-* ONE renewal scheduler thread (a heap of due times under a condition
-  variable), renewing each running attempt's lease every ``lease_seconds/3``;
+* ``concurrency`` loop threads, each leasing a batch of jobs, running their
+  handlers one after another, and sleeping on a condition variable between
+  empty claims until the poll interval passes or an in-process enqueue wakes
+  it. A batch is sized from the handlers' measured running time, so that
+  every job of it starts within a short horizon (see ``_batch_size``);
+* ONE settling thread: each returned attempt is posted to it, and it commits
+  whatever was posted while it wrote last, in one transaction (through a
+  :class:`~jaren_jobs.batcher.SettlementBatcher`, so each settlement is
+  fenced on its own and answered only after the commit);
+* ONE renewal thread, which wakes every quarter of the renewal period while
+  attempts are in flight and renews the leases that have fallen due;
 * every database operation the worker itself starts (claims, renewals,
   settlements, the handlers' checkpoint stores) runs through a tracked root
   scope, so :meth:`Worker.stop` can bar new ones and wait out the running
   ones: when ``stop()`` returns, nothing the worker started still touches
   the store.
 
-Batching, so that ``synchronous=FULL`` costs an fsync per batch rather than
-per job:
-
-* loops that want a job at the same moment share one claim transaction,
-  which leases exactly one job per waiting loop (never more: no lease is
-  taken for work no loop can start now);
-* settlements go through a :class:`~jaren_jobs.batcher.SettlementBatcher`:
-  concurrent completions and failures share one transaction, each fenced on
-  its own and answered only after the commit;
-* a loop's settlement also claims that loop's next job in the same
-  transaction (unless the worker is stopping), so a busy loop pays one
-  commit per job, shared with its peers.
+Jobs a loop leased and did not start (the worker is stopping, or a slow job
+overran the batch's time budget) are handed back with a fenced release that
+spends no attempt. :meth:`Worker.run_once` works on one job, synchronously.
 
 Each attempt has exactly one :class:`~jaren_jobs.records.Outcome`:
 ``completed``, ``failed``, ``cancelled`` or ``lost``.
@@ -32,7 +29,6 @@ Each attempt has exactly one :class:`~jaren_jobs.records.Outcome`:
 
 from __future__ import annotations
 
-import heapq
 import inspect
 import itertools
 import logging
@@ -44,11 +40,11 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
-from .batcher import SettlementBatcher
+from .batcher import Settlement, SettlementBatcher
 from .checkpoints import CheckpointStore
 from .codec import check_text
 from .db import Database, RootScope
-from .engine import ClaimRequest, EngineHub, JobEngine
+from .engine import EngineHub, JobEngine
 from .errors import (
     GateRefused,
     JobsError,
@@ -70,6 +66,19 @@ Phase = Literal["completion", "failure"]
 
 _log = logging.getLogger("jaren_jobs")
 _worker_numbers = itertools.count(1)
+
+# the most jobs one loop leases at once
+_MAX_BATCH = 64
+# how long a leased job may wait for its loop, at most (and never more than a
+# tenth of the lease): a loop's batch is what it can start within this
+_HORIZON_SECONDS = 0.02
+
+_COUNTERS = {
+    "completed": "completions",
+    "failed": "failures",
+    "cancelled": "cancellations",
+    "lost": "lost_settlements",
+}
 
 
 class WorkerStopped(StoreClosed):
@@ -96,16 +105,22 @@ class JobContext:
       promptly when it fires (``ctx.signal.wait(t)`` blocks until it does).
     """
 
-    __slots__ = ("_attempt", "checkpoints", "job", "owner", "signal")
+    __slots__ = ("_attempt", "_checkpoints", "_engine", "job", "owner", "signal")
 
-    def __init__(
-        self, attempt: _Attempt, checkpoints: CheckpointStore, signal: Signal, owner: str
-    ) -> None:
+    def __init__(self, attempt: _Attempt, engine: JobEngine, signal: Signal, owner: str) -> None:
         self._attempt = attempt
+        self._engine = engine
+        self._checkpoints: CheckpointStore | None = None
         self.job: ClaimedJob = attempt.claimed
-        self.checkpoints = checkpoints
         self.signal = signal
         self.owner = owner
+
+    @property
+    def checkpoints(self) -> CheckpointStore:
+        """The attempt's checkpoint store (built on first use: most handlers never need one)."""
+        if self._checkpoints is None:
+            self._checkpoints = _AttemptCheckpoints(self._engine, self._attempt)
+        return self._checkpoints
 
     @property
     def lease(self) -> Lease:
@@ -121,7 +136,6 @@ class _Attempt:
 
     __slots__ = (
         "cancelled",
-        "chain",
         "claimed",
         "ended",
         "key",
@@ -129,9 +143,8 @@ class _Attempt:
         "lease_lock",
         "lease_seq",
         "lost",
-        "next_job",
+        "renew_at",
         "scope",
-        "unsubscribe",
     )
 
     def __init__(self, claimed: ClaimedJob, key: int, lease_seq: int) -> None:
@@ -147,11 +160,7 @@ class _Attempt:
         self.cancelled = False
         self.lost: LeaseLost | None = None
         self.ended = False  # no renewal once set
-        self.unsubscribe: Callable[[], None] = _noop
-        # a loop's attempt asks its settlement to claim the loop's next job in
-        # the same transaction; that job is handed back here
-        self.chain = False
-        self.next_job: ClaimedJob | None = None
+        self.renew_at = 0.0  # time.monotonic() when the lease is next renewed
 
     @property
     def job_id(self) -> str:
@@ -162,6 +171,50 @@ class _Attempt:
         # outcome is a cancellation, whatever its handler does next
         self.cancelled = True
         self.scope.abort(reason)
+
+
+# an attempt whose handler returned: (attempt, the exception it raised, its result)
+_Ran = tuple[_Attempt, Exception | None, Any]
+
+
+class _Batch:
+    """A loop's leased jobs, taken one at a time; the renewal thread may take the rest back."""
+
+    __slots__ = ("jobs", "lock", "stalled", "started", "taken")
+
+    def __init__(self, jobs: list[ClaimedJob]) -> None:
+        self.jobs = jobs
+        self.lock = threading.Lock()
+        self.stalled = False  # the renewal thread took the rest back
+        self.taken = 0
+        self.started = time.monotonic()  # when the job running now started
+
+    def take(self) -> ClaimedJob | None:
+        with self.lock:
+            if self.taken >= len(self.jobs):
+                return None
+            job = self.jobs[self.taken]
+            self.taken += 1
+            self.started = time.monotonic()
+            return job
+
+    def take_rest(self) -> list[ClaimedJob]:
+        with self.lock:
+            rest = self.jobs[self.taken :]
+            self.taken = len(self.jobs)
+            return rest
+
+
+class _Entry:
+    """One returned attempt on its way to an outcome: its settlement, or the outcome at once."""
+
+    __slots__ = ("attempt", "error", "item", "outcome")
+
+    def __init__(self, attempt: _Attempt, error: Exception | None) -> None:
+        self.attempt = attempt
+        self.error = error  # what the attempt is failed with (None: it completes)
+        self.item: Settlement | None = None
+        self.outcome: Outcome | None = None  # decided without a write (cancelled, lost)
 
 
 class _AttemptCheckpoints(CheckpointStore):
@@ -234,17 +287,31 @@ class _TrackedScope(RootScope):
 
 
 class _Renewals:
-    """One thread renewing every running attempt's lease: a heap of due times."""
+    """One thread renewing every running attempt's lease when it falls due.
 
-    def __init__(self, name: str, renew: Callable[[_Attempt], None]) -> None:
+    Every attempt of a worker renews on the same period, so rather than one
+    timer per attempt the thread wakes every quarter period while attempts
+    are in flight, and renews those whose ``renew_at`` has passed (a renewal
+    is at most a quarter period late, well inside the lease's remaining two
+    thirds). Starting an attempt costs one assignment, not a timer.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        renew: Callable[[_Attempt], None],
+        due: Callable[[float], list[_Attempt]],
+        busy: Callable[[], bool],
+        tick_seconds: float,
+    ) -> None:
         self._name = name
         self._renew = renew
+        self._due = due  # the attempts whose renewal has fallen due by then
+        self._busy = busy  # whether any attempt is in flight
+        self._tick = tick_seconds
         self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, _Attempt]] = []
-        self._order = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopped = False
-        self._finished = 0  # entries of ended attempts still in the heap (roughly)
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -257,33 +324,15 @@ class _Renewals:
             self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
             self._thread.start()
 
-    def schedule(self, attempt: _Attempt, delay_seconds: float) -> None:
+    def wake(self) -> None:
+        """An attempt started while none was in flight: the thread starts ticking."""
         with self._cond:
-            if self._stopped:
-                return
-            due = time.monotonic() + delay_seconds
-            heapq.heappush(self._heap, (due, next(self._order), attempt))
-            if self._heap[0][2] is attempt:
-                # only a new earliest entry changes how long the thread sleeps;
-                # waking it for every later one costs a context switch per job
-                self._cond.notify()
-
-    def discard(self, attempt: _Attempt) -> None:
-        """The attempt ended: drop its entry soon, so a busy worker's heap holds no dead jobs."""
-        with self._cond:
-            self._finished += 1
-            # an ended attempt's entry keeps its job (payload and all) alive
-            # until it is due or dropped here: drop them often
-            if self._finished > 8 and self._finished * 2 > len(self._heap):
-                self._heap = [entry for entry in self._heap if not entry[2].ended]
-                heapq.heapify(self._heap)
-                self._finished = 0
+            self._cond.notify()
 
     def stop(self, timeout_seconds: float) -> bool:
         """Disarm every renewal and join the thread; False if it did not exit in time."""
         with self._cond:
             self._stopped = True
-            self._heap.clear()
             self._cond.notify_all()
             thread = self._thread
         if thread is None or thread is threading.current_thread():
@@ -294,23 +343,21 @@ class _Renewals:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while True:
+                if self._stopped:
+                    return
+                # idle: sleep until an attempt starts (wake() is called under
+                # this lock after the attempt is registered: no lost wake-up)
+                self._cond.wait(self._tick if self._busy() else None)
+                if self._stopped:
+                    return
+            for attempt in self._due(time.monotonic()):
+                with self._cond:
                     if self._stopped:
                         return
-                    if not self._heap:
-                        self._cond.wait()
-                        continue
-                    left = self._heap[0][0] - time.monotonic()
-                    if left <= 0:
-                        attempt = heapq.heappop(self._heap)[2]
-                        break
-                    self._cond.wait(left)
-            if attempt.ended or attempt.lost is not None:
-                continue
-            try:
-                self._renew(attempt)
-            except Exception:  # a bug here must not end every other renewal
-                _log.exception("jaren_jobs: a lease renewal raised unexpectedly")
+                try:
+                    self._renew(attempt)
+                except Exception:  # a bug here must not end every other renewal
+                    _log.exception("jaren_jobs: a lease renewal raised unexpectedly")
 
 
 class Worker:
@@ -362,6 +409,9 @@ class Worker:
         # database operations at all (stop() finished draining)
         self._halt = CancelScope()
         self._bar = CancelScope()
+        # one subscription for every attempt: an attempt registers before it
+        # checks the halt, so each is aborted either by this or by _begin
+        self._halt.signal.add_callback(self._abort_attempts)
         self._claims_scope = _TrackedScope(self._db, self, self._halt.signal)
         self._control_scope = _TrackedScope(self._db, self, self._bar.signal)
         # the worker's own engine views: root-gated and tracked, even when
@@ -374,7 +424,13 @@ class Worker:
         self._claim_request = self._control.claim_request(
             self._kinds, owner=owner, lease_seconds=lease_seconds
         )
-        self._renewals = _Renewals(f"{self._name}-renewals", self._renew_attempt)
+        self._renewals = _Renewals(
+            f"{self._name}-renewals",
+            self._renew_attempt,
+            self._renewals_due,
+            lambda: bool(self._attempts),
+            self._renew_every / 4,
+        )
 
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -384,6 +440,19 @@ class Worker:
         self._attempts: dict[int, _Attempt] = {}
         self._claim_lock = threading.Lock()
         self._claimed: deque[ClaimedJob] = deque()  # leased for loops waiting on the lock
+        # leased and not started yet, by id(job): (lease order, time.monotonic() of the claim, job)
+        self._held: dict[int, tuple[int, float, ClaimedJob]] = {}
+        self._horizon = min(lease_seconds / 10, _HORIZON_SECONDS)
+        self._budget = 4 * self._horizon  # past it, a batch hands back what it has not started
+        self._spent: float | None = None  # moving average of a handler's running time
+        self._ramp = 1  # the batch size grows by doubling, up to _MAX_BATCH
+        self._batches: set[_Batch] = set()  # the loops' batches of more than one job
+        # returned attempts the loops posted for the settling thread
+        self._posted: list[_Entry] = []
+        self._posting = threading.Condition(self._lock)
+        self._settler: threading.Thread | None = None
+        self._settler_waiting = False
+        self._settler_done = False
         self._wanting = 0  # loops inside _claim()
         self._threads: list[threading.Thread] = []
         self._stepping: set[int] = set()  # ident of each thread inside a step
@@ -440,9 +509,11 @@ class Worker:
     def leases(self) -> list[Lease]:
         """The leases this worker holds now, newest first (a renewal makes a lease newest)."""
         with self._lock:
-            attempts = list(self._attempts.values())
-        attempts.sort(key=lambda a: a.lease_seq, reverse=True)
-        return [a.lease for a in attempts]
+            held = [(a.lease_seq, a.lease) for a in self._attempts.values()]
+            # leased with a loop's batch and not started yet: held all the same
+            held.extend((seq, job.lease) for seq, _, job in self._held.values())
+        held.sort(key=lambda entry: entry[0], reverse=True)
+        return [lease for _, lease in held]
 
     def start(self) -> Worker:
         """Start the loop threads (and the renewal scheduler). Returns the worker.
@@ -462,6 +533,11 @@ class Worker:
             threading.Thread(target=self._loop, name=f"{self._name}-loop-{i}", daemon=True)
             for i in range(1, self.concurrency + 1)
         ]
+        settler = threading.Thread(
+            target=self._settle_posted, name=f"{self._name}-settler", daemon=True
+        )
+        settler.start()
+        self._settler = settler  # before any loop runs: loops post only once it exists
         with self._lock:
             # a stop() racing this start() must not leave a waker behind
             if not self._stopped:
@@ -538,6 +614,7 @@ class Worker:
                     self._cond.wait(left)
                 undrained = self._busy
             if first:
+                self._release_unstarted()
                 self._quiesce()
             return StopOutcome(drained=undrained == 0, in_flight=undrained)
 
@@ -573,7 +650,7 @@ class Worker:
         with self._lock:
             # a loop thread, or any thread inside run_once() (its handler or observer)
             own = current in self._threads or current.ident in self._stepping
-        return own or current is self._renewals.thread
+        return own or current is self._renewals.thread or current is self._settler
 
     def _stopped_error(self, what: str) -> WorkerStopped:
         return WorkerStopped(
@@ -590,6 +667,26 @@ class Worker:
             owner=self.owner,
         )
 
+    def _release_unstarted(self) -> None:
+        """Hand back the jobs leased for loops that will not start them: no attempt is spent."""
+        with self._lock:
+            jobs = list(self._claimed)
+            self._claimed.clear()
+            for job in jobs:
+                self._held.pop(id(job), None)
+        if not jobs:
+            return
+        carrier = Settlement("stop()", None, release=[job.lease for job in jobs])
+        self._settlements.submit([carrier])
+        if carrier.error is not None:  # their leases expire instead
+            _log.warning(
+                "jaren_jobs: worker %r: handing back %d unstarted job(s) failed; their leases "
+                "will expire: %s",
+                self.owner,
+                len(jobs),
+                carrier.error,
+            )
+
     def _quiesce(self) -> None:
         # 1. bar: no new worker-started operation; abandon queued ones
         with self._cond:
@@ -600,7 +697,17 @@ class Worker:
         #    tracked I/O, so it ends within the gate's bound)
         if not self._renewals.stop(bound):
             _log.error("jaren_jobs: worker %r: the renewal scheduler did not exit", self.owner)
-        # 3. no worker-started database operation still running
+        # 3. the settling thread exits once what was posted has its outcome
+        #    (a settlement the bar refused is a lost outcome, at once)
+        with self._lock:
+            self._settler_done = True
+            self._posting.notify_all()
+        settler = self._settler
+        if settler is not None and settler is not threading.current_thread():
+            settler.join(bound)
+            if settler.is_alive():
+                _log.error("jaren_jobs: worker %r: the settling thread did not exit", self.owner)
+        # 4. no worker-started database operation still running
         deadline = time.monotonic() + bound
         with self._cond:
             while self._io > 0:
@@ -698,13 +805,14 @@ class Worker:
             self._busy += 1
             self._stepping.add(me)
         try:
-            claimed = self._claim()
-            if claimed is None:
+            jobs = self._claim(self._batch_size() if chain else 1)
+            if not jobs:
                 return False
-            # a job handed back by a settlement was claimed while this step was
-            # under way: it is run here, still counted busy, even if stop() began
-            while claimed is not None:
-                claimed = self._run(claimed, chain=chain)
+            # jobs handed back by a settlement were claimed while this step was
+            # under way: the first runs here, still counted busy, even if
+            # stop() began (the rest of a batch is handed back unstarted)
+            while jobs:
+                jobs = self._run_batch(jobs, chain=chain)
             return True
         finally:
             with self._cond:
@@ -712,33 +820,50 @@ class Worker:
                 self._stepping.discard(me)
                 self._cond.notify_all()
 
-    def _claim(self) -> ClaimedJob | None:
-        # Loops that want a job at the same time share one claim transaction:
-        # whoever holds the claim lock leases one job for every loop waiting
-        # for one (never more: a lease is taken only for a loop that starts
-        # it at once), keeps one and leaves the rest to the waiting loops.
+    def _batch_size(self) -> int:
+        """How many jobs a loop leases at once: as many as it can start within the horizon.
+
+        Sized from the handlers' measured running time (a moving average),
+        and grown by doubling, so that a queue of slow jobs is never leased
+        in bulk by one loop while other workers could run them.
+        """
+        spent = self._spent
+        if spent is None:
+            return 1
+        fits = int(self._horizon / max(spent, 1e-6))
+        return max(1, min(_MAX_BATCH, fits, self._ramp))
+
+    def _claim(self, limit: int) -> list[ClaimedJob]:
+        # Loops that want jobs at the same time share one claim transaction:
+        # whoever holds the claim lock leases a batch for every loop waiting
+        # for one, keeps its own and leaves the rest to the waiting loops.
         with self._lock:
             self._wanting += 1
         try:
             with self._claim_lock:
                 with self._lock:
                     if self._claimed:
-                        return self._claimed.popleft()
+                        count = min(limit, len(self._claimed))
+                        return [self._claimed.popleft() for _ in range(count)]
                     wanted = self._wanting
                 batch = self._claims.claim_many(
-                    self._kinds, owner=self.owner, limit=wanted, lease_seconds=self.lease_seconds
+                    self._kinds,
+                    owner=self.owner,
+                    limit=min(wanted * limit, _MAX_BATCH * 2),
+                    lease_seconds=self.lease_seconds,
                 )
                 if not batch:
-                    return None
+                    return []
+                self._hold(batch)
                 with self._lock:
-                    self._claimed.extend(batch[1:])
-                return batch[0]
+                    self._claimed.extend(batch[limit:])
+                return batch[:limit]
         except WorkerStopped:
-            return None  # the stop abandoned it: not an error
+            return []  # the stop abandoned it: not an error
         except StoreClosed as exc:
             _log.error("jaren_jobs: worker %r: the store is closed; halting (%s)", self.owner, exc)
             self._halt_for(exc)
-            return None
+            return []
         except JobsError as exc:
             with self._lock:
                 self._counts["claim_errors"] += 1
@@ -747,95 +872,169 @@ class Worker:
                 self.owner,
                 exc,
             )
-            return None
+            return []
         finally:
             with self._lock:
                 self._wanting -= 1
 
-    # ------------------------------------------------------------ one attempt
+    def _hold(self, jobs: list[ClaimedJob]) -> None:
+        """Record leases taken but not yet started: leases() lists them."""
+        at = time.monotonic()
+        with self._lock:
+            for job in jobs:
+                self._held[id(job)] = (next(self._lease_seqs), at, job)
 
-    def _run(self, claimed: ClaimedJob, *, chain: bool = False) -> ClaimedJob | None:
-        """Run one attempt to its outcome; returns the next job its settlement claimed."""
-        attempt = self._begin(claimed)
-        attempt.chain = chain
-        ctx = JobContext(
-            attempt,
-            _AttemptCheckpoints(self._control, attempt),
-            attempt.scope.signal,
-            self.owner,
-        )
-        outcome: Outcome | None = None
+    # ------------------------------------------------------------ attempts
+
+    def _run_batch(self, jobs: list[ClaimedJob], *, chain: bool) -> list[ClaimedJob]:
+        """Run a loop's leased jobs one after another.
+
+        On a started worker's loop each returned attempt goes to the settling
+        thread at once, which commits it (with whatever else is ready) while
+        the loop runs the next job; under :meth:`run_once` the attempts are
+        settled here. Returns the jobs claimed for the loop's next batch. A
+        job of the batch that has not started when the worker halts, or when
+        the batch has overrun its time budget (a job far slower than the
+        average), is released unstarted: no attempt is spent.
+        """
+        ran: list[_Ran] = []
+        rest: list[ClaimedJob] = []
+        batch = _Batch(jobs)
+        deadline = time.monotonic() + self._budget
+        overran = False
+        if len(jobs) > 1:
+            with self._lock:
+                self._batches.add(batch)
         try:
-            if self._barred:
-                # a claim that landed while stop() quiesced: it could never
-                # settle, so its handler does not start at all
-                outcome = self._outcome(
-                    attempt,
-                    "lost",
-                    code=WorkerStopped.code,
-                    reason="the worker stopped before this attempt could run; its lease will "
-                    "expire and the job will be re-claimed",
-                )
-                return None
-            handler = self._handlers[claimed.kind]
-            try:
-                if isinstance(claimed.payload, CorruptJson):
-                    # a row written outside the library: the handler could only
-                    # misread it, so the attempt fails (and dead-letters after
-                    # its attempts) with an error that names the row
-                    raise StorageError(
-                        f"job {claimed.id!r} holds a payload that is not JSON "
-                        f"({claimed.payload.error}); it was written outside jaren_jobs — "
-                        "fix the row and requeue the job, or cancel it",
-                        job_id=claimed.id,
-                    )
-                result = handler(claimed.payload, ctx)
-            except Exception as exc:
-                outcome = self._settle(attempt, exc, None)
-            except BaseException as exc:
-                outcome = self._abandon(attempt, exc)
-                raise
-            else:
-                outcome = self._settle(attempt, None, result)
+            while True:
+                if batch.taken and (self._halt.aborted or time.monotonic() > deadline):
+                    rest = batch.take_rest()
+                    overran = not self._halt.aborted
+                    break
+                claimed = batch.take()
+                if claimed is None:
+                    overran = batch.stalled  # the renewal thread took the rest back
+                    break
+                attempt = self._begin(claimed)
+                try:
+                    outcome = self._call(attempt, ran)
+                except BaseException as exc:
+                    # only a handler's KeyboardInterrupt/SystemExit gets here
+                    rest = batch.take_rest()
+                    self._end(attempt, self._abandon(attempt, exc))
+                    raise
+                if outcome is not None:
+                    self._end(attempt, outcome)
+                elif chain and self._settler is not None:
+                    # the settling thread commits it while this loop runs the next job
+                    self._post(ran.pop())
+            if chain:
+                # a slow job hid among fast ones: start small again
+                self._ramp = 1 if overran else min(self._ramp * 2, _MAX_BATCH)
         finally:
-            if outcome is None:  # interrupted inside the worker's own bookkeeping
-                outcome = self._outcome(
-                    attempt, "lost", phase="failure", reason="the attempt was interrupted"
+            if len(jobs) > 1:
+                with self._lock:
+                    self._batches.discard(batch)
+            handed = self._settle_all(ran, rest, chain=chain)
+        return handed
+
+    def _take_back_stalled(self, now: float) -> None:
+        """The renewal thread: hand back the unstarted jobs of batches stuck behind a slow job."""
+        with self._lock:
+            stalled = [b for b in self._batches if now - b.started > self._budget]
+        rest: list[ClaimedJob] = []
+        for batch in stalled:
+            taken = batch.take_rest()
+            if taken:
+                batch.stalled = True
+                rest.extend(taken)
+        if not rest:
+            return
+        with self._lock:
+            for job in rest:
+                self._held.pop(id(job), None)
+        carrier = Settlement("releasing unstarted jobs", None, release=[j.lease for j in rest])
+        self._settlements.submit([carrier])
+        if carrier.error is not None:  # their leases expire instead
+            _log.warning(
+                "jaren_jobs: worker %r: handing back %d unstarted job(s) failed; their leases "
+                "will expire: %s",
+                self.owner,
+                len(rest),
+                carrier.error,
+            )
+
+    def _call(self, attempt: _Attempt, ran: list[_Ran]) -> Outcome | None:
+        """Run the handler; its result joins ``ran``. An outcome when it cannot run at all."""
+        claimed = attempt.claimed
+        if self._barred:
+            # a claim that landed while stop() quiesced: it could never
+            # settle, so its handler does not start at all
+            return self._outcome(
+                attempt,
+                "lost",
+                code=WorkerStopped.code,
+                reason="the worker stopped before this attempt could run; its lease will "
+                "expire and the job will be re-claimed",
+            )
+        ctx = JobContext(attempt, self._control, attempt.scope.signal, self.owner)
+        handler = self._handlers[claimed.kind]
+        started = time.perf_counter()
+        try:
+            if isinstance(claimed.payload, CorruptJson):
+                # a row written outside the library: the handler could only
+                # misread it, so the attempt fails (and dead-letters after
+                # its attempts) with an error that names the row
+                raise StorageError(
+                    f"job {claimed.id!r} holds a payload that is not JSON "
+                    f"({claimed.payload.error}); it was written outside jaren_jobs — "
+                    "fix the row and requeue the job, or cancel it",
+                    job_id=claimed.id,
                 )
-            self._end(attempt, outcome)
-        return attempt.next_job
+            result = handler(claimed.payload, ctx)
+        except Exception as exc:
+            ran.append((attempt, exc, None))
+        else:
+            ran.append((attempt, None, result))
+        finally:
+            spent = time.perf_counter() - started
+            previous = self._spent
+            self._spent = spent if previous is None else previous + (spent - previous) / 4
+        return None
 
     def _begin(self, claimed: ClaimedJob) -> _Attempt:
-        attempt = _Attempt(claimed, next(self._attempt_keys), next(self._lease_seqs))
         with self._lock:
-            self._attempts[attempt.key] = attempt
+            held = self._held.pop(id(claimed), None)
             self._counts["claims"] += 1
+            attempt = _Attempt(claimed, next(self._attempt_keys), next(self._lease_seqs))
+            first = not self._attempts
+            self._attempts[attempt.key] = attempt
         with self._hub.lock:
             self._hub.local_attempts[claimed.id] = attempt.cancel
         halt = self._halt.signal
-
-        def halted() -> None:
+        if halt.aborted:  # else _abort_attempts, a callback of the halt, reaches it
             attempt.scope.abort(halt.reason)
-
-        attempt.unsubscribe = halt.add_callback(halted)
         if self.renew:
-            self._renewals.schedule(attempt, self._renew_every)
+            # a lease taken with a batch has been running since the claim
+            attempt.renew_at = (time.monotonic() if held is None else held[1]) + self._renew_every
+            if first:
+                self._renewals.wake()
         return attempt
+
+    def _abort_attempts(self) -> None:
+        """The halt fired: every running attempt's signal aborts with its reason."""
+        reason = self._halt.signal.reason
+        with self._lock:
+            attempts = list(self._attempts.values())
+        for attempt in attempts:
+            attempt.scope.abort(reason)
 
     def _end(self, attempt: _Attempt, outcome: Outcome) -> None:
         attempt.ended = True
-        attempt.unsubscribe()
-        if self.renew:
-            self._renewals.discard(attempt)
         with self._hub.lock:
             if self._hub.local_attempts.get(attempt.job_id) == attempt.cancel:
                 del self._hub.local_attempts[attempt.job_id]
-        counter = {
-            "completed": "completions",
-            "failed": "failures",
-            "cancelled": "cancellations",
-            "lost": "lost_settlements",
-        }[outcome.outcome]
+        counter = _COUNTERS[outcome.outcome]
         with self._lock:
             self._attempts.pop(attempt.key, None)
             self._counts[counter] += 1
@@ -864,84 +1063,178 @@ class Worker:
             "was left for lease-expiry recovery)",
         )
 
-    def _settle(self, attempt: _Attempt, error: Exception | None, result: Any) -> Outcome:
-        phase: Phase = "completion" if error is None else "failure"
+    # ------------------------------------------------------------ settling
+
+    def _settle_all(
+        self, ran: list[_Ran], rest: list[ClaimedJob], *, chain: bool
+    ) -> list[ClaimedJob]:
+        """Settle ``ran`` in one group, release ``rest`` and claim the loop's next batch."""
+        entries: list[_Entry] = []
+        try:
+            for attempt, error, result in ran:
+                entries.append(self._prepare(attempt, error, result))
+        finally:
+            for attempt, _, _ in ran[len(entries) :]:  # interrupted while preparing
+                self._end(attempt, _interrupted(self, attempt))
+        claim = self._claim_request if chain and not self._halt.aborted else None
+        carrier = None
+        if rest:
+            with self._lock:
+                for job in rest:
+                    self._held.pop(id(job), None)
+        if claim is not None or rest:
+            carrier = Settlement("claim()", None, release=[job.lease for job in rest])
+            if claim is not None:
+                carrier.claim, carrier.claim_count = claim, self._batch_size()
+        self._settle_entries(entries, carrier)
+        handed = carrier.handed if carrier is not None and claim is not None else []
+        if handed:
+            self._hold(handed)
+        return handed
+
+    def _settle_entries(self, entries: list[_Entry], carrier: Settlement | None) -> None:
+        """One group for the entries' settlements (and ``carrier``); then each outcome.
+
+        Each attempt gets exactly one outcome, reported only after the commit
+        that made its settlement durable.
+        """
+        ended = 0
+        try:
+            group = [entry.item for entry in entries if entry.item is not None]
+            if carrier is not None:
+                group.append(carrier)
+            if group:
+                self._settlements.submit(group)
+            for entry in entries:
+                outcome = entry.outcome or self._finish(entry)
+                ended += 1
+                self._end(entry.attempt, outcome)
+        finally:
+            # interrupted inside the worker's own bookkeeping: every attempt
+            # still ends exactly once
+            for entry in entries[ended:]:
+                self._end(entry.attempt, _interrupted(self, entry.attempt))
+
+    # ------------------------------------------------------------ the settling thread
+
+    def _post(self, ran: _Ran) -> None:
+        """Queue a returned attempt for the settling thread; stop() drains it like a step."""
+        entry = self._prepare(*ran)
+        with self._lock:
+            if not self._settler_done:
+                self._busy += 1
+                self._posted.append(entry)
+                if self._settler_waiting:
+                    self._posting.notify()
+                return
+        # a handler that outlived stop(): its settlement is refused here, by name
+        self._settle_entries([entry], None)
+
+    def _settle_posted(self) -> None:
+        """The settling thread: commit what the loops posted, as one group each time."""
+        while True:
+            with self._lock:
+                while not self._posted:
+                    if self._settler_done:
+                        return
+                    self._settler_waiting = True
+                    self._posting.wait()
+                    self._settler_waiting = False
+                entries, self._posted = self._posted, []
+            try:
+                self._settle_entries(entries, None)
+            except Exception:  # a worker bug must not end the settling thread silently
+                _log.exception("jaren_jobs: worker %r: settling raised", self.owner)
+            finally:
+                with self._cond:
+                    self._busy -= len(entries)
+                    self._cond.notify_all()
+
+    def _prepare(self, attempt: _Attempt, error: Exception | None, result: Any) -> _Entry:
+        """The attempt's settlement, checked in this thread; or its outcome if none is due."""
+        entry = _Entry(attempt, error)
         with attempt.lease_lock:
             attempt.ended = True  # no renewal from here on
             if attempt.cancelled:
-                return self._outcome(attempt, "cancelled", reason="cancelled")
+                entry.outcome = self._outcome(attempt, "cancelled", reason="cancelled")
+                return entry
             if attempt.lost is not None:
-                return self._lost(attempt, phase, attempt.lost)
-            if error is None:
-                if inspect.iscoroutine(result):
-                    result.close()
-                    error = TypeError(
-                        f"the handler of kind {attempt.claimed.kind!r} returned a coroutine; "
-                        "jaren_jobs handlers are plain functions (run the coroutine with "
-                        "asyncio.run() inside the handler)"
-                    )
-                else:
-                    try:
-                        completed = self._settlements.settle_complete(
-                            attempt.lease, result, claim=self._next_claim(attempt)
-                        )
-                        attempt.next_job = completed.handed
-                        completed.result()
-                    except TypeError as exc:  # a result JSON cannot carry
-                        error = exc
-                    except LeaseLost as exc:
-                        return self._lost(attempt, phase, exc)
-                    except StoreClosed as exc:
-                        return self._outcome(
-                            attempt, "lost", phase=phase, code=exc.code, reason=describe_error(exc)
-                        )
-                    except JobsError as exc:
-                        _log.warning(
-                            "jaren_jobs: worker %r: completing job %r failed; failing the "
-                            "attempt instead: %s",
-                            self.owner,
-                            attempt.job_id,
-                            exc,
-                        )
-                        error = exc
-                    else:
-                        return self._written(attempt, "completed", completed.changes)
-            phase = "failure"
-            try:
-                failed = self._settlements.settle_fail(
-                    attempt.lease,
-                    error,
-                    retry=_retryable(error),
-                    backoff_base_seconds=self._backoff_base,
-                    backoff_cap_seconds=self._backoff_cap,
-                    claim=self._next_claim(attempt),
+                phase: Phase = "completion" if error is None else "failure"
+                entry.outcome = self._lost(attempt, phase, attempt.lost)
+                return entry
+            lease = attempt.lease
+        if error is None:
+            if inspect.iscoroutine(result):
+                result.close()
+                error = TypeError(
+                    f"the handler of kind {attempt.claimed.kind!r} returned a coroutine; "
+                    "jaren_jobs handlers are plain functions (run the coroutine with "
+                    "asyncio.run() inside the handler)"
                 )
-                attempt.next_job = failed.handed
-                failed.result()
-            except LeaseLost as exc:
-                return self._lost(attempt, phase, exc)
-            except StoreClosed as exc:
+            else:
+                try:
+                    entry.item = self._settlements.completion(lease, result)
+                    return entry
+                except TypeError as exc:  # a result JSON cannot carry
+                    error = exc
+        entry.error = error
+        entry.item = self._failure(lease, error)
+        return entry
+
+    def _failure(self, lease: Lease, error: BaseException) -> Settlement:
+        return self._settlements.failure(
+            lease,
+            error,
+            retry=_retryable(error),
+            backoff_base_seconds=self._backoff_base,
+            backoff_cap_seconds=self._backoff_cap,
+        )
+
+    def _finish(self, entry: _Entry) -> Outcome:
+        """The outcome of a committed (or refused) settlement."""
+        attempt, item = entry.attempt, entry.item
+        assert item is not None
+        exc = item.error
+        if item.done is not None:  # a completion
+            if exc is None:
+                return self._written(attempt, "completed", item.changes)
+            if isinstance(exc, LeaseLost):
+                return self._lost(attempt, "completion", exc)
+            if isinstance(exc, StoreClosed):
                 return self._outcome(
-                    attempt, "lost", phase=phase, code=exc.code, reason=describe_error(exc)
+                    attempt, "lost", phase="completion", code=exc.code, reason=describe_error(exc)
                 )
-            except JobsError as exc:
-                # not recorded; the lease expires and the job is re-claimed
-                _log.warning(
-                    "jaren_jobs: worker %r: recording the failure of job %r failed (%s); its "
-                    "lease will expire and it will be re-claimed",
-                    self.owner,
-                    attempt.job_id,
-                    exc,
-                )
-                return self._failed(attempt, error)
-            if failed.changes == 0:
+            _log.warning(
+                "jaren_jobs: worker %r: completing job %r failed; failing the attempt instead: %s",
+                self.owner,
+                attempt.job_id,
+                exc,
+            )
+            entry.error = exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+            item = self._failure(item.done[0], entry.error)
+            self._settlements.submit([item])
+            exc = item.error
+        error = entry.error
+        assert error is not None
+        if exc is None:
+            if item.changes == 0:
                 return self._truth(attempt) or self._failed(attempt, error)
             return self._failed(attempt, error)
-
-    def _next_claim(self, attempt: _Attempt) -> ClaimRequest | None:
-        # a loop that will run another job asks for it with this settlement;
-        # a stopping worker claims nothing more
-        return self._claim_request if attempt.chain and not self._halt.aborted else None
+        if isinstance(exc, LeaseLost):
+            return self._lost(attempt, "failure", exc)
+        if isinstance(exc, StoreClosed):
+            return self._outcome(
+                attempt, "lost", phase="failure", code=exc.code, reason=describe_error(exc)
+            )
+        # not recorded; the lease expires and the job is re-claimed
+        _log.warning(
+            "jaren_jobs: worker %r: recording the failure of job %r failed (%s); its "
+            "lease will expire and it will be re-claimed",
+            self.owner,
+            attempt.job_id,
+            exc,
+        )
+        return self._failed(attempt, error)
 
     def _written(self, attempt: _Attempt, outcome: OutcomeName, changes: int) -> Outcome:
         # True from a settlement that wrote nothing means THIS attempt had
@@ -1012,6 +1305,16 @@ class Worker:
 
     # ------------------------------------------------------------ renewals
 
+    def _renewals_due(self, now: float) -> list[_Attempt]:
+        if self._batches:
+            self._take_back_stalled(now)
+        with self._lock:
+            return [
+                attempt
+                for attempt in self._attempts.values()
+                if attempt.renew_at <= now and not attempt.ended and attempt.lost is None
+            ]
+
     def _renew_attempt(self, attempt: _Attempt) -> None:
         with attempt.lease_lock:
             if attempt.ended or attempt.lost is not None:
@@ -1041,13 +1344,13 @@ class Worker:
                     attempt.job_id,
                     exc,
                 )
-                self._renewals.schedule(attempt, self._renew_every)
+                attempt.renew_at = time.monotonic() + self._renew_every
                 return
             attempt.lease = fresh
+            attempt.renew_at = time.monotonic() + self._renew_every
             with self._lock:
                 attempt.lease_seq = next(self._lease_seqs)
                 self._counts["renewals"] += 1
-        self._renewals.schedule(attempt, self._renew_every)
         self._notify("on_renewal", self._on_renewal, fresh)
 
     # ------------------------------------------------------------ observers
@@ -1063,8 +1366,8 @@ class Worker:
             )
 
 
-def _noop() -> None:
-    return None
+def _interrupted(worker: Worker, attempt: _Attempt) -> Outcome:
+    return worker._outcome(attempt, "lost", phase="failure", reason="the attempt was interrupted")
 
 
 def _retryable(error: BaseException) -> bool:

@@ -60,7 +60,9 @@ def test_quick_run_reports_every_workload_beside_raw(tmp_path: Path) -> None:
         assert figure["values"], figure["key"]
         if figure["raw"] > 0:
             for subject, value in figure["values"].items():
-                assert value >= 0, (figure["key"], subject)
+                # a growth figure is negative when the second half peaked lower
+                if figure["key"] not in ("9.heap", "9.growth"):
+                    assert value >= 0, (figure["key"], subject)
                 ratio = figure["ratios"][subject]
                 assert ratio is not None
                 assert abs(ratio - value / figure["raw"]) < 1e-9 * max(1.0, ratio)

@@ -243,7 +243,15 @@ def test_a_failing_batch_is_retried_one_settlement_at_a_time(
             raise StorageError(f"{what}: disk I/O error (simulated)")
         return real(lease, text, now, what)
 
+    real_many = engine.settle_done_many
+
+    def settle_done_many(items: Any, now: int, what: str) -> Any:
+        if any(lease.job_id == poisoned for lease, _ in items):
+            raise StorageError(f"{what}: disk I/O error (simulated)")
+        return real_many(items, now, what)
+
     monkeypatch.setattr(engine, "settle_done", settle_done)
+    monkeypatch.setattr(engine, "settle_done_many", settle_done_many)
     batcher = SettlementBatcher(engine)
     answers: dict[str, Any] = {}
 

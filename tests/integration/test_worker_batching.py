@@ -1,10 +1,13 @@
-"""The worker's batching: a busy loop pays one transaction per job, and stopping claims nothing.
+"""The worker's batching: a busy loop leases and settles in batches; stopping claims nothing.
 
-A loop's settlement claims that loop's next job in the same transaction, so
-draining ``n`` jobs on one loop takes ``n + 1`` write transactions (the first
-claim, then one per settlement); after the last, the idle check answers the
-next claim without any transaction. A worker that is stopping settles its
-running attempt without leasing another job.
+A loop leases a batch in one transaction: one job at first, doubling after
+each batch that ran within its time budget, up to as many jobs as the
+measured handler time lets the loop start within a short horizon. Each
+returned attempt goes to the worker's settling thread, which commits
+whatever the loops posted while it wrote last, in one transaction; after
+the last job, the idle check answers the next claim without any transaction.
+A worker that is stopping settles what ran and hands back, unstarted and
+without spending an attempt, the jobs it had leased but not started.
 """
 
 from __future__ import annotations
@@ -12,11 +15,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from jaren_jobs import JobContext, Outcome, Store
-from tests.integration.test_worker import WAIT, Counter, Outcomes
+from jaren_jobs import Job, JobContext, NewJob, Outcome, Store
+from tests.integration.test_worker import WAIT, Counter, Outcomes, job_state
 
 
-def test_a_busy_loop_pays_one_write_transaction_per_job(store: Store) -> None:
+def test_a_busy_loop_batches_its_transactions(store: Store) -> None:
     jobs = [store.jobs.enqueue("k", n) for n in range(5)]
     outcomes = Outcomes()
     idle = Counter()
@@ -37,8 +40,11 @@ def test_a_busy_loop_pays_one_write_transaction_per_job(store: Store) -> None:
         worker.stop()
     assert [e.outcome for e in outcomes.events] == ["completed"] * 5
     assert [e.job_id for e in outcomes.events] == [j.id for j in jobs]  # claim order kept
-    assert statements.count("BEGIN IMMEDIATE") == 1 + 5
-    assert statements.count("COMMIT") == 1 + 5
+    # claims of 1, 2 and 4 jobs (2 left), and the settling thread's commits,
+    # which take whatever the loop posted meanwhile: never more than one
+    # transaction per job plus the first claim. Then the idle check, no transaction.
+    assert statements.count("BEGIN IMMEDIATE") <= 1 + 5
+    assert statements.count("COMMIT") == statements.count("BEGIN IMMEDIATE")
     for job in jobs:
         done = store.jobs.get(job.id)
         assert done is not None
@@ -67,3 +73,159 @@ def test_a_stopping_worker_settles_without_leasing_another_job(store: Store) -> 
     left = store.jobs.get(second.id)
     assert left is not None
     assert (left.state, left.attempts) == ("pending", 0)  # never leased
+
+
+def fast_then(block_at: int, gate: threading.Event, reached: threading.Event) -> Any:
+    """A handler: instant, except that job number ``block_at`` waits for ``gate``."""
+
+    def handler(payload: Any, ctx: JobContext) -> Any:
+        if payload == block_at:
+            reached.set()
+            assert gate.wait(WAIT)
+        return payload
+
+    return handler
+
+
+def test_draining_many_fast_jobs_takes_few_transactions(store: Store) -> None:
+    count = 300
+    store.jobs.enqueue_many([NewJob("k", n) for n in range(count)])
+    outcomes = Outcomes()
+    statements: list[str] = []
+    worker = store.jobs.create_worker(
+        {"k": lambda p, ctx: p}, poll_seconds=3600, on_outcome=outcomes
+    )
+    store.connection.set_trace_callback(statements.append)
+    try:
+        worker.start()
+        events = outcomes.wait_for(count)
+    finally:
+        worker.stop()
+        store.connection.set_trace_callback(None)
+    assert [e.outcome for e in events] == ["completed"] * count
+    # claims double up to 64 jobs (1+2+4+8+16+32, then 64 a batch: 8 claims);
+    # the settling thread commits whatever was posted while it wrote last
+    assert statements.count("BEGIN IMMEDIATE") < count // 4
+    counts = store.jobs.counts()
+    assert (counts.done, counts.leased, counts.pending) == (count, 0, 0)
+
+
+def test_stop_hands_back_the_leased_jobs_a_loop_had_not_started(store: Store) -> None:
+    count = 200
+    store.jobs.enqueue_many([NewJob("k", n) for n in range(count)])
+    gate, reached = threading.Event(), threading.Event()
+    outcomes = Outcomes()
+    worker = store.jobs.create_worker(
+        {"k": fast_then(100, gate, reached)}, poll_seconds=3600, on_outcome=outcomes
+    )
+    worker.start()
+    try:
+        assert reached.wait(WAIT)
+        held = worker.leases()
+        in_flight = worker.stats().in_flight
+    finally:
+        stopping = threading.Thread(target=worker.stop, kwargs={"grace_seconds": WAIT})
+        stopping.start()
+        # the blocked handler's signal fires when stop() begins; let it return then
+        gate.set()
+        stopping.join(WAIT)
+    assert not stopping.is_alive()
+    # started attempts without an outcome yet (the batch settles together),
+    # and beyond them the batch's leases not started yet: all are held
+    assert in_flight >= 1
+    assert len(held) > in_flight
+    events = outcomes.events
+    assert all(e.outcome == "completed" for e in events)
+    ran = {e.job_id for e in events}
+    assert len(ran) == worker.stats().claims == worker.stats().completions
+    rows = [job for job in store.jobs.page(limit=1000) if isinstance(job, Job)]
+    assert len(rows) == count
+    for job in rows:
+        if job.id in ran:
+            assert (job.state, job.attempts) == ("done", 1)
+        else:
+            # handed back: claimable at once, and no attempt spent on it
+            assert (job.state, job.attempts, job.lease_owner) == ("pending", 0, None)
+    handed_back = [job for job in rows if job.id not in ran and job.lease_generation > 0]
+    assert handed_back, "the stop released nothing: the batch was not prefetched"
+    again = store.jobs.claim(["k"], owner="next")
+    assert again is not None
+    assert again.attempts == 1
+
+
+def test_a_slow_job_in_a_batch_hands_the_rest_back(store: Store) -> None:
+    count = 150
+    store.jobs.enqueue_many([NewJob("k", n) for n in range(count)])
+    slow = 100
+    seen: list[int] = []
+
+    def handler(payload: Any, ctx: JobContext) -> Any:
+        seen.append(payload)
+        if payload == slow:
+            # far longer than the batch's time budget (4 x 20 ms)
+            assert not ctx.signal.wait(0.3)
+        return payload
+
+    outcomes = Outcomes()
+    worker = store.jobs.create_worker({"k": handler}, poll_seconds=3600, on_outcome=outcomes)
+    with worker:
+        events = outcomes.wait_for(count)
+    assert sorted(seen) == list(range(count))  # each ran once
+    assert {e.outcome for e in events} == {"completed"}
+    rows = [job for job in store.jobs.page(limit=1000) if isinstance(job, Job)]
+    assert all((job.state, job.attempts) == ("done", 1) for job in rows)
+    # the jobs after the slow one were leased with it, handed back, and leased
+    # again: a generation moved on, an attempt did not
+    assert any(job.lease_generation == 2 for job in rows)
+
+
+def test_jobs_before_a_slow_one_settle_while_it_runs(store: Store) -> None:
+    count = 150
+    jobs = store.jobs.enqueue_many([NewJob("k", n) for n in range(count)])
+    gate, reached = threading.Event(), threading.Event()
+    outcomes = Outcomes()
+    worker = store.jobs.create_worker(
+        {"k": fast_then(100, gate, reached)}, poll_seconds=3600, on_outcome=outcomes
+    )
+    worker.start()
+    try:
+        assert reached.wait(WAIT)
+        # the hundred jobs before it ran in batches with it; none waits for it
+        events = outcomes.wait_for(100)
+        assert not gate.is_set()
+        assert {e.job_id for e in events} == {job.id for job in jobs[:100]}
+        assert all(job_state(store, job.id) == "done" for job in jobs[:100])
+    finally:
+        gate.set()
+        worker.stop(grace_seconds=WAIT)
+
+
+def test_jobs_behind_a_slow_one_are_handed_to_other_loops(store: Store) -> None:
+    count = 150
+    jobs = store.jobs.enqueue_many([NewJob("k", n) for n in range(count)])
+    gate, reached = threading.Event(), threading.Event()
+    outcomes = Outcomes()
+    worker = store.jobs.create_worker(
+        {"k": fast_then(100, gate, reached)},
+        concurrency=2,
+        poll_seconds=0.05,
+        lease_seconds=1.2,  # the renewal thread looks every 0.1 s
+        on_outcome=outcomes,
+    )
+    worker.start()
+    try:
+        assert reached.wait(WAIT)
+        # every other job runs while job 100 holds its loop: the unstarted
+        # rest of its batch was handed back and the other loop took it
+        events = outcomes.wait_for(count - 1)
+        assert not gate.is_set()
+    finally:
+        gate.set()
+        worker.stop(grace_seconds=WAIT)
+    blocked = jobs[100].id
+    assert blocked not in {e.job_id for e in events}
+    for job in jobs:
+        row = store.jobs.get(job.id)
+        assert row is not None
+        # handed back, never expired: no job spent a second attempt
+        assert (row.state, row.attempts) == ("done", 1), row

@@ -246,13 +246,15 @@ def test_killed_workers_lose_nothing_and_settle_nothing_twice(tmp_path: Path) ->
     for job_id, state, attempts, generation, settled_generation, token, until, result in rows:
         assert (state, token, until) == ("done", None, None), job_id
         assert settled_generation == generation, job_id
-        assert attempts == generation, job_id  # each claim was one attempt
+        # each claim was one attempt, except a claim handed back unstarted
+        # (a stopping worker's batch), which moved the generation only
+        assert 1 <= attempts <= generation, job_id
         settled[job_id] = (generation, json.loads(result))
 
     # -- the side table: who executed what
     by_job: dict[str, dict[int, str]] = defaultdict(dict)
     for job_id, attempt, generation, _pid, incarnation in executions:
-        assert attempt == generation
+        assert attempt <= generation
         assert generation not in by_job[job_id], f"{job_id} ran twice in generation {generation}"
         by_job[job_id][generation] = incarnation
     assert set(by_job) == all_ids, "some job never executed"
@@ -272,6 +274,8 @@ def test_killed_workers_lose_nothing_and_settle_nothing_twice(tmp_path: Path) ->
     reexecuted = 0
     for job_id, (generation, result) in settled.items():
         runs = by_job[job_id]
+        attempts = next(row[2] for row in rows if row[0] == job_id)
+        assert len(runs) <= attempts, (job_id, runs)  # every execution spent an attempt
         # the settling attempt executed, and it is the one whose result is stored
         assert runs.get(generation) == result["by"], (job_id, runs, result)
         assert result["generation"] == generation

@@ -471,6 +471,7 @@ def test_lease_tokens_never_reach_records_logs_or_outcomes(
     texts: list[str] = []
     outcomes: list[Outcome] = []
     finished = threading.Event()
+    others_reported = threading.Event()
     store = open_store(
         tmp_path / "tokens.db", runtime=Runtime(now=clock.now, random=ids.random, uuid=ids.uuid)
     )
@@ -484,7 +485,9 @@ def test_lease_tokens_never_reach_records_logs_or_outcomes(
 
     def stolen(payload: Any, ctx: JobContext) -> Any:
         # the lease runs out on the store's clock and a second claimant takes it;
-        # the next renewal is refused, which the worker logs
+        # the next renewal is refused, which the worker logs. (The other two
+        # settle first: the jump would expire their leases too.)
+        assert others_reported.wait(30)
         clock.advance(60)
         thief = store.jobs.claim(["stolen"], owner="thief", lease_seconds=600)
         assert thief is not None
@@ -494,13 +497,17 @@ def test_lease_tokens_never_reach_records_logs_or_outcomes(
 
     def observe(outcome: Outcome) -> None:
         outcomes.append(outcome)
+        if len(outcomes) == 2:
+            others_reported.set()
         if len(outcomes) == 3:
             finished.set()
 
     try:
         store.jobs.enqueue("works", id="job-works")
         store.jobs.enqueue("breaks", id="job-breaks", max_attempts=1)
-        store.jobs.enqueue("stolen", id="job-stolen")
+        # claimed last: the clock jump it makes would expire any job leased
+        # in the same batch after it
+        store.jobs.enqueue("stolen", id="job-stolen", priority=-1)
         worker = store.jobs.create_worker(
             {"works": works, "breaks": breaks, "stolen": stolen},
             owner="worker-1",
