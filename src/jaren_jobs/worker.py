@@ -54,7 +54,16 @@ from .errors import (
     StoreClosed,
     describe_error,
 )
-from .records import ClaimedJob, CorruptJson, Lease, Outcome, OutcomeName, StopOutcome, WorkerStats
+from .records import (
+    ClaimedJob,
+    CorruptJson,
+    Lease,
+    Outcome,
+    OutcomeName,
+    StopOutcome,
+    WorkerStats,
+    assemble,
+)
 from .runtime import check_positive_int, check_seconds
 from .signals import CancelScope, Signal, SignalLike
 
@@ -768,13 +777,16 @@ class Worker:
     def _loop(self) -> None:
         try:
             while not self._halt.aborted:
+                # read before the claim: a wake that lands while it runs is not lost
+                generation = self._wake_generation
+                began = time.monotonic()
                 try:
                     ran = self._step(chain=True)
                 except Exception:  # a worker bug must not end the loop silently
                     _log.exception("jaren_jobs: worker %r: a loop step raised", self.owner)
                     ran = False
                 if not ran:
-                    self._idle()
+                    self._idle(began, generation)
         except BaseException as exc:
             # only a handler's KeyboardInterrupt/SystemExit gets here; it was
             # logged and halted the worker. Let it leave the thread.
@@ -782,14 +794,19 @@ class Worker:
                 _log.error("jaren_jobs: worker %r loop ended by %r", self.owner, exc)
             raise
 
-    def _idle(self) -> None:
+    def _idle(self, began: float, generation: int) -> None:
+        """Sleep until the next poll is due or an in-process enqueue wakes the loop.
+
+        Polls are ``poll_seconds`` apart from start to start, so the time the
+        empty claim took does not stretch the interval (a job enqueued by
+        another process waits at most about one interval).
+        """
         with self._cond:
             if self._halt.aborted:
                 return
             self._counts["polls"] += 1
-            generation = self._wake_generation
         self._notify("on_idle", self._on_idle)
-        end = time.monotonic() + self.poll_seconds
+        end = began + self.poll_seconds
         with self._cond:
             while not self._halt.aborted and generation == self._wake_generation:
                 left = end - time.monotonic()
@@ -1292,15 +1309,20 @@ class Worker:
         code: str | None = None,
         reason: str | None = None,
     ) -> Outcome:
-        return Outcome(
-            outcome=outcome,
-            job_id=attempt.job_id,
-            kind=attempt.claimed.kind,
-            attempt=attempt.lease.attempt,
-            generation=attempt.lease.generation,
-            phase=phase,
-            code=code,
-            reason=reason,
+        lease = attempt.lease
+        # one per attempt: built without the frozen dataclass's __init__ (assemble)
+        return assemble(
+            Outcome,
+            {
+                "outcome": outcome,
+                "job_id": lease.job_id,
+                "kind": attempt.claimed.kind,
+                "attempt": lease.attempt,
+                "generation": lease.generation,
+                "phase": phase,
+                "code": code,
+                "reason": reason,
+            },
         )
 
     # ------------------------------------------------------------ renewals

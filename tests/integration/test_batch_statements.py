@@ -32,6 +32,7 @@ from jaren_jobs import (
     LeaseLost,
     LeaseSuperseded,
     NewJob,
+    Outcome,
     Runtime,
     Store,
     open_store,
@@ -603,7 +604,7 @@ def test_rows_map_to_records_equal_to_constructed_ones(store: Store) -> None:
     assert list(vars(built)) == [f.name for f in dataclasses.fields(ClaimedJob)]
     assert list(vars(built.lease)) == [f.name for f in dataclasses.fields(Lease)]
     assert "token" not in repr(built.lease)
-    for cls in (Job, ClaimedJob, Lease):
+    for cls in (Job, ClaimedJob, Lease, Outcome):  # Outcome: the worker assembles it too
         assert not hasattr(cls, "__post_init__")
         assert "__slots__" not in vars(cls)
 

@@ -12,6 +12,7 @@ without spending an attempt, the jobs it had leased but not started.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any
 
@@ -40,6 +41,10 @@ def test_a_busy_loop_batches_its_transactions(store: Store) -> None:
         worker.stop()
     assert [e.outcome for e in outcomes.events] == ["completed"] * 5
     assert [e.job_id for e in outcomes.events] == [j.id for j in jobs]  # claim order kept
+    first = outcomes.events[0]
+    assert first == Outcome("completed", jobs[0].id, "k", 1, 1)
+    assert hash(first) == hash(Outcome("completed", jobs[0].id, "k", 1, 1))
+    assert list(vars(first)) == [f.name for f in dataclasses.fields(Outcome)]
     # claims of 1, 2 and 4 jobs (2 left), and the settling thread's commits,
     # which take whatever the loop posted meanwhile: never more than one
     # transaction per job plus the first claim. Then the idle check, no transaction.
