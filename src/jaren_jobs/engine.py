@@ -408,6 +408,8 @@ class JobEngine:
 
         def work() -> Counts:
             by_state = dict(self._db.all(sql.COUNT_BY_STATE, doing=what))
+            leased = self._db.one(sql.COUNT_LEASED, doing=what)
+            by_state["leased"] = 0 if leased is None else leased[0]
             kinds = dict(self._db.all(sql.COUNT_PENDING_KINDS, doing=what))
             known = {s: int(by_state.get(s, 0)) for s in STATES}
             return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds.items()})

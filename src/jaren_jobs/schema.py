@@ -1,7 +1,8 @@
 """Creating the tables, and upgrading older ones in place, forward only.
 
 Jobs rows are live work, so an existing queue is never rebuilt: missing
-columns are added one at a time behind a presence check. A fresh database
+columns are added one at a time behind a presence check, and an index an
+older schema had and this one replaces is dropped after its successor exists. A fresh database
 goes through the very same steps (base tables, then every added column), so
 "all upgrades from empty" and "the current schema" cannot drift apart.
 """
@@ -65,6 +66,8 @@ def _upgrade(db: Database) -> None:
             db.run(sql.add_column(table, column, definition), doing=what)
     for statement in sql.CREATE_INDEXES:
         db.run(statement, doing=what)
+    for name in sql.DROPPED_INDEXES:
+        db.run(sql.drop_index(name), doing=what)
     db.run(sql.WRITE_SCHEMA_VERSION, (str(sql.SCHEMA_VERSION),), doing=what)
 
 

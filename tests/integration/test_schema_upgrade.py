@@ -20,6 +20,7 @@ from jaren_jobs import (
     Runtime,
     SchemaError,
     open_store,
+    sql,
 )
 from tests.conftest import START, FakeClock
 
@@ -121,7 +122,9 @@ def test_upgrade_keeps_every_row(old_db: Path, runtime: Runtime) -> None:
         'SELECT run_id, node_id, value, generation FROM "_jaren_job_checkpoints" ORDER BY 1, 2',
     )
     assert checkpoints == [(*row, 0) for row in sorted(OLD_CHECKPOINTS)]
-    assert query(old_db, 'SELECT key, value FROM "_jaren_meta"') == [("schema_version", "1")]
+    assert query(old_db, 'SELECT key, value FROM "_jaren_meta"') == [
+        ("schema_version", str(sql.SCHEMA_VERSION))
+    ]
     indexes = {
         r[0]
         for r in query(
@@ -132,8 +135,9 @@ def test_upgrade_keeps_every_row(old_db: Path, runtime: Runtime) -> None:
         "_jaren_jobs_ready",
         "_jaren_jobs_leased",
         "_jaren_jobs_settled",
-        "_jaren_jobs_state",
+        "_jaren_jobs_unleased",
     } <= indexes
+    assert "_jaren_jobs_state" not in indexes  # schema 1's, replaced
 
 
 def test_upgraded_rows_read_back_as_jobs(old_db: Path, runtime: Runtime) -> None:
@@ -303,7 +307,8 @@ def test_newer_schema_version_is_refused(db_path: Path) -> None:
     with open_store(db_path) as store:
         store.jobs.enqueue("k", id="j")
     conn = sqlite3.connect(db_path)
-    conn.execute("UPDATE \"_jaren_meta\" SET value = '2' WHERE key = 'schema_version'")
+    newer = sql.SCHEMA_VERSION + 1
+    conn.execute(f"UPDATE \"_jaren_meta\" SET value = '{newer}' WHERE key = 'schema_version'")
     conn.commit()
     conn.close()
     schema = schema_of(db_path)
@@ -311,7 +316,7 @@ def test_newer_schema_version_is_refused(db_path: Path) -> None:
         with pytest.raises(SchemaError) as info:
             open_store(db_path, readonly=readonly)
         assert info.value.code == "JD0002"
-        assert info.value.details["version"] == 2
+        assert info.value.details["version"] == newer
         assert "upgrade jaren_jobs" in str(info.value)
     assert schema_of(db_path) == schema
     assert query(db_path, 'SELECT id FROM "_jaren_jobs"') == [("j",)]
@@ -352,3 +357,29 @@ def test_upgrade_is_one_transaction(old_db: Path) -> None:
     assert writes
     assert begins[0] < min(writes)
     assert max(writes) < commits[0]
+
+
+def test_schema_1_is_upgraded_to_the_unleased_index(db_path: Path) -> None:
+    # a file written by the previous release: schema 1, a (state, kind) index of every row
+    with open_store(db_path) as store:
+        store.jobs.enqueue("k", id="pending")
+        store.jobs.enqueue("k", id="leased")
+        store.jobs.enqueue("k", id="done")
+        claimed = store.jobs.claim(["k"], owner="w")
+        assert claimed is not None
+        assert store.jobs.complete(claimed.lease) is True
+        assert store.jobs.claim(["k"], owner="w") is not None
+    conn = sqlite3.connect(db_path)
+    conn.execute('DROP INDEX "_jaren_jobs_unleased"')
+    conn.execute('CREATE INDEX "_jaren_jobs_state" ON "_jaren_jobs" (state, kind)')
+    conn.execute("UPDATE \"_jaren_meta\" SET value = '1' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+
+    with open_store(db_path) as store:
+        counts = store.jobs.counts()
+        assert (counts.pending, counts.leased, counts.done) == (1, 1, 1)
+    indexes = {r[0] for r in query(db_path, "SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert "_jaren_jobs_unleased" in indexes
+    assert "_jaren_jobs_state" not in indexes
+    assert query(db_path, 'SELECT value FROM "_jaren_meta"') == [(str(sql.SCHEMA_VERSION),)]
