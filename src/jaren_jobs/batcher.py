@@ -9,11 +9,17 @@ loops each commit their own settlement spends most of its time in fsync.
   calls that arrive while a batch is being written queue up, and when that
   batch commits the oldest of them leads the next batch, taking every queued
   settlement with it;
-* **each settlement is fenced on its own**: the batch runs the very
-  statements a lone call runs, one settlement after another, inside one
-  ``BEGIN IMMEDIATE … COMMIT``; a settlement the fence refuses writes nothing
-  and gets its own refusal (``JobSettled``, ``LeaseSuperseded``,
-  ``LeaseExpired``), never disturbing the others;
+* **each settlement is fenced on its own**: inside one ``BEGIN IMMEDIATE …
+  COMMIT``, plain completions of distinct jobs go through one multi-row
+  statement (``engine.settle_done_many``, the same fence per row) and
+  everything else runs the very statements a lone call runs, in queue order;
+  a settlement the fence refuses writes nothing and gets its own refusal
+  (``JobSettled``, ``LeaseSuperseded``, ``LeaseExpired``), never disturbing
+  the others;
+* **groups**: :meth:`SettlementBatcher.submit` takes a caller's several
+  settlements at once (a worker's batch), plus a carrier that claims the
+  caller's next jobs or hands back leases it never started, all in the same
+  transaction;
 * **durable before answered**: every caller is answered after the commit
   that made its settlement durable. Should the batch fail as a whole (a
   driver error, the store closing), each of its settlements is retried in a
@@ -127,7 +133,7 @@ class SettlementBatcher:
 
     def complete(self, lease: Lease, result: Any = None) -> bool:
         """As ``store.jobs.complete``: fenced, idempotent for the same attempt."""
-        return self.settle_complete(lease, result).result()
+        return self.submit([self.completion(lease, result)])[0].result()
 
     def fail(
         self,
@@ -139,40 +145,6 @@ class SettlementBatcher:
         backoff_cap_seconds: float | None = None,
     ) -> bool:
         """As ``store.jobs.fail``: a jittered retry, or dead-lettered; fenced."""
-        return self.settle_fail(
-            lease,
-            error,
-            retry=retry,
-            backoff_base_seconds=backoff_base_seconds,
-            backoff_cap_seconds=backoff_cap_seconds,
-        ).result()
-
-    def settle_complete(
-        self, lease: Lease, result: Any = None, *, claim: ClaimRequest | None = None
-    ) -> Settlement:
-        """Complete, and return the committed :class:`Settlement` (answer and changes).
-
-        With ``claim``, the same transaction also claims one job for the
-        caller (``settlement.handed``, empty when nothing was claimable):
-        the next job of a worker loop costs no transaction of its own.
-        """
-        item = self.completion(lease, result)
-        if claim is not None:
-            item.claim, item.claim_count = claim, 1
-        self.submit([item])
-        return item
-
-    def settle_fail(
-        self,
-        lease: Lease,
-        error: object,
-        *,
-        retry: bool = True,
-        backoff_base_seconds: float | None = None,
-        backoff_cap_seconds: float | None = None,
-        claim: ClaimRequest | None = None,
-    ) -> Settlement:
-        """Fail, and return the committed :class:`Settlement` (see :meth:`settle_complete`)."""
         item = self.failure(
             lease,
             error,
@@ -180,10 +152,7 @@ class SettlementBatcher:
             backoff_base_seconds=backoff_base_seconds,
             backoff_cap_seconds=backoff_cap_seconds,
         )
-        if claim is not None:
-            item.claim, item.claim_count = claim, 1
-        self.submit([item])
-        return item
+        return self.submit([item])[0].result()
 
     # ------------------------------------------------------------ groups
 

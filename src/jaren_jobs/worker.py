@@ -1207,6 +1207,16 @@ class Worker:
             backoff_cap_seconds=self._backoff_cap,
         )
 
+    def _refused(self, attempt: _Attempt, phase: Phase, exc: BaseException) -> Outcome | None:
+        """A settlement the fence refused, or the stop barred: the attempt is lost."""
+        if isinstance(exc, LeaseLost):
+            return self._lost(attempt, phase, exc)
+        if isinstance(exc, StoreClosed):
+            return self._outcome(
+                attempt, "lost", phase=phase, code=exc.code, reason=describe_error(exc)
+            )
+        return None
+
     def _finish(self, entry: _Entry) -> Outcome:
         """The outcome of a committed (or refused) settlement."""
         attempt, item = entry.attempt, entry.item
@@ -1215,12 +1225,9 @@ class Worker:
         if item.done is not None:  # a completion
             if exc is None:
                 return self._written(attempt, "completed", item.changes)
-            if isinstance(exc, LeaseLost):
-                return self._lost(attempt, "completion", exc)
-            if isinstance(exc, StoreClosed):
-                return self._outcome(
-                    attempt, "lost", phase="completion", code=exc.code, reason=describe_error(exc)
-                )
+            refused = self._refused(attempt, "completion", exc)
+            if refused is not None:
+                return refused
             _log.warning(
                 "jaren_jobs: worker %r: completing job %r failed; failing the attempt instead: %s",
                 self.owner,
@@ -1237,12 +1244,9 @@ class Worker:
             if item.changes == 0:
                 return self._truth(attempt) or self._failed(attempt, error)
             return self._failed(attempt, error)
-        if isinstance(exc, LeaseLost):
-            return self._lost(attempt, "failure", exc)
-        if isinstance(exc, StoreClosed):
-            return self._outcome(
-                attempt, "lost", phase="failure", code=exc.code, reason=describe_error(exc)
-            )
+        refused = self._refused(attempt, "failure", exc)
+        if refused is not None:
+            return refused
         # not recorded; the lease expires and the job is re-claimed
         _log.warning(
             "jaren_jobs: worker %r: recording the failure of job %r failed (%s); its "
