@@ -78,6 +78,8 @@ _worker_numbers = itertools.count(1)
 
 # the most jobs one loop leases at once
 _MAX_BATCH = 64
+# the most returned attempts waiting for the settling thread; past it, loops wait
+_POSTED_LIMIT = 256
 # how long a leased job may wait for its loop, at most (and never more than a
 # tenth of the lease): a loop's batch is what it can start within this
 _HORIZON_SECONDS = 0.02
@@ -459,6 +461,7 @@ class Worker:
         # returned attempts the loops posted for the settling thread
         self._posted: list[_Entry] = []
         self._posting = threading.Condition(self._lock)
+        self._room = threading.Condition(self._lock)  # loops waiting for the settling thread
         self._settler: threading.Thread | None = None
         self._settler_waiting = False
         self._settler_done = False
@@ -711,6 +714,7 @@ class Worker:
         with self._lock:
             self._settler_done = True
             self._posting.notify_all()
+            self._room.notify_all()
         settler = self._settler
         if settler is not None and settler is not threading.current_thread():
             settler.join(bound)
@@ -1143,6 +1147,11 @@ class Worker:
                 self._posted.append(entry)
                 if self._settler_waiting:
                     self._posting.notify()
+                # back-pressure: loops that outrun the settling thread wait for
+                # it, so the attempts that ran but are not settled stay bounded
+                # (and none waits long enough for its lease to run out)
+                while len(self._posted) >= _POSTED_LIMIT and not self._settler_done:
+                    self._room.wait()
                 return
         # a handler that outlived stop(): its settlement is refused here, by name
         self._settle_entries([entry], None)
@@ -1158,6 +1167,7 @@ class Worker:
                     self._posting.wait()
                     self._settler_waiting = False
                 entries, self._posted = self._posted, []
+                self._room.notify_all()
             try:
                 self._settle_entries(entries, None)
             except Exception:  # a worker bug must not end the settling thread silently

@@ -234,3 +234,30 @@ def test_jobs_behind_a_slow_one_are_handed_to_other_loops(store: Store) -> None:
         assert row is not None
         # handed back, never expired: no job spent a second attempt
         assert (row.state, row.attempts) == ("done", 1), row
+
+
+def test_loops_never_run_far_ahead_of_the_settling_thread(store: Store) -> None:
+    from jaren_jobs import worker as worker_module
+
+    count, loops = 20_000, 16
+    store.jobs.enqueue_many([NewJob("k", n) for n in range(count)])
+    peak = [0]
+    outcomes = Outcomes()
+    worker = store.jobs.create_worker(
+        {"k": lambda p, ctx: None}, concurrency=loops, poll_seconds=3600, on_outcome=outcomes
+    )
+    original = outcomes.__call__
+
+    def observe(event: Outcome) -> None:
+        # attempts that ran and wait for their settlement, plus the running ones
+        peak[0] = max(peak[0], worker.stats().in_flight)
+        original(event)
+
+    worker._on_outcome = observe
+    with worker:
+        outcomes.wait_for(count, timeout=120)
+    # at most 256 posted attempts (the settling thread's backlog) beside each
+    # loop's batch of at most 64
+    assert worker_module._MAX_BATCH == 64
+    assert 0 < peak[0] <= 256 + loops * 64
+    assert store.jobs.counts().done == count
