@@ -514,12 +514,21 @@ class Worker:
         return self._interrupted
 
     def stats(self) -> WorkerStats:
-        """The counters at this instant."""
+        """The counters at this instant.
+
+        ``claims`` counts attempts started; ``in_flight`` the started ones
+        without an outcome yet (running, or returned and waiting for their
+        settlement's commit).
+        """
         with self._lock:
             return WorkerStats(**self._counts, in_flight=len(self._attempts))
 
     def leases(self) -> list[Lease]:
-        """The leases this worker holds now, newest first (a renewal makes a lease newest)."""
+        """The leases this worker holds now, newest first (a renewal makes a lease newest).
+
+        Those of jobs a loop leased with its batch and has not started yet
+        are included: the worker holds them all the same.
+        """
         with self._lock:
             held = [(a.lease_seq, a.lease) for a in self._attempts.values()]
             # leased with a loop's batch and not started yet: held all the same
