@@ -33,7 +33,7 @@ def draw(report: Any, directory: Path) -> tuple[list[Path], str | None]:
 
     drains = [f for f in report.figures if f.key.startswith("4.c")]
     if drains:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig, ax = plt.subplots(figsize=(9, 4.5))
         concurrency = [f.extra["concurrency"] for f in drains]
         for subject in drains[0].values:
             ax.plot(
@@ -63,7 +63,8 @@ def draw(report: Any, directory: Path) -> tuple[list[Path], str | None]:
         ax.set_xlabel("worker concurrency (threads)")
         ax.set_ylabel("no-op jobs drained per second")
         ax.set_title("Throughput against concurrency")
-        ax.legend(fontsize=8)
+        # beside the axes: inside, it hides whichever line is highest
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         ax.grid(True, which="both", alpha=0.3)
         fig.text(0.01, 0.01, caption, fontsize=7, color="grey")
         fig.tight_layout(rect=(0, 0.03, 1, 1))
