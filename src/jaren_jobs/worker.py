@@ -693,11 +693,16 @@ class Worker:
         with self._lock:
             jobs = list(self._claimed)
             self._claimed.clear()
-            for job in jobs:
-                self._held.pop(id(job), None)
+        self._hand_back(jobs)
+
+    def _hand_back(self, jobs: list[ClaimedJob]) -> None:
+        """Release leased, never-started jobs in a transaction of their own."""
         if not jobs:
             return
-        carrier = Settlement("stop()", None, release=[job.lease for job in jobs])
+        with self._lock:
+            for job in jobs:
+                self._held.pop(id(job), None)
+        carrier = Settlement("releasing unstarted jobs", None, release=[j.lease for j in jobs])
         self._settlements.submit([carrier])
         if carrier.error is not None:  # their leases expire instead
             _log.warning(
@@ -978,21 +983,7 @@ class Worker:
             if taken:
                 batch.stalled = True
                 rest.extend(taken)
-        if not rest:
-            return
-        with self._lock:
-            for job in rest:
-                self._held.pop(id(job), None)
-        carrier = Settlement("releasing unstarted jobs", None, release=[j.lease for j in rest])
-        self._settlements.submit([carrier])
-        if carrier.error is not None:  # their leases expire instead
-            _log.warning(
-                "jaren_jobs: worker %r: handing back %d unstarted job(s) failed; their leases "
-                "will expire: %s",
-                self.owner,
-                len(rest),
-                carrier.error,
-            )
+        self._hand_back(rest)
 
     def _call(self, attempt: _Attempt, ran: list[_Ran]) -> Outcome | None:
         """Run the handler; its result joins ``ran``. An outcome when it cannot run at all."""
