@@ -1016,3 +1016,25 @@ def test_system_exit_in_a_worker_thread_halts_the_worker_and_leaves_the_thread(
     assert worker_threads(worker) == []  # stop() ended the renewal scheduler too
     assert job_state(store, later.id) == "pending"
     assert worker.stats().claims == 1
+
+
+def test_a_wake_during_an_empty_claim_is_not_slept_through(store: Store) -> None:
+    worker = store.jobs.create_worker({"k": lambda p, ctx: None}, poll_seconds=3600)
+    second_step = threading.Event()
+    steps = 0
+    real_step = worker._step
+
+    def step(*, chain: bool = False) -> bool:
+        nonlocal steps
+        steps += 1
+        if steps == 1:
+            # an in-process enqueue lands while this claim finds nothing
+            worker._wake()
+            return False
+        second_step.set()
+        return real_step(chain=chain)
+
+    worker._step = step  # type: ignore[method-assign]
+    with worker:
+        # with a one-hour poll, only the wake can bring the second claim
+        assert second_step.wait(WAIT)
