@@ -373,12 +373,17 @@ class Runner:
             return samples
 
         def growth(samples: list[tuple[int, int]], jobs: int) -> float:
-            # the highest sample of the second half less the highest of the first
-            # (after 10% for warm-up), per 10k jobs: a structure that fills and
-            # empties shows the same peak in both halves; a leak does not
-            first = [r for n, r in samples if jobs * 0.1 <= n <= jobs * 0.5]
-            second = [r for n, r in samples if n > jobs * 0.5]
-            return (max(second) - max(first)) / 1024 / (jobs * 0.5) * 10_000
+            # the slope of a least-squares line through the samples after 10%
+            # for warm-up, in KiB per 10k jobs: a bounded structure that fills
+            # and empties gives a slope near 0 either way; a leak a steady rise
+            points = [(n, r) for n, r in samples if n >= jobs * 0.1]
+            mean_n = sum(n for n, _ in points) / len(points)
+            mean_r = sum(r for _, r in points) / len(points)
+            spread = sum((n - mean_n) ** 2 for n, _ in points)
+            if spread == 0:
+                return 0.0
+            slope = sum((n - mean_n) * (r - mean_r) for n, r in points) / spread
+            return slope / 1024 * 10_000
 
         def peak(samples: list[tuple[int, int]]) -> float:
             return max(r for _, r in samples) / 2**20
@@ -391,8 +396,7 @@ class Runner:
             Figure(
                 9,
                 "9.heap",
-                f"Python heap growth, second half over first, draining {s.heap_jobs:,} jobs "
-                "(tracemalloc)",
+                f"Python heap growth (fitted slope), draining {s.heap_jobs:,} jobs (tracemalloc)",
                 "KiB per 10k jobs",
                 "lower",
                 growth(raw_heap, s.heap_jobs),
@@ -402,7 +406,7 @@ class Runner:
             Figure(
                 9,
                 "9.growth",
-                f"RSS growth, second half over first, draining {s.memory_jobs:,} jobs",
+                f"RSS growth (fitted slope), draining {s.memory_jobs:,} jobs",
                 "KiB per 10k jobs",
                 "lower",
                 growth(raw_rss, s.memory_jobs),

@@ -46,6 +46,11 @@ class Gate:
     def held_by_me(self) -> bool:
         return self._owner == threading.get_ident()
 
+    def waiting(self) -> int:
+        """How many calls are queued for the gate now (diagnostics, and tests)."""
+        with self._mutex:
+            return len(self._waiters)
+
     def acquire(self, what: str, signal: SignalLike | None = None) -> None:
         """Take the gate for ``what`` or raise ``GateRefused`` / ``StoreClosed``."""
         me = _get_ident()

@@ -57,9 +57,8 @@ def wait_for(predicate: Callable[[], bool], what: str) -> None:
 
 
 def queued_on_gate(store: Store) -> int:
-    # the gate's queue is internal; reading its length is how a test knows a
-    # pull is really waiting (rather than not yet started)
-    return len(store._db.gate._waiters)
+    # how a test knows a pull is really waiting (rather than not yet started)
+    return store._db.gate.waiting()
 
 
 class HeldTransaction:

@@ -32,9 +32,7 @@ WAIT = 10.0  # generous bound for anything a test waits on; never reached when a
 
 def queued(store: Store) -> int:
     """How many calls wait in the store's gate queue right now."""
-    gate = store._db.gate
-    with gate._mutex:
-        return len(gate._waiters)
+    return store._db.gate.waiting()
 
 
 def wait_until(predicate: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
