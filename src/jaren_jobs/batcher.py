@@ -296,17 +296,15 @@ class SettlementBatcher:
         self.batches += 1
 
     def _settle_done_together(self, batch: list[Settlement], now: int) -> list[Settlement]:
-        """Plain completions in one multi-row statement; returns the items still to apply.
+        """Plain completions in one multi-row call; returns the items still to apply.
 
-        Only when that cannot change an answer: a job named twice, or named
-        by a failure too, is applied item by item in queue order.
+        ``settle_done_many`` applies completions naming one job in order
+        itself; a job a failure names too is left out, so that its items
+        keep their queue order.
         """
-        named: dict[str, int] = {}
-        for item in batch:
-            if item.job_id is not None:
-                named[item.job_id] = named.get(item.job_id, 0) + 1
+        failing = {item.job_id for item in batch if item.done is None and item.job_id}
         dones = [
-            item for item in batch if item.done is not None and named[item.done[0].job_id] == 1
+            item for item in batch if item.done is not None and item.done[0].job_id not in failing
         ]
         if len(dones) < 2:
             return batch

@@ -90,28 +90,22 @@ def _flat(value: Any) -> bool:
     """
     cls = type(value)
     if cls is dict:
-        for key, child in value.items():
+        for key in value:
             if type(key) is not str:
                 return False
-            kind = type(child)
-            if kind is str or kind is int or kind is bool or child is None:
-                continue
-            if kind is float and _isfinite(child):
-                continue
-            return False
-        return True
-    if cls is list:
-        for child in value:
-            kind = type(child)
-            if kind is str or kind is int or kind is bool or child is None:
-                continue
-            if kind is float and _isfinite(child):
-                continue
-            return False
-        return True
-    if cls is str or cls is int or cls is bool:
-        return True
-    return cls is float and _isfinite(value)
+        children: Any = value.values()
+    elif cls is list:
+        children = value
+    else:
+        return cls is str or cls is int or cls is bool or (cls is float and _isfinite(value))
+    for child in children:
+        kind = type(child)
+        if kind is str or kind is int or kind is bool or child is None:
+            continue
+        if kind is float and _isfinite(child):
+            continue
+        return False
+    return True
 
 
 def _check_json(value: Any, what: str) -> None:

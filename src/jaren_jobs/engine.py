@@ -143,7 +143,6 @@ class _Prepared(NamedTuple):
 
 
 _ROW_PARAMS = 8  # the parameters of one row of sql.ENQUEUE / sql.enqueue_rows
-_BATCH_ROWS = 256  # the most rows one multi-row INSERT carries (a power of two)
 
 
 # NamedTuple's own __new__ is Python code; tuple's is the same, faster
@@ -274,9 +273,7 @@ class JobEngine:
             add((job_id, p.kind, p.payload, p.priority, run_at, p.max_attempts, now, now))
         db = self._db
         # statements of a few fixed sizes (powers of two), each kept prepared
-        largest = _BATCH_ROWS
-        while largest > 1 and largest * _ROW_PARAMS > db.max_variables:
-            largest //= 2
+        largest = self._largest_rows(0, _ROW_PARAMS)
 
         def insert() -> None:
             inserted = start = 0
@@ -990,12 +987,10 @@ class JobEngine:
 
     def settle_done(self, lease: Lease, text: str, now: int, what: str) -> bool:
         """The completion statement alone, for callers already inside a write."""
-        changed = self._db.changes(
-            sql.SETTLE_DONE,
-            {"result": text, "now": now, "id": lease.job_id, "token": lease.token},
-            doing=what,
-        )
-        return True if changed else self._settled_or_raise(lease, now, what)
+        answer = self._settle_one(lease, text, now, what)
+        if isinstance(answer, LeaseLost):
+            raise answer
+        return True  # written, or already settled by this same attempt
 
     def settle_done_many(
         self, items: Sequence[tuple[Lease, str]], now: int, what: str
@@ -1051,9 +1046,7 @@ class JobEngine:
         limit allows; the last is padded with NULL rows up to its size.
         """
         width = len(rows[0])
-        largest = sql.BATCH_ROWS
-        while largest > 1 and len(head) + largest * width > self._db.max_variables:
-            largest //= 2
+        largest = self._largest_rows(len(head), width)
         for start in range(0, len(rows), largest):
             chunk = rows[start : start + largest]
             size = sql.batch_size(len(chunk))
@@ -1062,6 +1055,17 @@ class JobEngine:
                 params += row
             params += [None] * ((size - len(chunk)) * width)
             yield statement(size), params
+
+    def _largest_rows(self, head: int, width: int) -> int:
+        """The most rows (a power of two, at most ``sql.BATCH_ROWS``) one statement may bind.
+
+        ``head`` parameters come first, then ``width`` per row, within the
+        connection's parameter limit.
+        """
+        largest = sql.BATCH_ROWS
+        while largest > 1 and head + largest * width > self._db.max_variables:
+            largest //= 2
+        return largest
 
     def _settle_one(self, lease: Lease, text: str, now: int, what: str) -> int | LeaseLost:
         params = {"result": text, "now": now, "id": lease.job_id, "token": lease.token}

@@ -32,14 +32,13 @@ def _platform_uuid() -> str:
     Unguessable, which is what a lease token needs; built from the hex
     digits directly, at a third of the cost of going through ``uuid.UUID``.
     """
-    h = _urandom(16).hex()
-    # the version nibble is 4; the variant's top two bits are 10 (8, 9, a or b)
-    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+    return _platform_uuids(1)[0]
 
 
 def _platform_uuids(count: int) -> list[str]:
     """``count`` platform UUIDs from one os.urandom read (16 random bytes each)."""
     h = _urandom(16 * count).hex()
+    # the version nibble is 4; the variant's top two bits are 10 (8, 9, a or b)
     return [
         f"{h[a : a + 8]}-{h[a + 8 : a + 12]}-4{h[a + 13 : a + 16]}-"
         f"{_VARIANT[h[a + 16]]}{h[a + 17 : a + 20]}-{h[a + 20 : a + 32]}"
