@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from . import sql
-from .errors import JobsError, StorageError, StoreClosed, storage_error
+from .errors import JobsError, StorageError, StoreClosed, TransactionAborted, storage_error
 from .gate import Gate
 from .signals import SignalLike
 
@@ -218,6 +218,13 @@ class Database:
 
     def savepoint(self, fn: Callable[[], T], *, doing: str) -> T:
         """Run ``fn`` under a savepoint: its writes land all together or not at all."""
+        if not self.connection.in_transaction:
+            # SAVEPOINT would open a transaction of its own and RELEASE commit it
+            raise TransactionAborted(
+                f"{doing}: the transaction it was to run in is gone (SQLite rolled it "
+                "back); nothing was written — retry in a new store.transaction()",
+                doing=doing,
+            )
         name = f"jaren_jobs_{next(self._savepoints)}"
         self.run(sql.savepoint(name), doing=doing)
         try:
@@ -339,17 +346,31 @@ class TxScope:
         self.db.check_open(what)
         self._transaction.check_active(what)
 
+    def _explained(self, error: StorageError) -> StorageError | None:
+        """``error`` retold if it ended the transaction (None: re-raise it as it is)."""
+        explained: StorageError = self._transaction.explain(error)
+        return None if explained is error else explained
+
     def write(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
         self._check(what)
-        return self.db.savepoint(fn, doing=what)
+        try:
+            return self.db.savepoint(fn, doing=what)
+        except StorageError as exc:
+            if (explained := self._explained(exc)) is None:
+                raise
+            raise explained from exc.__cause__
 
     def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
         self._check(what)
-        return fn()
+        try:
+            return fn()
+        except StorageError as exc:
+            if (explained := self._explained(exc)) is None:
+                raise
+            raise explained from exc.__cause__
 
     def read_consistent(self, fn: Callable[[], T], what: str) -> T:
-        self._check(what)
-        return fn()
+        return self.read(fn, what)
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         self._transaction.after_commit(callback)

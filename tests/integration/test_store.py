@@ -20,10 +20,12 @@ from jaren_jobs import (
     DuplicateJob,
     GateRefused,
     Job,
+    NewJob,
     Runtime,
     StorageError,
     Store,
     StoreClosed,
+    TransactionAborted,
     open_store,
 )
 
@@ -389,6 +391,119 @@ def test_bad_sql_is_a_storage_error(app_store: Store, db_path: Path) -> None:
         assert rows.fetchall() == [(1, "book")]
     # the caught errors did not spoil the transaction
     assert order_ids(db_path) == [1]
+
+
+# Statements after which SQLite itself rolls the whole transaction back.
+ROLLBACK_CAUSES = {
+    "insert-or-rollback": "INSERT OR ROLLBACK INTO orders (id, item) VALUES (1, 'again')",
+    "on-conflict-rollback": "INSERT INTO seats (n) VALUES (1)",
+    "raise-rollback": "INSERT INTO audit (note) VALUES ('refused')",
+}
+
+
+@pytest.fixture
+def rollback_store(app_store: Store) -> Store:
+    """``app_store`` plus tables whose constraint or trigger rolls a transaction back."""
+    with app_store.transaction() as tx:
+        tx.execute("CREATE TABLE seats (n INTEGER PRIMARY KEY ON CONFLICT ROLLBACK)")
+        tx.execute("INSERT INTO seats (n) VALUES (1)")
+        tx.execute("CREATE TABLE audit (note TEXT)")
+        tx.execute(
+            "CREATE TRIGGER audit_refuses BEFORE INSERT ON audit "
+            "BEGIN SELECT RAISE(ROLLBACK, 'audit refused'); END"
+        )
+    return app_store
+
+
+def assert_aborted(call: Callable[[], Any]) -> None:
+    with pytest.raises(TransactionAborted) as info:
+        call()
+    assert info.value.code == "JD2093"
+    assert "rolled back" in str(info.value)
+
+
+@pytest.mark.parametrize("cause", sorted(ROLLBACK_CAUSES))
+def test_a_transaction_sqlite_rolled_back_refuses_every_later_call(
+    rollback_store: Store, db_path: Path, cause: str
+) -> None:
+    store = rollback_store
+    committed: list[str] = []
+
+    def checkout() -> None:
+        with store.transaction() as tx:
+            tx.execute("INSERT INTO orders (id, item) VALUES (1, 'book')")
+            tx.jobs.enqueue("ship", {"order": 1}, id="ship-1")
+            tx.after_commit(lambda: committed.append("ship-1"))
+            with pytest.raises(StorageError) as first:
+                tx.execute(ROLLBACK_CAUSES[cause])
+            assert not isinstance(first.value, TransactionAborted)
+            assert "rolled back" in str(first.value)
+            # the application caught it and carries on: nothing may run outside
+            # the transaction it believes it is in
+            assert_aborted(lambda: tx.jobs.enqueue("ship", {"order": 2}, id="orphan"))
+            assert_aborted(lambda: tx.jobs.enqueue_many([NewJob("ship", id="orphan-many")]))
+            assert_aborted(lambda: tx.execute("INSERT INTO orders (id, item) VALUES (2, 'x')"))
+            assert_aborted(lambda: tx.executemany("INSERT INTO orders VALUES (?, ?)", [(3, "y")]))
+            assert_aborted(lambda: tx.jobs.get("ship-1"))
+            assert_aborted(tx.jobs.counts)
+            assert_aborted(lambda: tx.jobs.claim(["ship"], owner="w"))
+
+            def nested() -> None:
+                with store.transaction() as inner:
+                    inner.jobs.enqueue("ship", id="orphan-nested")
+
+            assert_aborted(nested)
+
+    assert_aborted(checkout)  # the block itself ends in the error, never in a COMMIT
+    assert committed == []
+    assert job_ids(db_path) == []
+    assert order_ids(db_path) == []
+    # the store is not wedged: the gate is free, a new transaction commits
+    assert store.jobs.get("orphan") is None
+    with store.transaction() as tx:
+        tx.execute("INSERT INTO orders (id, item) VALUES (1, 'book')")
+        tx.jobs.enqueue("ship", {"order": 1}, id="ship-1")
+    assert job_ids(db_path) == ["ship-1"]
+    assert order_ids(db_path) == [1]
+
+
+def test_a_rollback_inside_a_nested_transaction_ends_the_outer_one(
+    rollback_store: Store, db_path: Path
+) -> None:
+    store = rollback_store
+
+    def checkout() -> None:
+        with store.transaction() as outer:
+            outer.execute("INSERT INTO orders (id, item) VALUES (1, 'book')")
+
+            def step() -> None:
+                with store.transaction() as inner:
+                    inner.jobs.enqueue("ship", id="ship-1")
+                    with pytest.raises(StorageError):
+                        inner.execute(ROLLBACK_CAUSES["raise-rollback"])
+                    assert_aborted(lambda: inner.jobs.enqueue("ship", id="orphan-inner"))
+
+            assert_aborted(step)  # the savepoint block ends in the error too
+            assert_aborted(lambda: outer.jobs.enqueue("ship", id="orphan-outer"))
+            assert_aborted(lambda: outer.execute("INSERT INTO orders (id, item) VALUES (2, 'x')"))
+
+    assert_aborted(checkout)
+    assert job_ids(db_path) == []
+    assert order_ids(db_path) == []
+
+
+def test_a_transaction_ended_by_its_own_statement_is_refused_after(
+    app_store: Store, db_path: Path
+) -> None:
+    # ROLLBACK run through tx.execute succeeds, yet ends the transaction
+    def checkout() -> None:
+        with app_store.transaction() as tx:
+            tx.jobs.enqueue("ship", id="ship-1")
+            tx.execute("ROLLBACK")
+            assert_aborted(lambda: tx.jobs.enqueue("ship", id="orphan"))
+
+    assert_aborted(checkout)
+    assert job_ids(db_path) == []
 
 
 def test_locked_database_is_a_storage_error(db_path: Path, runtime: Runtime) -> None:
