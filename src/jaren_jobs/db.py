@@ -12,8 +12,10 @@ A *scope* is how an engine call reaches the connection:
 from __future__ import annotations
 
 import itertools
+import os
 import sqlite3
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -44,10 +46,38 @@ class Database:
         # True while the connection's busy_timeout is 0 because a write set it so
         self._busy_off = False
         self.max_variables = _max_variables(connection)
+        self.opened_in = os.getpid()
+        # set in a child of os.fork(): the connection is the parent's (see _after_fork)
+        self.forked = False
+        _OPEN.add(self)
 
     def check_open(self, what: str) -> None:
         if self.closed:
+            if self.forked:
+                raise StoreClosed(
+                    f"{what}: this store was opened in process {self.opened_in}, before "
+                    "os.fork(); a child cannot use its parent's store (the SQLite connection "
+                    "and the gate belong to the parent) — open a new store in the child",
+                    forked=True,
+                    opened_in=self.opened_in,
+                )
             raise StoreClosed(f"{what}: the store is closed; open a new one")
+
+    def after_fork_in_child(self) -> None:
+        """In a child of os.fork(): refuse every call, and never touch the connection.
+
+        SQLite forbids using a connection across fork (the child holds none of
+        its locks), and the gate's holders and waiters are parent threads the
+        child does not have. Marking it closed costs the calls nothing: each
+        already checks ``closed``; ``close()`` then leaves the connection alone.
+        """
+        if not self.closed:
+            self.forked = True
+            self.closed = True
+        self.gate.after_fork_in_child(
+            f"this store was opened in process {self.opened_in}, before os.fork(); a child "
+            "cannot use it — open a new store in the child"
+        )
 
     def cursor(self) -> sqlite3.Cursor:
         if self._busy_off and not self.connection.in_transaction:
@@ -258,6 +288,19 @@ class Database:
                 self.connection.close()
             except sqlite3.Error as exc:
                 raise storage_error(exc, "closing the database") from exc
+
+
+# every Database of this process, for the fork hook (weak: a closed store leaves)
+_OPEN: weakref.WeakSet[Database] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for db in list(_OPEN):
+        db.after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; nothing forks elsewhere
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _max_variables(connection: sqlite3.Connection) -> int:

@@ -226,6 +226,8 @@ class Store:
         out (unless another thread is using the store at that moment).
         """
         db = self._db
+        if db.forked:
+            db.check_open("store.connection")  # the parent's connection: never handed out
         if db.busy_is_off() and not db.closed:
             # a write left it at 0 (Database.begin): the application's own
             # statements wait out a lock as configured. Never wait for the
@@ -249,8 +251,12 @@ class Store:
         """Stop every worker of this store (bounded), then close.
 
         Returns each worker's :class:`StopOutcome`, so what could not be
-        drained is reported rather than waited out. Idempotent.
+        drained is reported rather than waited out. Idempotent. In a child
+        of ``os.fork()`` it does nothing: the connection and the workers are
+        the parent's (and a lock may have been copied held).
         """
+        if self._db.forked:
+            return []
         with self._close_lock:
             if self._db.closed:
                 return []
