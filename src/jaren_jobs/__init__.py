@@ -29,6 +29,7 @@ from .errors import (
     SchemaError,
     StorageError,
     StoreClosed,
+    TransactionAborted,
 )
 from .records import (
     ClaimedJob,
@@ -93,6 +94,7 @@ __all__ = [
     "Task",
     "TaskContext",
     "Transaction",
+    "TransactionAborted",
     "Worker",
     "WorkerStats",
     "WorkerStopped",

@@ -12,13 +12,15 @@ A *scope* is how an engine call reaches the connection:
 from __future__ import annotations
 
 import itertools
+import os
 import sqlite3
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from . import sql
-from .errors import JobsError, StorageError, StoreClosed, storage_error
+from .errors import JobsError, StorageError, StoreClosed, TransactionAborted, storage_error
 from .gate import Gate
 from .signals import SignalLike
 
@@ -44,10 +46,38 @@ class Database:
         # True while the connection's busy_timeout is 0 because a write set it so
         self._busy_off = False
         self.max_variables = _max_variables(connection)
+        self.opened_in = os.getpid()
+        # set in a child of os.fork(): the connection is the parent's (see _after_fork)
+        self.forked = False
+        _OPEN.add(self)
 
     def check_open(self, what: str) -> None:
         if self.closed:
+            if self.forked:
+                raise StoreClosed(
+                    f"{what}: this store was opened in process {self.opened_in}, before "
+                    "os.fork(); a child cannot use its parent's store (the SQLite connection "
+                    "and the gate belong to the parent) — open a new store in the child",
+                    forked=True,
+                    opened_in=self.opened_in,
+                )
             raise StoreClosed(f"{what}: the store is closed; open a new one")
+
+    def after_fork_in_child(self) -> None:
+        """In a child of os.fork(): refuse every call, and never touch the connection.
+
+        SQLite forbids using a connection across fork (the child holds none of
+        its locks), and the gate's holders and waiters are parent threads the
+        child does not have. Marking it closed costs the calls nothing: each
+        already checks ``closed``; ``close()`` then leaves the connection alone.
+        """
+        if not self.closed:
+            self.forked = True
+            self.closed = True
+        self.gate.after_fork_in_child(
+            f"this store was opened in process {self.opened_in}, before os.fork(); a child "
+            "cannot use it — open a new store in the child"
+        )
 
     def cursor(self) -> sqlite3.Cursor:
         if self._busy_off and not self.connection.in_transaction:
@@ -218,6 +248,13 @@ class Database:
 
     def savepoint(self, fn: Callable[[], T], *, doing: str) -> T:
         """Run ``fn`` under a savepoint: its writes land all together or not at all."""
+        if not self.connection.in_transaction:
+            # SAVEPOINT would open a transaction of its own and RELEASE commit it
+            raise TransactionAborted(
+                f"{doing}: the transaction it was to run in is gone (SQLite rolled it "
+                "back); nothing was written — retry in a new store.transaction()",
+                doing=doing,
+            )
         name = f"jaren_jobs_{next(self._savepoints)}"
         self.run(sql.savepoint(name), doing=doing)
         try:
@@ -251,6 +288,19 @@ class Database:
                 self.connection.close()
             except sqlite3.Error as exc:
                 raise storage_error(exc, "closing the database") from exc
+
+
+# every Database of this process, for the fork hook (weak: a closed store leaves)
+_OPEN: weakref.WeakSet[Database] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for db in list(_OPEN):
+        db.after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; nothing forks elsewhere
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _max_variables(connection: sqlite3.Connection) -> int:
@@ -339,17 +389,31 @@ class TxScope:
         self.db.check_open(what)
         self._transaction.check_active(what)
 
+    def _explained(self, error: StorageError) -> StorageError | None:
+        """``error`` retold if it ended the transaction (None: re-raise it as it is)."""
+        explained: StorageError = self._transaction.explain(error)
+        return None if explained is error else explained
+
     def write(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
         self._check(what)
-        return self.db.savepoint(fn, doing=what)
+        try:
+            return self.db.savepoint(fn, doing=what)
+        except StorageError as exc:
+            if (explained := self._explained(exc)) is None:
+                raise
+            raise explained from exc.__cause__
 
     def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
         self._check(what)
-        return fn()
+        try:
+            return fn()
+        except StorageError as exc:
+            if (explained := self._explained(exc)) is None:
+                raise
+            raise explained from exc.__cause__
 
     def read_consistent(self, fn: Callable[[], T], what: str) -> T:
-        self._check(what)
-        return fn()
+        return self.read(fn, what)
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         self._transaction.after_commit(callback)

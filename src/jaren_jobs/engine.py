@@ -40,7 +40,7 @@ from .errors import (
 )
 from .pages import page_jobs
 from .records import STATES, ClaimedJob, Counts, Job, Lease, NewJob, assemble
-from .rows import claimed_from_row, job_from_row, lease_from_row
+from .rows import claim_key, claimed_from_row, job_from_row, lease_from_row
 from .runtime import Defaults, ResolvedRuntime, check_positive_int, check_seconds
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
 
@@ -399,6 +399,18 @@ class JobEngine:
         row = self._scope.read(lambda: self._db.one(sql.GET_JOB, (id,), doing="get()"), "get()")
         return None if row is None else job_from_row(row)
 
+    def settled_by(self, lease: Lease) -> Job | None:
+        """The job, if the attempt ``lease`` belongs to is what settled it; else ``None``.
+
+        The same rule as a repeated settlement's idempotence: that attempt's
+        claim, not merely its generation (which repeats once a swept id is
+        enqueued again).
+        """
+        what = "get()"
+        params = {"id": lease.job_id, "generation": lease.generation, "claim_key": lease.claim_key}
+        row = self._scope.read(lambda: self._db.one(sql.GET_SETTLED_BY, params, doing=what), what)
+        return None if row is None else job_from_row(row)
+
     def counts(self) -> Counts:
         """Jobs per state, and pending + failed jobs per kind, from one snapshot."""
         what = "counts()"
@@ -421,7 +433,8 @@ class JobEngine:
         now = self._runtime.now_ms()
         params: dict[str, Any] = {"owner": owner, "until": now + lease_ms, "now": now}
         if token:
-            params["token"] = self._runtime.uuid()
+            params["token"] = minted = self._runtime.uuid()
+            params["claim_key"] = claim_key(minted)
         for index, kind in enumerate(kinds):
             params[f"k{index}"] = kind
         return params
@@ -509,7 +522,7 @@ class JobEngine:
             if row is None:
                 self._remember_empty(checked, params, what)
                 return None
-            return claimed_from_row(row)
+            return claimed_from_row(row, params["claim_key"])
 
         return self._scope.write(work, what)
 
@@ -555,7 +568,7 @@ class JobEngine:
                 if not claimed:
                     self._remember_empty(request.kinds, params, what)
                 break
-            claimed.append(claimed_from_row(row))
+            claimed.append(claimed_from_row(row, params["claim_key"]))
         return claimed
 
     def _claim_batch(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
@@ -568,7 +581,11 @@ class JobEngine:
             return []
         # one fresh token per lease, as many uuid() calls would give
         tokens = self._runtime.uuids(len(candidates))
-        picked = [(rowid, token) for (rowid, _), token in zip(candidates, tokens, strict=True)]
+        keys = {token: claim_key(token) for token in tokens}
+        picked = [
+            (rowid, token, keys[token])
+            for (rowid, _), token in zip(candidates, tokens, strict=True)
+        ]
         head = (request.owner, params["until"], params["now"])
         rows: list[tuple[Any, ...]] = []
         for statement, batch in self._batches(sql.claim_rows, head, picked):
@@ -576,7 +593,7 @@ class JobEngine:
         # RETURNING follows no promised order: put the rows back in claim order
         place = {job_id: index for index, (_, job_id) in enumerate(candidates)}
         rows.sort(key=lambda row: place[row[0]])
-        return [claimed_from_row(row) for row in rows]
+        return [claimed_from_row(row, keys[row[15]]) for row in rows]
 
     # ------------------------------------------------------------ the fence
 
@@ -600,9 +617,16 @@ class JobEngine:
                 job_id=job_id,
                 state=None,
             )
-        state, token, until, generation, settled_generation = row
+        state, token, until, generation, settled_generation, key = row
         if state != "leased":
-            if settled_generation is not None and int(settled_generation) == lease.generation:
+            # this very attempt settled it: the claim that began it, not
+            # merely its generation (which repeats after a sweep and reuse)
+            if (
+                settled_generation is not None
+                and int(settled_generation) == lease.generation
+                and key is not None
+                and key == lease.claim_key
+            ):
                 return None
             return JobSettled(
                 f"{what} refused: job {job_id!r} is {state!r}, not leased — it was settled "
@@ -613,14 +637,7 @@ class JobEngine:
         if token != lease.token:
             return LeaseSuperseded(
                 f"{what} refused: the lease on job {job_id!r} was superseded — "
-                + (
-                    "a renewal replaced it with a newer lease of the same attempt; use the "
-                    "lease renew() returned"
-                    if int(generation) == lease.generation
-                    else f"this lease is generation {lease.generation}, the job is on "
-                    f"generation {int(generation)}: another attempt holds it now; stop "
-                    "writing on its behalf"
-                ),
+                + _superseded_because(lease, int(generation), key),
                 job_id=job_id,
                 generation=lease.generation,
                 current_generation=int(generation),
@@ -667,7 +684,7 @@ class JobEngine:
                 doing=what,
             )
             if row is not None:
-                return lease_from_row(row)
+                return lease_from_row(row, current.claim_key)  # the same attempt
             refusal = self._refusal(current, now, what)
             # a settled job cannot be renewed, whoever settled it
             raise refusal or JobSettled(
@@ -1094,6 +1111,24 @@ class JobEngine:
             params = {"id": job_id, "token": token, "now": now}
             released += self._db.changes(sql.RELEASE_LEASE, params, doing=what)
         return released
+
+
+def _superseded_because(lease: Lease, generation: int, key: bytes | None) -> str:
+    if generation != lease.generation:
+        return (
+            f"this lease is generation {lease.generation}, the job is on generation "
+            f"{generation}: another attempt holds it now; stop writing on its behalf"
+        )
+    if key is not None and key == lease.claim_key:
+        return (
+            "a renewal replaced it with a newer lease of the same attempt; use the lease "
+            "renew() returned"
+        )
+    return (
+        "this lease is from another attempt of the same generation (the job was swept and "
+        "enqueued again under its id since this lease was claimed): another attempt holds "
+        "it now; stop writing on its behalf"
+    )
 
 
 def _instant(ms: int) -> datetime:

@@ -23,6 +23,7 @@ boundary (:func:`storage_error`) and never escape raw.
     ├── OperationCancelled   JD2081  handed an aborted signal or a passed deadline
     ├── DuplicateJob         JD2090  enqueue with an id that exists
     ├── StoreClosed          JD2091  the store was closed
+    ├── TransactionAborted   JD2093  SQLite rolled back the store.transaction() in use
     └── StorageError         JD2099  any other driver failure (``__cause__`` is the sqlite3 error)
 """
 
@@ -50,6 +51,7 @@ __all__ = [
     "SchemaError",
     "StorageError",
     "StoreClosed",
+    "TransactionAborted",
     "describe_error",
     "storage_error",
 ]
@@ -178,6 +180,18 @@ class StoreClosed(JobsError):
     """The store was closed; open a new one."""
 
     code = "JD2091"
+
+
+class TransactionAborted(JobsError):
+    """SQLite rolled back the ``store.transaction()`` this call ran in.
+
+    Some failures end the whole transaction, not just their statement
+    (``INSERT OR ROLLBACK``, ``ON CONFLICT ROLLBACK``, ``RAISE(ROLLBACK)``, a
+    full disk). Nothing of it was committed, and every later call through it
+    is refused: it would otherwise run on its own, outside any transaction.
+    """
+
+    code = "JD2093"
 
 
 class StorageError(JobsError):

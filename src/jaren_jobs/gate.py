@@ -42,6 +42,8 @@ class Gate:
         self._owner: int | None = None
         self._waiters: deque[_Waiter] = deque()
         self._closed = False
+        self._forked = False  # this is a child's copy, made by os.fork()
+        self._closed_reason = ""
 
     def held_by_me(self) -> bool:
         return self._owner == threading.get_ident()
@@ -64,6 +66,8 @@ class Gate:
                 self._owner = me  # free, and nobody queued: the common case
                 return
             if self._closed:
+                if self._forked:
+                    raise StoreClosed(f"{what}: {self._closed_reason}", forked=True)
                 raise StoreClosed(f"{what}: the store is closed")
             if self._owner == me:
                 raise GateRefused(
@@ -141,6 +145,8 @@ class Gate:
     def release(self) -> None:
         with self._mutex:
             if self._owner != _get_ident():
+                if self._forked:
+                    return  # taken before the fork: the child's copy holds nothing
                 raise RuntimeError("the gate is released only by the thread that holds it")
             if self._waiters:
                 self._release_locked()
@@ -170,6 +176,20 @@ class Gate:
             self._closed = True
             for waiter in self._waiters:
                 waiter.event.set()
+
+    def after_fork_in_child(self, reason: str) -> None:
+        """In a child of os.fork(): closed, and free of the parent's threads.
+
+        The holder and the waiters are parent threads that do not exist here,
+        and the mutex may have been copied locked: a fresh one, no owner, no
+        queue, so every call is refused at once instead of waiting forever.
+        """
+        self._mutex = threading.Lock()
+        self._owner = None
+        self._waiters = deque()
+        self._closed = True
+        self._closed_reason = reason
+        self._forked = True
 
     def wait_idle(self, timeout_seconds: float) -> bool:
         """After ``close()``: wait until no one holds the gate; False on timeout."""

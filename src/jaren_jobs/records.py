@@ -139,6 +139,13 @@ class Lease:
 
     ``renew()`` answers a new lease (new token, later expiry, same generation
     and attempt); the old one then fails every settling call.
+
+    ``claim_key`` names the claim that began the attempt, the same across
+    its renewals: what lets a repeated settlement from the attempt that
+    settled the job be told from any other (a generation repeats once a
+    swept id is enqueued again). A digest of the claim's token, it settles
+    nothing. Leases are compared by their other fields (the token already
+    tells leases apart).
     """
 
     job_id: str
@@ -147,6 +154,7 @@ class Lease:
     attempt: int
     owner: str
     expires_at: datetime
+    claim_key: bytes = field(default=b"", repr=False, compare=False)
 
     def __repr__(self) -> str:
         # the token is a capability: keep it out of logs and tracebacks

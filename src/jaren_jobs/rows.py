@@ -8,6 +8,7 @@ shares its lease expiry and update time, an enqueue batch its creation time).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from datetime import datetime
@@ -16,7 +17,7 @@ from typing import Any
 from .codec import datetime_from_ms
 from .records import ClaimedJob, CorruptJson, Job, Lease, assemble
 
-__all__ = ["claimed_from_row", "job_from_row", "lease_from_row"]
+__all__ = ["claim_key", "claimed_from_row", "job_from_row", "lease_from_row"]
 
 # epoch ms -> aware datetime; bounded, so memory never grows with jobs seen
 _TIMES: dict[Any, datetime | None] = {None: None}
@@ -85,21 +86,37 @@ def job_from_row(row: tuple[Any, ...]) -> Job:
     return assemble(Job, _job_fields(row))
 
 
-def lease_from_row(row: tuple[Any, ...]) -> Lease:
+_sha256 = hashlib.sha256
+
+
+def claim_key(token: str) -> bytes:
+    """The claim key of a claim's token: its SHA-256, cut to 16 bytes.
+
+    Unique per claim as the token is, and the token cannot be recovered
+    from it: a row may keep it after settlement where it keeps no token.
+    """
+    return _sha256(token.encode("utf-8", "surrogatepass")).digest()[:16]
+
+
+def lease_from_row(row: tuple[Any, ...], key: bytes | None = None) -> Lease:
+    """The lease in ``row``; ``key`` is its attempt's claim key (default: a claim's row)."""
+    token = row[15]
     return assemble(
         Lease,
         {
             "job_id": row[0],
-            "token": row[15],
+            "token": token,
             "generation": int(row[10]),
             "attempt": int(row[5]),
             "owner": row[9],
             "expires_at": _instant(row[8]),
+            "claim_key": claim_key(token) if key is None else key,
         },
     )
 
 
-def claimed_from_row(row: tuple[Any, ...]) -> ClaimedJob:
+def claimed_from_row(row: tuple[Any, ...], key: bytes | None = None) -> ClaimedJob:
+    """The claimed job in a claim's ``row``; ``key`` is its token's claim key, if known."""
     fields = _job_fields(row)
     fields["lease"] = assemble(
         Lease,
@@ -110,6 +127,7 @@ def claimed_from_row(row: tuple[Any, ...]) -> ClaimedJob:
             "attempt": fields["attempts"],
             "owner": row[9],
             "expires_at": fields["lease_until"],
+            "claim_key": claim_key(row[15]) if key is None else key,
         },
     )
     return assemble(ClaimedJob, fields)

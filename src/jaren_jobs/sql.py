@@ -16,8 +16,9 @@ JOBS = '"_jaren_jobs"'
 CHECKPOINTS = '"_jaren_job_checkpoints"'
 META = '"_jaren_meta"'
 
-# 1: the fenced schema; 2: the (state, kind) index leaves leased rows out
-SCHEMA_VERSION = 2
+# 1: the fenced schema; 2: the (state, kind) index leaves leased rows out;
+# 3: claim_key, which names the attempt that settled a row
+SCHEMA_VERSION = 3
 
 # the column order every job SELECT/RETURNING uses; engine rows map by index
 JOB_COLUMNS = (
@@ -69,6 +70,12 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     # the generation whose attempt settled the row: what makes a second
     # settlement from the same attempt idempotent, and only that attempt's
     ("_jaren_jobs", "settled_generation", "INTEGER"),
+    # which claim minted the row's current (or last) attempt: a digest of the
+    # claim's token, kept across renewals. A generation repeats once a swept
+    # id is enqueued again; this does not, so a lease of the old life is
+    # never taken for the attempt that settled the new one. NULL (rows
+    # claimed before it existed) matches no lease.
+    ("_jaren_jobs", "claim_key", "BLOB"),
     ("_jaren_job_checkpoints", "generation", "INTEGER NOT NULL DEFAULT 0"),
 )
 
@@ -133,7 +140,13 @@ def enqueue_rows(count: int) -> str:
 
 GET_JOB = f"SELECT {JOB_COLUMNS} FROM {JOBS} WHERE id = ?"
 
-FENCE_ROW = f"""SELECT state, lease_token, lease_until, lease_generation, settled_generation
+# the job, if the attempt named by (generation, claim key) is the one that settled it
+GET_SETTLED_BY = f"""SELECT {JOB_COLUMNS} FROM {JOBS}
+  WHERE id = :id AND state <> 'leased' AND settled_generation = :generation
+    AND claim_key = :claim_key"""
+
+FENCE_ROW = f"""SELECT state, lease_token, lease_until, lease_generation, settled_generation,
+    claim_key
   FROM {JOBS} WHERE id = ?"""
 
 _CLAIM_ORDER = "priority DESC, run_at, created_at, id"
@@ -149,13 +162,14 @@ def claim_next(kind_count: int) -> str:
     come from a range of ``_jaren_jobs_leased`` (only leases already expired:
     live leases are never read). ``INDEXED BY`` pins both plans, so neither
     an application's ``ANALYZE`` nor a backlog of live leases can turn a claim
-    into a scan. The claim mints the fence: a fresh token and generation + 1.
+    into a scan. The claim mints the fence: a fresh token (and its claim key)
+    and generation + 1.
     """
     if kind_count < 1:
         raise ValueError("a claim names at least one kind")
     return f"""UPDATE {JOBS} SET state = 'leased', lease_owner = :owner, lease_until = :until,
     lease_generation = lease_generation + 1, lease_token = :token, settled_generation = NULL,
-    attempts = attempts + 1, updated_at = :now
+    claim_key = :claim_key, attempts = attempts + 1, updated_at = :now
   WHERE id = (SELECT id FROM ({_claimable(kind_count, "1")}) ORDER BY {_CLAIM_ORDER} LIMIT 1)
   RETURNING {JOB_COLUMNS}"""
 
@@ -242,7 +256,7 @@ def claim_candidates(kind_count: int) -> str:
 
 @lru_cache(maxsize=16)
 def claim_rows(rows: int) -> str:
-    """Mint ``rows`` leases: ``?1`` owner, ``?2`` until, ``?3`` now, then (rowid, token) each.
+    """Mint ``rows`` leases: ``?1`` owner, ``?2`` until, ``?3`` now, then (rowid, token, key) each.
 
     Each row gets its own token (a token derived from a shared one would be
     guessable). Rows are found by rowid, stable inside the write transaction
@@ -252,8 +266,9 @@ def claim_rows(rows: int) -> str:
     """
     return f"""UPDATE OR FAIL {JOBS} SET state = 'leased', lease_owner = ?1, lease_until = ?2,
     lease_generation = lease_generation + 1, lease_token = picked.column2,
-    settled_generation = NULL, attempts = attempts + 1, updated_at = ?3
-  FROM (VALUES {_values(rows, 2, 4)}) AS picked
+    settled_generation = NULL, claim_key = picked.column3, attempts = attempts + 1,
+    updated_at = ?3
+  FROM (VALUES {_values(rows, 3, 4)}) AS picked
   WHERE {JOBS}.rowid = picked.column1 AND run_at <= ?3
     AND (+state IN ('pending', 'failed') OR (+state = 'leased' AND lease_until <= ?3))
   RETURNING {JOB_COLUMNS}"""

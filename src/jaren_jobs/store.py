@@ -14,7 +14,7 @@ from typing import Any, Literal
 from . import sql
 from .db import Database, RootScope, TxScope
 from .engine import EngineHub, JobEngine
-from .errors import GateRefused, JobsError, StorageError, storage_error
+from .errors import GateRefused, JobsError, StorageError, TransactionAborted, storage_error
 from .gate import Gate
 from .records import StopOutcome
 from .runtime import (
@@ -34,15 +34,17 @@ Durability = Literal["full", "normal"]
 class Rows:
     """The result of ``tx.execute``: a cursor whose driver errors are translated."""
 
-    def __init__(self, cursor: sqlite3.Cursor, doing: str) -> None:
+    def __init__(self, cursor: sqlite3.Cursor, doing: str, transaction: Transaction) -> None:
         self._cursor = cursor
         self._doing = doing
+        self._transaction = transaction
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         try:
             return fn()
         except sqlite3.Error as exc:
-            raise storage_error(exc, self._doing) from exc
+            # a row's step can fail and roll back the transaction too (a trigger)
+            raise self._transaction.explain(storage_error(exc, self._doing)) from exc
 
     def fetchone(self) -> Any:
         return self._call(self._cursor.fetchone)
@@ -80,12 +82,23 @@ class Transaction:
     commits; in-process workers are woken after the commit.
     """
 
-    def __init__(self, store: Store, db: Database, hub: EngineHub, depth: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        db: Database,
+        hub: EngineHub,
+        depth: int,
+        outermost: Transaction | None = None,
+    ) -> None:
         self._store = store
         self._db = db
         self._thread = threading.get_ident()
         self._active = True
         self._callbacks: list[Callable[[], None]] = []
+        # the store.transaction() this one nests in (itself at depth 0): a
+        # rollback ends all of them at once, so they share one verdict
+        self._outermost = self if outermost is None else outermost
+        self._rolled_back = False  # read on the outermost only
         self.depth = depth
         self.jobs = JobEngine(db, TxScope(db, self), hub)
 
@@ -100,6 +113,39 @@ class Transaction:
                 f"{what}: a transaction is used only from the thread that opened it",
                 doing=what,
             )
+        if self.rolled_back():
+            raise self._aborted(what)
+
+    def rolled_back(self) -> bool:
+        """Whether SQLite ended the transaction under us; once seen, it stays so.
+
+        Without this, a later statement would run in autocommit and commit
+        on its own (a job for an order that does not exist).
+        """
+        outermost = self._outermost
+        if not outermost._rolled_back and not self._db.closed:
+            outermost._rolled_back = not self._db.connection.in_transaction
+        return outermost._rolled_back
+
+    def explain(self, error: StorageError) -> StorageError:
+        """``error``, saying so if the statement that raised it ended the transaction."""
+        if not self.rolled_back():
+            return error
+        return StorageError(
+            f"{error.message} — SQLite rolled back the whole transaction; nothing in it "
+            "will be committed: leave the with block and retry in a new store.transaction()",
+            **error.details,
+            rolled_back=True,
+        )
+
+    def _aborted(self, what: str) -> TransactionAborted:
+        return TransactionAborted(
+            f"{what}: SQLite rolled back this store.transaction() after a failure inside "
+            "it (INSERT OR ROLLBACK, ON CONFLICT ROLLBACK, RAISE(ROLLBACK), a full disk); "
+            "nothing in it was committed and nothing more runs in it — leave the with "
+            "block and retry in a new store.transaction()",
+            doing=what,
+        )
 
     def execute(self, statement: str, parameters: Sequence[Any] | Mapping[str, Any] = ()) -> Rows:
         """Run the application's own SQL inside this transaction."""
@@ -109,8 +155,9 @@ class Transaction:
         try:
             cursor = self._db.connection.execute(statement, parameters)
         except sqlite3.Error as exc:
-            raise storage_error(exc, what) from exc
-        return Rows(cursor, what)
+            raise self.explain(storage_error(exc, what)) from exc
+        self.rolled_back()  # a statement that succeeded can end it too (ROLLBACK)
+        return Rows(cursor, what, self)
 
     def executemany(
         self, statement: str, seq_of_parameters: Iterable[Sequence[Any] | Mapping[str, Any]]
@@ -121,8 +168,9 @@ class Transaction:
         try:
             cursor = self._db.connection.executemany(statement, seq_of_parameters)
         except sqlite3.Error as exc:
-            raise storage_error(exc, what) from exc
-        return Rows(cursor, what)
+            raise self.explain(storage_error(exc, what)) from exc
+        self.rolled_back()
+        return Rows(cursor, what, self)
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once the outermost transaction has committed (never on rollback)."""
@@ -178,6 +226,8 @@ class Store:
         out (unless another thread is using the store at that moment).
         """
         db = self._db
+        if db.forked:
+            db.check_open("store.connection")  # the parent's connection: never handed out
         if db.busy_is_off() and not db.closed:
             # a write left it at 0 (Database.begin): the application's own
             # statements wait out a lock as configured. Never wait for the
@@ -201,8 +251,12 @@ class Store:
         """Stop every worker of this store (bounded), then close.
 
         Returns each worker's :class:`StopOutcome`, so what could not be
-        drained is reported rather than waited out. Idempotent.
+        drained is reported rather than waited out. Idempotent. In a child
+        of ``os.fork()`` it does nothing: the connection and the workers are
+        the parent's (and a lock may have been copied held).
         """
+        if self._db.forked:
+            return []
         with self._close_lock:
             if self._db.closed:
                 return []
@@ -272,6 +326,12 @@ class Store:
                 raise
             self._stack.pop()
             callbacks = tx._end()
+            if tx.rolled_back():
+                # the block caught the failure and ended normally: never a
+                # COMMIT of whatever ran since, nor a silent success
+                callbacks = []
+                self._db.rollback_quietly()
+                raise tx._aborted(what)
             try:
                 self._db.run(sql.COMMIT, doing=what)
             except JobsError:
@@ -287,7 +347,7 @@ class Store:
         parent = self._stack[-1]
         parent.check_active(what)
         name = f"jaren_jobs_tx_{len(self._stack)}"
-        tx = Transaction(self, self._db, self._hub, depth=len(self._stack))
+        tx = Transaction(self, self._db, self._hub, len(self._stack), parent._outermost)
         self._db.run(sql.savepoint(name), doing=what)
         self._stack.append(tx)
         try:
@@ -302,7 +362,10 @@ class Store:
                 pass  # the outer rollback undoes it anyway
             raise
         self._stack.pop()
-        for callback in tx._end():
+        callbacks = tx._end()
+        if tx.rolled_back():
+            raise tx._aborted(what)  # the savepoint went with the whole transaction
+        for callback in callbacks:
             parent.after_commit(callback)
         self._db.run(sql.release_savepoint(name), doing=what)
 

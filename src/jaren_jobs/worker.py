@@ -1301,11 +1301,11 @@ class Worker:
     def _truth(self, attempt: _Attempt) -> Outcome | None:
         """The outcome the row records for this attempt, if it records one."""
         try:
-            job = self._control.get(attempt.job_id)
+            job = self._control.settled_by(attempt.lease)
         except JobsError:
             return None
-        if job is None or job.lease_generation != attempt.lease.generation:
-            return None
+        if job is None:
+            return None  # not settled, or settled by another attempt
         if job.state == "done":
             return self._outcome(attempt, "completed")
         if job.state == "cancelled":

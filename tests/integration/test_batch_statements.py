@@ -17,7 +17,7 @@ import random
 import re
 import sqlite3
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -296,7 +296,7 @@ def test_the_candidates_of_a_batch_claim_are_rechecked_in_the_update(store: Stor
     live = store.jobs.claim(["k"], owner="alive")
     assert live is not None
     (rowid,) = store.connection.execute(f"SELECT rowid FROM {JOBS} WHERE id = ?", (live.id,))
-    params = ("thief", 0, store.jobs.runtime.now_ms(), rowid[0], "stolen")
+    params = ("thief", 0, store.jobs.runtime.now_ms(), rowid[0], "stolen", rows.claim_key("stolen"))
     assert store.connection.execute(sql.claim_rows(1), params).fetchall() == []
     assert store.jobs.complete(live.lease) is True
 
@@ -462,6 +462,34 @@ def test_settle_done_many_reports_an_expired_lease(
     results = [store.jobs.get(c.id).result for c in long]  # type: ignore[union-attr]
     assert results == [2, 3, 3, 3]
     assert store.jobs.get(short.id).state == "leased"  # type: ignore[union-attr]
+
+
+def test_settle_done_many_refuses_an_attempt_from_before_a_sweep(
+    store: Store, clock: FakeClock, multi_row: bool
+) -> None:
+    ids = [f"j{n}" for n in range(6)]
+    store.jobs.enqueue_many([NewJob("k", id=job_id) for job_id in ids])
+    old = store.jobs.claim_many(["k"], owner="w", limit=len(ids))
+    for claimed in old:
+        assert store.jobs.complete(claimed.lease, "old life") is True
+    clock.advance(1)
+    horizon = datetime.fromtimestamp(clock.now(), timezone.utc)
+    assert store.jobs.sweep(settled_before=horizon) == len(ids)
+    store.jobs.enqueue_many([NewJob("k", id=job_id) for job_id in ids])
+    new = store.jobs.claim_many(["k"], owner="w", limit=len(ids))
+    assert [c.lease.generation for c in new] == [c.lease.generation for c in old]
+    for claimed in new[:3]:  # this life's first three are settled by their own attempts
+        assert store.jobs.complete(claimed.lease, "new life") is True
+    before = all_rows(store)
+
+    now = store.jobs.runtime.now_ms()
+    items = [(c.lease, '"stale"') for c in old] + [(c.lease, '"again"') for c in new[:3]]
+    answers = write(store, lambda: store.jobs.settle_done_many(items, now, "complete()"))
+    # the old attempts settled nothing of this life: refused, the leased three included
+    assert [type(a) for a in answers[:3]] == [JobSettled] * 3
+    assert [type(a) for a in answers[3:6]] == [LeaseSuperseded] * 3
+    assert answers[6:] == [0, 0, 0]  # this life's own attempts: already settled, no write
+    assert all_rows(store) == before
 
 
 @pytest.mark.parametrize("size", [0, 1, 3, 4, 5, 64])
@@ -683,7 +711,8 @@ def test_batches_past_one_statement_split_and_pad(
         assert [c.payload for c in claimed] == list(range(300))
         assert [c.lease.token for c in claimed] == uuids.produced[before:]
         updates = [s for s in statements if s.lstrip().startswith("UPDATE")]
-        assert len(updates) == (2 if max_variables is None else 300 // 16 + 1)
+        # under 40 parameters: 3 shared + 8 rows of (rowid, token, claim key)
+        assert len(updates) == (2 if max_variables is None else -(-300 // 8))
         now = store.jobs.runtime.now_ms()
         items = [(c.lease, encode_json([c.id], "r")) for c in claimed]
         answers = write(store, lambda: store.jobs.settle_done_many(items[:150], now, "x"))

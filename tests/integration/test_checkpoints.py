@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,34 @@ def test_a_retry_after_a_failure_resumes_from_the_failed_attempts_values(
     clock.advance(3600)
     retry = store.jobs.checkpoints_for(claim(store))
     assert retry.load(job_id) == {"a": 1}
+
+
+def test_an_attempt_from_before_a_sweep_is_not_the_new_lifes_attempt(
+    store: Store, job_id: str, clock: FakeClock, db_path: Path
+) -> None:
+    old = store.jobs.checkpoints_for(claim(store))
+    old.save(job_id, "a", "old life")
+    assert old.complete(job_id, "old result") is True
+    clock.advance(1)
+    horizon = datetime.fromtimestamp(clock.now(), timezone.utc)
+    assert store.jobs.sweep(settled_before=horizon) == 1
+    store.jobs.enqueue("dag", {"input": 2}, id=job_id)
+    claimed = claim(store)
+    new = store.jobs.checkpoints_for(claimed)
+    assert new.generation == old.generation  # the generation starts again
+    new.save(job_id, "a", "new life")
+    store.jobs.fail(claimed.lease, RuntimeError("flaky"))
+    before = stored(db_path)
+
+    # the old attempt settled the old life only: no True for this one
+    with pytest.raises(JobSettled):
+        old.complete(job_id, "stale")
+    with pytest.raises(JobSettled):
+        old.save(job_id, "b", "stale")
+    assert stored(db_path) == before == {(job_id, "a"): ("new life", 1)}
+    assert job_state(store, job_id) == "failed"
+    assert new.complete(job_id, "again") is True  # the new life's own attempt: idempotent
+    assert stored(db_path) == before
 
 
 def test_a_completed_run_prunes_its_rows_up_to_its_generation_only(

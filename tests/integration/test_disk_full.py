@@ -16,7 +16,15 @@ from typing import Any
 
 import pytest
 
-from jaren_jobs import NewJob, Outcome, Runtime, StorageError, Store, open_store
+from jaren_jobs import (
+    NewJob,
+    Outcome,
+    Runtime,
+    StorageError,
+    Store,
+    TransactionAborted,
+    open_store,
+)
 from tests.conftest import FakeClock
 
 BIG = "x" * 60_000  # overflow pages: an insert this size always needs new room
@@ -146,6 +154,45 @@ def test_a_transaction_on_a_full_disk_rolls_back_the_write_and_its_job(store: St
         rows = tx.execute("SELECT id, length(body) FROM documents").fetchall()
     assert [tuple(row) for row in rows] == [("d1", len(BIG))]
     assert store.jobs.get("index-d1") is not None
+
+
+def test_a_full_disk_ends_the_transaction_and_nothing_after_it_commits(store: Store) -> None:
+    """SQLite rolls the whole transaction back on SQLITE_FULL; a caught error is no way on."""
+    with store.transaction() as tx:
+        tx.execute("CREATE TABLE documents (id TEXT PRIMARY KEY, body TEXT)")
+    fill_disk(store)
+    with pytest.raises(TransactionAborted) as ended, store.transaction() as tx:  # noqa: PT012
+        tx.jobs.enqueue("index", id="index-d1")
+        with pytest.raises(StorageError) as refused:
+            tx.execute("INSERT INTO documents VALUES (?, ?)", ("d1", BIG))
+        assert_disk_full(refused)
+        assert refused.value.details["rolled_back"] is True
+        set_limit(store, ROOMY)  # even with room again, the transaction is gone
+        with pytest.raises(TransactionAborted):
+            tx.jobs.enqueue("index", id="orphan")
+        with pytest.raises(TransactionAborted):
+            tx.execute("INSERT INTO documents VALUES ('d2', 'small')")
+    assert ended.value.code == "JD2093"
+    assert store.jobs.get("index-d1") is None
+    assert store.jobs.get("orphan") is None
+    with store.transaction() as tx:
+        assert tx.execute("SELECT count(*) FROM documents").fetchone()[0] == 0
+        tx.jobs.enqueue("index", id="index-d1")
+    assert store.jobs.get("index-d1") is not None
+
+
+def test_a_full_disk_inside_tx_jobs_says_the_transaction_is_gone(store: Store) -> None:
+    fill_disk(store)
+    with pytest.raises(TransactionAborted), store.transaction() as tx:  # noqa: PT012
+        with pytest.raises(StorageError) as refused:
+            tx.jobs.enqueue("mail", {"body": BIG}, id="too-big")
+        assert_disk_full(refused)
+        assert "rolled back the whole transaction" in str(refused.value)
+        set_limit(store, ROOMY)
+        with pytest.raises(TransactionAborted):
+            tx.jobs.enqueue("mail", id="orphan")
+    assert store.jobs.get("orphan") is None
+    assert store.jobs.get("too-big") is None
 
 
 def test_the_same_store_carries_on_once_space_returns(store: Store) -> None:

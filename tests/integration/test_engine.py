@@ -636,6 +636,69 @@ def test_resettlement_is_per_attempt(store: Store, clock: FakeClock) -> None:
     assert store.jobs.complete(second.lease) is True
 
 
+# how an attempt can settle its job (the old life's: a state a sweep removes)
+ENDINGS = {
+    "complete": lambda store, lease: store.jobs.complete(lease, "ok"),
+    "dead": lambda store, lease: store.jobs.fail(lease, "boom", retry=False),
+    "retry": lambda store, lease: store.jobs.fail(lease, "boom"),
+    "cancel": lambda store, lease: store.jobs.cancel(lease.job_id, lease=lease),
+}
+
+
+@pytest.mark.parametrize("second", ["complete", "retry", "cancel"])
+@pytest.mark.parametrize("first", ["complete", "dead", "cancel"])
+def test_resettlement_does_not_survive_a_sweep_and_reuse_of_the_id(
+    store: Store, clock: FakeClock, db_path: Path, first: str, second: str
+) -> None:
+    store.jobs.enqueue("k", id="j")
+    old = claim_one(store)
+    old_renewed = store.jobs.renew(old.lease)
+    assert ENDINGS[first](store, old_renewed) is True
+    clock.advance(10)
+    assert store.jobs.sweep(settled_before=at(5)) == 1
+    store.jobs.enqueue("k", id="j")
+    new = claim_one(store)
+    assert new.lease.generation == old.lease.generation  # the generation starts again
+    new_renewed = store.jobs.renew(new.lease)
+    assert ENDINGS[second](store, new_renewed) is True
+    row = raw_row(db_path, "j")
+
+    # neither of the old attempt's leases settled this life of the job
+    for stale in (old.lease, old_renewed):
+        with pytest.raises(JobSettled):
+            store.jobs.complete(stale, "stale")
+        with pytest.raises(JobSettled):
+            store.jobs.fail(stale, "stale")
+        with pytest.raises(JobSettled):
+            store.jobs.fail(stale, "stale", retry=False)
+        with pytest.raises(JobSettled):
+            store.jobs.cancel("j", lease=stale)
+        with pytest.raises(JobSettled):
+            store.jobs.renew(stale)
+    assert raw_row(db_path, "j") == row
+    # the attempt that did settle it still answers idempotently, with either lease
+    for own in (new.lease, new_renewed):
+        assert store.jobs.complete(own, "again") is True
+        assert store.jobs.fail(own, "again") is True
+        assert store.jobs.cancel("j", lease=own) is False
+    assert raw_row(db_path, "j") == row
+
+
+def test_the_settling_attempt_is_not_readable_from_the_job(store: Store, db_path: Path) -> None:
+    store.jobs.enqueue("k", id="j")
+    claimed = claim_one(store)
+    assert store.jobs.complete(claimed.lease) is True
+    stored = raw_row(db_path, "j")
+    assert stored is not None
+    # what names the settling attempt is a digest: no token, live or spent, is kept
+    assert claimed.lease.token not in {str(value) for value in stored.values()}
+    job = store.jobs.get("j")
+    assert job is not None
+    assert claimed.lease.token not in repr(job)
+    assert claimed.lease.token not in json.dumps(job.to_dict())
+    assert claimed.lease.token not in repr(claimed.lease)
+
+
 # ----------------------------------------------------------------- fail: backoff, dead-lettering
 
 

@@ -299,7 +299,13 @@ def test_fresh_and_upgraded_schemas_are_identical(tmp_path: Path, old_db: Path) 
     names = {name for _, name, _, _ in fresh_schema}
     assert {"_jaren_jobs", "_jaren_job_checkpoints", "_jaren_meta"} <= names
     columns = [r[1] for r in query(fresh, "SELECT * FROM pragma_table_info('_jaren_jobs')")]
-    for column in ("priority", "lease_generation", "lease_token", "settled_generation"):
+    for column in (
+        "priority",
+        "lease_generation",
+        "lease_token",
+        "settled_generation",
+        "claim_key",
+    ):
         assert column in columns
 
 
@@ -383,3 +389,43 @@ def test_schema_1_is_upgraded_to_the_unleased_index(db_path: Path) -> None:
     assert "_jaren_jobs_unleased" in indexes
     assert "_jaren_jobs_state" not in indexes
     assert query(db_path, 'SELECT value FROM "_jaren_meta"') == [(str(sql.SCHEMA_VERSION),)]
+
+
+def test_schema_2_is_upgraded_in_place_to_name_the_settling_claim(
+    db_path: Path, runtime: Runtime
+) -> None:
+    # a file written by the previous release: schema 2, no claim_key column
+    with open_store(db_path, runtime=runtime) as store:
+        store.jobs.enqueue("k", id="done")
+        store.jobs.enqueue("k", id="leased")
+        store.jobs.enqueue("k", id="pending")
+        claimed = store.jobs.claim(["k"], owner="w")
+        assert claimed is not None
+        assert store.jobs.complete(claimed.lease, "ok") is True
+        live = store.jobs.claim(["k"], owner="w")
+        assert live is not None
+    conn = sqlite3.connect(db_path)
+    conn.execute('ALTER TABLE "_jaren_jobs" DROP COLUMN claim_key')
+    conn.execute("UPDATE \"_jaren_meta\" SET value = '2' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    before = query(db_path, 'SELECT * FROM "_jaren_jobs" ORDER BY id')
+
+    with open_store(db_path, runtime=runtime) as store:
+        assert query(db_path, 'SELECT value FROM "_jaren_meta"') == [(str(sql.SCHEMA_VERSION),)]
+        after = query(db_path, 'SELECT * FROM "_jaren_jobs" ORDER BY id')
+        assert [row[:-1] for row in after] == before  # every row kept, the column added last
+        assert [row[-1] for row in after] == [None, None, None]
+        # a row settled before the upgrade names no claim: no lease is its settler
+        with pytest.raises(JobSettled):
+            store.jobs.complete(claimed.lease, "again")
+        # a lease held across the upgrade still settles (the fence is the token);
+        # its row names no claim, so a repeat is refused rather than guessed at
+        assert store.jobs.complete(live.lease, "ok") is True
+        with pytest.raises(JobSettled):
+            store.jobs.complete(live.lease, "ok")
+        # claims from the upgraded schema on are idempotent by claim
+        fresh = store.jobs.claim(["k"], owner="w")
+        assert fresh is not None
+        assert store.jobs.complete(fresh.lease) is True
+        assert store.jobs.complete(fresh.lease) is True

@@ -558,6 +558,48 @@ def test_without_renewal_the_job_is_reclaimed_and_the_first_attempt_is_lost(
     assert first_outcomes.names() == ["lost"]
 
 
+def test_an_attempt_whose_job_was_swept_and_reused_is_lost_not_completed(
+    store: Store, clock: FakeClock
+) -> None:
+    outcomes = Outcomes()
+    started = threading.Event()
+    release = threading.Event()
+
+    def long(payload: Any, ctx: JobContext) -> Any:
+        started.set()
+        assert release.wait(WAIT)
+        return "stale"
+
+    worker = store.jobs.create_worker(
+        {"long": long}, lease_seconds=0.3, renew=False, on_outcome=outcomes, owner="a"
+    )
+    store.jobs.enqueue("long", id="reused")
+    worker.start()
+    assert started.wait(WAIT)
+    clock.advance(0.9)  # the lease runs out; another claimer rescues and finishes the job
+    rescue = store.jobs.claim(["long"], owner="b")
+    assert rescue is not None
+    assert store.jobs.complete(rescue.lease, "rescued") is True
+    clock.advance(1)
+    horizon = store.jobs.get("reused").updated_at + timedelta(milliseconds=1)  # type: ignore[union-attr]
+    assert store.jobs.sweep(settled_before=horizon) == 1
+    # the id's second life, settled at the very generation the worker's attempt holds
+    store.jobs.enqueue("long", id="reused")
+    again = store.jobs.claim(["long"], owner="b")
+    assert again is not None
+    assert again.lease.generation == 1
+    assert store.jobs.complete(again.lease, "second life") is True
+    release.set()
+    event = outcomes.wait_for(1)[0]
+    assert (event.outcome, event.phase, event.code) == ("lost", "completion", "JD2065")
+    assert (event.attempt, event.generation) == (1, 1)
+    stored = store.jobs.get("reused")
+    assert stored is not None
+    assert (stored.state, stored.result) == ("done", "second life")
+    assert worker.stats().lost_settlements == 1
+    worker.stop()
+
+
 def test_a_lease_lost_at_renewal_aborts_the_signal(store: Store, clock: FakeClock) -> None:
     outcomes = Outcomes()
     reasons: list[Any] = []

@@ -70,8 +70,12 @@ class ModelJob:
     lease_owner: str | None = None
     lease_generation: int = 0
     lease_token: str | None = None
+    # the token the current (or last) attempt's claim minted: names that attempt
+    claim_token: str | None = None
     # the generation whose attempt settled the row (None: not settled by an attempt)
     settled_generation: int | None = None
+    # the claim token of the attempt that settled the row (None: not settled by one)
+    settled_by: str | None = None
     # what last_error must contain (None: must be absent)
     last_error: str | None = None
     result: Any = None
@@ -101,6 +105,8 @@ class QueueModel:
     backoff_base: float
     backoff_cap: float
     jobs: dict[str, ModelJob] = field(default_factory=dict)
+    # every lease token ever minted -> the token its attempt's claim minted
+    attempt_of: dict[str, str] = field(default_factory=dict)
 
     # ------------------------------------------------------------ helpers
 
@@ -118,12 +124,15 @@ class QueueModel:
         expired lease was requeued never settled the job, so it is told
         JobSettled, not True. A renewal keeps the generation, so every lease
         of the settling attempt, pre-renewal ones too, gets the idempotent True.
+        The attempt is its claim, not just its generation: once a swept id is
+        enqueued again its generations start over, and a lease of the old life
+        must not pass for the attempt that settled the new one.
         """
         job = self.jobs.get(lease.job_id)
         if job is None:
             raise Refused(JobSettled, f"{what}: job {lease.job_id!r} is unknown")
         if job.state != "leased":
-            if job.settled_generation == lease.generation:
+            if job.settled_generation == lease.generation and self.settled_by(job, lease):
                 return _SAME_ATTEMPT
             raise Refused(JobSettled, f"{what}: job is {job.state}, not by this attempt")
         if job.lease_token != lease.token:
@@ -133,11 +142,25 @@ class QueueModel:
             raise Refused(LeaseExpired, f"{what}: lease ran out at {job.lease_until} <= {now}")
         return job
 
+    def settled_by(self, job: ModelJob, lease: Any) -> bool:
+        """Whether the attempt ``lease`` belongs to is the one that settled ``job``."""
+        return job.settled_by is not None and job.settled_by == self.attempt_of.get(lease.token)
+
+    def minted(self, job: ModelJob, token: str, renewal_of: str | None = None) -> None:
+        """Record the token a claim (or a renewal of ``renewal_of``) minted for ``job``."""
+        job.lease_token = token
+        if renewal_of is None:
+            job.claim_token = token
+            self.attempt_of[token] = token
+        else:
+            self.attempt_of[token] = self.attempt_of[renewal_of]
+
     def _settle(self, job: ModelJob, state: str, now: int) -> None:
         job.state = state
         job.lease_until = None
         job.lease_token = None
         job.settled_generation = job.lease_generation
+        job.settled_by = job.claim_token
         job.updated_at = now
 
     # ------------------------------------------------------------ enqueue
@@ -207,7 +230,9 @@ class QueueModel:
         job.lease_until = now + lease_ms
         job.lease_generation += 1
         job.lease_token = None
+        job.claim_token = None
         job.settled_generation = None
+        job.settled_by = None
         job.attempts += 1
         job.updated_at = now
         return job

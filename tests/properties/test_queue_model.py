@@ -289,7 +289,7 @@ class QueueMachine(RuleBasedStateMachine):
             elif job.state == "leased":
                 same = job.lease_token == lease.token
                 classes["live" if same else "superseded"].append(lease)
-            elif job.settled_generation == lease.generation:
+            elif job.settled_generation == lease.generation and self.model.settled_by(job, lease):
                 classes["settled"].append(lease)
             else:
                 classes["orphaned"].append(lease)
@@ -374,7 +374,7 @@ class QueueMachine(RuleBasedStateMachine):
         )
         for got, model in zip(claimed, predicted, strict=True):
             assert isinstance(got, ClaimedJob)
-            model.lease_token = got.lease.token
+            self.model.minted(model, got.lease.token)
             self._check_job(got, model, "claim")
             self._check_lease(got.lease, model, fresh, "claim")
             self.leases.append(got.lease)
@@ -440,7 +440,7 @@ class QueueMachine(RuleBasedStateMachine):
         )
         if refused:
             return
-        model.lease_token = renewed.token
+        self.model.minted(model, renewed.token, renewal_of=lease.token)
         self._check_lease(renewed, model, self._fresh_since(mark), "renew")
         assert (renewed.generation, renewed.attempt) == (lease.generation, lease.attempt)
         self.leases.append(renewed)
@@ -691,5 +691,18 @@ def test_fence_paths_walked_once() -> None:
         assert step(machine.do_fail, machine.leases[-1], True, 0.0) is True
         assert machine.model.jobs["c"].state == "dead"
         assert step(machine.sweep, 1, None) == 2  # a (done) and c (dead); b is leased
+
+        # "a" again, swept and enqueued anew: its generations start over, and the
+        # old life's leases do not pass for the attempt that settled the new one
+        step(machine.enqueue, _raw("a"))
+        again = step(machine.claim, ["email"], "w1", None)
+        assert isinstance(again, ClaimedJob)
+        assert (again.id, again.lease_generation) == ("a", first.generation)
+        assert step(machine.do_complete, machine.leases[-1], "new life") is True
+        for stale in (first, renewed):
+            assert step(machine.do_complete, stale, "stale") is JobSettled
+            assert step(machine.do_fail, stale) is JobSettled
+            assert step(machine.do_cancel, "a", stale) is JobSettled
+        assert step(machine.do_complete, machine.leases[-1], "again") is True
     finally:
         machine.teardown()
