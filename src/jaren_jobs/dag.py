@@ -20,7 +20,7 @@ import math
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .codec import MAX_DEPTH, check_text
@@ -78,13 +78,15 @@ class TaskContext:
     ``signal`` the attempt's signal (aborted when the worker stops, the job is
     cancelled, or the lease is lost: a long task should watch it). ``run_key``
     names this attempt's run (:meth:`DagJobs.run_key`); it stops resolving
-    (:class:`RunMismatch`) once the attempt's handler has returned.
+    (:class:`RunMismatch`) once the attempt's handler has returned. It holds
+    the claim's token, so it is left out of the repr: a context written to a
+    log must not hand out the capability to settle the job.
     """
 
     job: ClaimedJob
     node_id: str
     signal: SignalLike
-    run_key: str = ""
+    run_key: str = field(default="", repr=False)
 
 
 class _Checkpoints(Protocol):

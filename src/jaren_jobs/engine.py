@@ -583,9 +583,11 @@ class JobEngine:
     def _require_lease(self, lease: object, what: str) -> Lease:
         if isinstance(lease, Lease):
             return lease
+        # the value itself is not echoed: what was handed over by mistake may
+        # be a token (or hold one), and this message ends up in logs
         raise LeaseRequired(
-            f"{what} takes the lease a claim returned (claimed.lease), not "
-            f"{type(lease).__name__} {_short(lease)}: an owner is reused by every attempt "
+            f"{what} takes the lease a claim returned (claimed.lease), not a "
+            f"{type(lease).__name__}: an owner is reused by every attempt "
             "a worker makes, so only the lease can say WHICH attempt is speaking",
             given=type(lease).__name__,
         )
@@ -1133,11 +1135,3 @@ def _new_job(job_id: str, prepared: _Prepared, run_at: int, now: int, created: d
             "updated_at": created,
         },
     )
-
-
-def _short(value: object) -> str:
-    try:
-        text = repr(value)
-    except Exception:
-        return ""
-    return text if len(text) <= 60 else text[:57] + "..."

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import logging
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -27,17 +28,22 @@ import pytest
 from jaren_jobs import (
     CancelScope,
     Job,
+    JobsError,
+    Lease,
     OperationCancelled,
     Outcome,
     RunMismatch,
+    Runtime,
     Store,
     Task,
     TaskContext,
     Worker,
     create_dag_job_runner,
+    open_store,
 )
 from jaren_jobs.dag import RUN_IDENTITY_NODE, DagJobs, document_revision
-from tests.conftest import FakeClock
+from jaren_jobs.errors import describe_error
+from tests.conftest import FakeClock, Sequence
 
 WAIT = 10.0
 KIND = "chain"
@@ -945,3 +951,131 @@ def test_stop_between_nodes_leaves_a_run_the_next_worker_resumes(
     assert runner(store, calls).run_once() is True
     assert get(store, job.id).result == RESULT
     assert calls.snapshot() == ["n1", "n2", "n3", "n4", "n5"]
+
+
+# ----------------------------------------------------------------- lease tokens
+
+
+def test_no_lease_token_appears_in_any_repr_str_detail_or_log_line(
+    db_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A token is the capability to settle a job: nothing anyone can print may carry it.
+
+    Every public object a real run hands out (claimed jobs, leases, the
+    worker's and the DAG's contexts, outcomes, stats, the fence's errors,
+    the DAG's run objects) and every log record of a run that fails, retries
+    and loses its lease is rendered, and no live token may appear in any of
+    it. Ids and owners are given, so every uuid the runtime mints is a token.
+    """
+    caplog.set_level(logging.DEBUG)
+    tokens_runtime = Runtime(now=clock.now, random=lambda: 0.5, uuid=Sequence("live-token").uuid)
+    shown: list[tuple[str, object]] = []  # (where, object) pairs to render
+    tokens: set[str] = set()
+    raised: list[BaseException] = []
+    task_contexts: list[TaskContext] = []
+    job_contexts: list[Any] = []
+    app_log = logging.getLogger("tests.app")
+
+    def note_lease(lease: Lease) -> None:
+        tokens.add(lease.token)
+        shown.append(("lease", lease))
+
+    def careless(inputs: dict[str, Any], ctx: TaskContext) -> Any:
+        # what an application writes without thinking about capabilities
+        task_contexts.append(ctx)
+        app_log.warning("running %r (%s)", ctx, ctx)
+        if ctx.job.id == "flaky" and ctx.job.lease.attempt == 1:
+            raise RuntimeError(f"the first attempt breaks in {ctx!r}")
+        if ctx.job.id == "stolen" and not thief:
+            clock.advance(LEASE + 1)  # this attempt's lease runs out mid-node...
+            claimed = store.jobs.claim([KIND], owner="thief")  # ...and another claims it
+            assert claimed is not None
+            thief.append(claimed)
+        return 1
+
+    thief: list[Any] = []
+    document = {"nodes": {"a": {"task": "t"}, "b": {"task": "t", "needs": ["a"]}}, "output": "b"}
+    with open_store(db_path, runtime=tokens_runtime) as store:
+        dag = DagJobs({KIND: document}, {"t": Task(careless, version=1)})
+
+        def handle(payload: Any, ctx: Any) -> Any:
+            job_contexts.append(ctx)
+            note_lease(ctx.lease)
+            try:
+                return dag.handlers()[KIND](payload, ctx)
+            except BaseException as exc:
+                raised.append(exc)
+                raise
+
+        outcomes: list[Outcome] = []
+        worker = store.jobs.create_worker(
+            {KIND: handle}, owner="leaky", renew=False, lease_seconds=LEASE,
+            on_outcome=outcomes.append,
+        )  # fmt: skip
+        store.jobs.enqueue(KIND, {"input": 1}, id="flaky")
+        assert worker.run_once() is True  # attempt 1 fails
+        clock.advance(5)
+        assert worker.run_once() is True  # attempt 2 resumes and completes
+        store.jobs.enqueue(KIND, {"input": 2}, id="stolen")
+        assert worker.run_once() is True  # the attempt is superseded: lost
+        assert [o.outcome for o in outcomes] == ["failed", "completed", "lost"]
+        [stolen] = thief
+        note_lease(stolen.lease)
+        renewed = store.jobs.renew(stolen.lease)
+        note_lease(renewed)
+        stats = worker.stats()
+        stopped = worker.stop()
+
+        # the fence's refusals, and the mistakes that hand it the wrong thing
+        first, _, third = (ctx.lease for ctx in job_contexts)
+        refusals: list[Callable[[], Any]] = [
+            lambda: store.jobs.complete(first, "late"),  # JobSettled: settled since
+            lambda: store.jobs.complete(third, "late"),  # LeaseSuperseded: another attempt
+            lambda: store.jobs.complete(stolen.lease, "late"),  # superseded by the renewal
+            lambda: job_contexts[2].checkpoints.save("stolen", "a", 2),
+            lambda: store.jobs.complete(renewed.token),  # LeaseRequired: a token is no lease
+            lambda: store.jobs.renew({"job_id": "stolen", "token": renewed.token}),
+            lambda: store.jobs.cancel("stolen", lease=renewed.token),
+            lambda: dag.save(task_contexts[0].run_key, "a", 2),  # RunMismatch: not held
+            lambda: dag.load(DagJobs.run_key("stolen", renewed.token)),
+        ]
+        clock.advance(LEASE + 1)
+        refusals.append(lambda: store.jobs.complete(renewed, "late"))  # LeaseExpired
+        for refuse in refusals:
+            with pytest.raises(JobsError) as refused:
+                refuse()
+            shown.append(("error", refused.value))
+        assert {type(r).__name__ for _, r in shown if isinstance(r, BaseException)} >= {
+            "JobSettled", "LeaseSuperseded", "LeaseExpired", "LeaseRequired", "RunMismatch",
+        }  # fmt: skip
+
+        shown.extend(("raised", exc) for exc in raised)
+        shown.extend(("job context", ctx) for ctx in job_contexts)
+        shown.extend(("checkpoints", ctx.checkpoints) for ctx in job_contexts)
+        shown.extend(("task context", ctx) for ctx in task_contexts)
+        shown.extend(("claimed job", ctx.job) for ctx in [*job_contexts, *task_contexts])
+        shown.extend(("outcome", outcome) for outcome in outcomes)
+        shown.extend([("stats", stats), ("stop", stopped), ("worker", worker)])
+        shown.extend([("dag", dag), ("compiled", dag.compiled[KIND]), ("store", store)])
+        shown.append(("thief's claim", stolen))
+        shown.extend(("job", store.jobs.get(job_id)) for job_id in ("flaky", "stolen"))
+        shown.extend(("leases", lease) for lease in worker.leases())
+        texts: list[tuple[str, str]] = []
+        for where, item in shown:
+            texts += [(f"repr({where})", repr(item)), (f"str({where})", str(item))]
+            if isinstance(item, BaseException):
+                texts += [
+                    (f"{where}.args", repr(item.args)),
+                    (f"{where}.desc", describe_error(item)),
+                ]
+            if isinstance(item, JobsError):
+                texts += [(f"{where}.details", repr(dict(item.details)))]
+            if isinstance(item, Job):
+                texts += [(f"{where}.to_dict()", json.dumps(item.to_dict()))]
+    formatter = logging.Formatter("%(name)s %(levelname)s %(message)s")
+    texts += [(f"log {r.name}", formatter.format(r)) for r in caplog.records]
+    # every record at every level, the library's included (it logs under "jaren_jobs")
+    assert "tests.app" in {r.name for r in caplog.records}
+    assert len(tokens) == 5
+    leaked = sorted({where for where, text in texts if any(t in text for t in tokens)})
+    assert leaked == []
