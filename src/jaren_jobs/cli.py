@@ -2,30 +2,40 @@
 
 Exit status: 0 success; 1 the store refused (unknown id, a settled job, a
 live lease); 2 bad usage or input (a missing database, a file that is not a
-jaren_jobs database, a bad duration, a module that fails to import); 130
-interrupted; 141 the reader of stdout went away (``jaren-jobs ls | head``).
-Errors are one line on stderr, never a traceback for a user mistake.
+jaren_jobs database, a bad duration, a number out of range, an argument that
+is not UTF-8, a module that fails to import); 130 interrupted; 141 the reader
+of stdout went away (``jaren-jobs ls | head``). Errors are one line on stderr,
+never a traceback for a user mistake.
+
+The read-only commands (``counts``, ``ls``, ``show``) never change the file:
+they open it read-only, and a file whose job tables are an older schema is
+read through an upgraded private copy (a note on stderr says so); the write
+commands upgrade it in place, as every read-write open does.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
+import math
 import os
 import re
 import signal as os_signal
 import sqlite3
 import sys
+import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, NamedTuple, NoReturn, TextIO
 
 from .codec import datetime_from_ms
 from .errors import JobsError, SchemaError
 from .records import STATES, Job
+from .runtime import MAX_SECONDS
 from .sql import SCHEMA_VERSION
 from .store import Store, open_store
 
@@ -38,6 +48,11 @@ EXIT_BROKEN_PIPE = 141  # what a shell reports for a writer killed by SIGPIPE
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+# what SQLite's INTEGER (and so every count and limit of the library) holds
+_INT64_MAX = 2**63 - 1
+# bounds for what would otherwise start that many threads or jobs, not fail
+MAX_CONCURRENCY = 1024
+MAX_DEMO_JOBS = 100_000
 
 
 class CliError(Exception):
@@ -53,41 +68,90 @@ def parse_duration(text: str) -> float:
     match = _DURATION.match(text)
     if match is None:
         raise ValueError(
-            f"bad duration {text!r}: use a number and a unit, like 30s, 15m, 12h, 7d or 2w"
+            f"bad duration {_clip(text)}: use a number and a unit, like 30s, 15m, 12h, 7d or 2w"
         )
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if not math.isfinite(seconds):
+        raise ValueError(f"bad duration {_clip(text)}: too large")
+    return seconds
 
 
-def _duration_arg(text: str) -> float:
+def _shown(text: str) -> str:
+    """Text as a user typed it, printable: bytes that are not UTF-8 come out escaped."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _clip(text: str, width: int = 40) -> str:
+    # an argument of 5000 digits is still one short line
+    shown = repr(text)
+    return shown if len(shown) <= width else shown[: width - 4] + "...'"
+
+
+def _utf8(text: str) -> str:
+    # the interpreter hands argv bytes that are not UTF-8 over as lone
+    # surrogates; no job, kind or module can be named by one
     try:
-        return parse_duration(text)
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = repr(text.encode("utf-8", "surrogateescape"))
+        raw = raw if len(raw) <= 40 else raw[:36] + "...'"
+        raise argparse.ArgumentTypeError(f"not valid UTF-8: {raw}") from None
+    return text
+
+
+class _Duration(NamedTuple):
+    seconds: float
+    text: str
+
+
+def _duration_arg(text: str) -> _Duration:
+    try:
+        return _Duration(parse_duration(_utf8(text)), text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _positive_int(maximum: int = _INT64_MAX) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:  # not a number, or thousands of digits
+            raise argparse.ArgumentTypeError(
+                f"expected a positive integer, got {_clip(text)}"
+            ) from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {_clip(text)}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(
+                f"expected a positive integer of at most {maximum}, got {_clip(text)}"
+            )
+        return value
+
+    return parse
 
 
 def _non_empty(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError("expected a non-empty value")
-    return text
+    return _utf8(text)
 
 
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds, got {_clip(text)}"
+        ) from None
     if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a positive number of seconds, got {_clip(text)}"
+        )
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds of at most {MAX_SECONDS:.0f} (a century), "
+            f"got {_clip(text)}"
+        )
     return value
 
 
@@ -127,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--state", choices=STATES, help="only jobs in this state")
     ls.add_argument("--kind", type=_non_empty, help="only jobs of this kind")
     ls.add_argument("--after", type=_non_empty, metavar="ID", help="continue after this id")
-    ls.add_argument("--limit", type=_positive_int, default=50, help="at most N jobs (50)")
+    ls.add_argument("--limit", type=_positive_int(), default=50, help="at most N jobs (50)")
     ls.add_argument("--json", action="store_true", help="JSON Lines, one job per line")
 
     show = add_command("show", "every field of one job")
@@ -139,6 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     requeue = add_command("requeue", "return a failed/dead/cancelled job to pending")
     requeue.add_argument("id", type=_non_empty)
+    requeue.add_argument(
+        "--drop-checkpoints",
+        action="store_true",
+        help="also delete its checkpoints: a DAG run starts over instead of resuming",
+    )
 
     sweep = add_command("sweep", "delete settled jobs older than a duration")
     sweep.add_argument(
@@ -148,17 +217,29 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="e.g. 30s, 15m, 12h, 7d",
     )
-    sweep.add_argument("--limit", type=_positive_int, help="at most N jobs")
+    sweep.add_argument("--limit", type=_positive_int(), help="at most N jobs")
 
     worker = add_command("worker", "run a worker until SIGINT/SIGTERM")
-    worker.add_argument("handlers", metavar="MODULE:ATTR", help="a dict of kind -> handler")
-    worker.add_argument("--concurrency", type=_positive_int, default=1)
-    worker.add_argument("--kinds", help="comma-separated subset of the handlers' kinds")
+    worker.add_argument(
+        "handlers", metavar="MODULE:ATTR", type=_utf8, help="a dict of kind -> handler"
+    )
+    worker.add_argument(
+        "--concurrency",
+        type=_positive_int(MAX_CONCURRENCY),
+        default=1,
+        help=f"handler threads (1; at most {MAX_CONCURRENCY})",
+    )
+    worker.add_argument("--kinds", type=_utf8, help="comma-separated subset of the handlers' kinds")
     worker.add_argument("--poll", type=_positive_float, help="poll interval in seconds")
     worker.add_argument("--grace", type=_positive_float, help="stop grace period in seconds")
 
     demo = add_command("demo", "a self-contained run on a temporary database")
-    demo.add_argument("--jobs", type=_positive_int, default=300, help="how many jobs (300)")
+    demo.add_argument(
+        "--jobs",
+        type=_positive_int(MAX_DEMO_JOBS),
+        default=300,
+        help=f"how many jobs (300; at most {MAX_DEMO_JOBS})",
+    )
     return parser
 
 
@@ -184,8 +265,11 @@ def _upgradable(refusal: SchemaError) -> bool:
     return version is None or version < SCHEMA_VERSION
 
 
-def _open(path: str | None, *, readonly: bool) -> Store:
+@contextlib.contextmanager
+def _opened(path: str | None, *, readonly: bool) -> Iterator[Store]:
+    """The store a command works on; a read-only command never changes the file."""
     checked = _require_db(path)
+    older: SchemaError | None = None
     try:
         # probe read-only first, so that no command ever creates job tables in
         # a file that is not a jaren_jobs database
@@ -197,9 +281,7 @@ def _open(path: str | None, *, readonly: bool) -> Store:
                     f"{checked!r} is not a jaren_jobs database (no job tables)"
                 ) from None
             raise CliError(f"cannot open {checked!r}: {exc.message}") from None
-        # an older (or partial) jaren_jobs schema: opening read-write upgrades
-        # it in place, forward only, as the library does on every open
-        probe = None
+        older = exc  # an older (or partial) jaren_jobs schema
     except JobsError as exc:
         if isinstance(exc.__cause__, sqlite3.DatabaseError) and "not a database" in str(
             exc.__cause__
@@ -208,14 +290,64 @@ def _open(path: str | None, *, readonly: bool) -> Store:
                 f"{checked!r} is not a jaren_jobs database (it is not an SQLite file)"
             ) from None
         raise CliError(f"cannot open {checked!r}: {exc.message}") from None
-    if readonly and probe is not None:
-        return probe
-    if probe is not None:
+    if older is None and readonly:
+        with contextlib.closing(probe):
+            yield probe
+        return
+    if older is None:
         probe.close()
+    if older is not None and readonly:
+        with _upgraded_copy(checked, older) as copy:
+            yield copy
+        return
     try:
-        return open_store(checked)
+        # read-write upgrades an older schema in place, forward only, as the
+        # library does on every open
+        store = open_store(checked)
     except JobsError as exc:
         raise CliError(f"cannot open {checked!r}: {exc.message}") from None
+    with contextlib.closing(store):
+        yield store
+
+
+@contextlib.contextmanager
+def _upgraded_copy(path: str, older: SchemaError) -> Iterator[Store]:
+    """A private, upgraded copy of an older-schema file, for reading it unchanged.
+
+    A read-only connection cannot run the upgrade, and the queries are the
+    current schema's: so the file is copied (SQLite's online backup, through
+    a read-only connection) into a temporary directory, and the copy is
+    upgraded and read. Only the read-only commands take this path.
+    """
+    version = older.details.get("version")
+    schema = "pre-fence" if version is None else f"version {version}"
+    with tempfile.TemporaryDirectory(prefix="jaren-jobs-read-") as folder:
+        copy = os.path.join(folder, "copy.db")
+        try:
+            source = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+            try:
+                target = sqlite3.connect(copy)
+                try:
+                    source.backup(target)
+                finally:
+                    target.close()
+            finally:
+                source.close()
+            store = open_store(copy, durability="normal")
+        except (sqlite3.Error, OSError, JobsError) as exc:
+            raise CliError(
+                f"cannot read {path!r}: its job tables are an older schema ({schema}) and an "
+                f"upgraded copy to read could not be made ({exc}); a write command (cancel, "
+                "requeue, sweep, worker) upgrades the file in place"
+            ) from None
+        print(
+            f"jaren-jobs: note: {path!r} holds an older schema of the job tables ({schema}); "
+            "read from an upgraded private copy, the file is unchanged (a write command "
+            "upgrades it in place)",
+            file=sys.stderr,
+        )
+        with contextlib.closing(store):
+            yield store
 
 
 # ------------------------------------------------------------------ output
@@ -256,9 +388,9 @@ def cmd_counts(store: Store, args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_ls(store: Store, args: argparse.Namespace, out: TextIO) -> int:
     jobs: list[Job] = []
-    with store.jobs.page(
-        state=args.state, kind=args.kind, after=args.after, limit=args.limit + 1
-    ) as cursor:
+    # one more than asked, to say whether there is more (and still 64 bits)
+    limit = min(args.limit, _INT64_MAX - 1) + 1
+    with store.jobs.page(state=args.state, kind=args.kind, after=args.after, limit=limit) as cursor:
         for job in cursor:
             jobs.append(job)
     more = len(jobs) > args.limit
@@ -313,15 +445,23 @@ def cmd_cancel(store: Store, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_requeue(store: Store, args: argparse.Namespace, out: TextIO) -> int:
-    changed = store.jobs.requeue(args.id)
-    out.write(f"requeued {args.id}\n" if changed else f"{args.id} was already pending\n")
+    changed = store.jobs.requeue(args.id, drop_checkpoints=args.drop_checkpoints)
+    said = f"requeued {args.id}" if changed else f"{args.id} was already pending"
+    dropped = "; its checkpoints were dropped" if args.drop_checkpoints else ""
+    out.write(f"{said}{dropped}\n")
     return EXIT_OK
 
 
 def cmd_sweep(store: Store, args: argparse.Namespace, out: TextIO) -> int:
     now = datetime_from_ms(store.runtime.now_ms())
     assert now is not None
-    horizon = now - timedelta(seconds=args.older_than)
+    try:
+        horizon = now - timedelta(seconds=args.older_than.seconds)
+    except OverflowError:
+        raise CliError(
+            f"--older-than {_clip(args.older_than.text)} reaches back before the year 1; "
+            "nothing is that old"
+        ) from None
     removed = store.jobs.sweep(settled_before=horizon, limit=args.limit)
     out.write(f"swept {removed} settled job(s) last changed before {horizon.isoformat()}\n")
     return EXIT_OK
@@ -381,9 +521,10 @@ def cmd_worker(store: Store, args: argparse.Namespace, out: TextIO) -> int:
     }
     try:
         worker.start()
+        # a path is bytes: one that is not UTF-8 is shown escaped, never a traceback
         out.write(
-            f"worker {', '.join(sorted(handlers))} x{args.concurrency} on {store.path}; "
-            "SIGINT or SIGTERM stops it\n"
+            f"worker {', '.join(sorted(handlers))} x{args.concurrency} on "
+            f"{_shown(store.path or '')}; SIGINT or SIGTERM stops it\n"
         )
         out.flush()
         while not stop.wait(0.5):
@@ -409,13 +550,10 @@ def _check_demo_target(path: str) -> None:
             raise CliError(f"demo: no directory {str(target.parent)!r} for {path!r}")
         return
     try:
-        store = _open(path, readonly=True)
+        with _opened(path, readonly=True) as store:
+            counts = store.jobs.counts()
     except CliError as exc:
         raise CliError(f"demo: {exc}; pass a new path") from None
-    try:
-        counts = store.jobs.counts()
-    finally:
-        store.close()
     held = sum(getattr(counts, state) for state in STATES)
     if held:
         raise CliError(
@@ -466,17 +604,19 @@ def _run(args: argparse.Namespace, stream: TextIO) -> int:
             return cmd_demo(args, stream)
         command, readonly = _COMMANDS[args.command]
         db = args.db if args.db is not None else os.environ.get("JAREN_JOBS_DB")
-        store = _open(db, readonly=readonly)
-        try:
+        with _opened(db, readonly=readonly) as store:
             return command(store, args, stream)
-        finally:
-            store.close()
     except CliError as exc:
         print(f"jaren-jobs: {exc}", file=sys.stderr)
         return exc.status
     except JobsError as exc:
         print(f"jaren-jobs: {exc}", file=sys.stderr)
         return EXIT_REFUSED
+    except (ValueError, OverflowError) as exc:
+        # the library refuses a bad argument with ValueError, and every
+        # argument here came from the user: their mistake, in one line
+        print(f"jaren-jobs: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("jaren-jobs: interrupted", file=sys.stderr)
         return 130

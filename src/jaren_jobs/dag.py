@@ -2,11 +2,15 @@
 
 A document names nodes, each running a task over the values of the nodes it
 ``needs``; each node's value is checkpointed as it completes, so an attempt
-that re-claims a crashed job resumes instead of restarting. A resume must be
-the *same run*: the document's revision, the input's hash and the declared
-task versions are recorded with the checkpoints, and a resume that disagrees
-is :class:`RunMismatch`, naming what moved. No retry cures a mismatch, so the
-attempt dead-letters the job at once (``RunMismatch.retryable`` is False).
+that re-claims a crashed job resumes instead of restarting. A resume reuses
+only values nothing has moved under: the document's revision and shape, the
+input's hash and the declared task versions are recorded with the
+checkpoints, and a resume whose recorded values depend on something that
+moved (their node's task or its version, an upstream node's, what they read,
+the input) is :class:`RunMismatch`, naming what moved. No retry cures a
+mismatch, so the attempt dead-letters the job at once
+(``RunMismatch.retryable`` is False); ``requeue(id, drop_checkpoints=True)``
+starts such a run over.
 
 Runs are keyed per *attempt* (job id + the claim's token), never per job: a
 stale attempt cannot write through the store of the attempt that replaced it.
@@ -20,7 +24,7 @@ import math
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .codec import MAX_DEPTH, check_text
@@ -78,13 +82,15 @@ class TaskContext:
     ``signal`` the attempt's signal (aborted when the worker stops, the job is
     cancelled, or the lease is lost: a long task should watch it). ``run_key``
     names this attempt's run (:meth:`DagJobs.run_key`); it stops resolving
-    (:class:`RunMismatch`) once the attempt's handler has returned.
+    (:class:`RunMismatch`) once the attempt's handler has returned. It holds
+    the claim's token, so it is left out of the repr: a context written to a
+    log must not hand out the capability to settle the job.
     """
 
     job: ClaimedJob
     node_id: str
     signal: SignalLike
-    run_key: str = ""
+    run_key: str = field(default="", repr=False)
 
 
 class _Checkpoints(Protocol):
@@ -396,68 +402,48 @@ class DagJobs:
     def _require_same_run(
         self, run_key: str, compiled: CompiledDag, run_input: Any
     ) -> dict[str, Any]:
+        """The recorded values this attempt resumes from, or :class:`RunMismatch`.
+
+        Identity is compared only over what the recorded values depend on
+        (docs/dag.md, "Run identity"): a value is stale when the input moved,
+        or when its node or any node upstream of it now runs another task,
+        another version of its task, or reads other nodes. A run holding no
+        stale value resumes, and its identity row is rewritten to this
+        deployment's before any node runs, so every value recorded from here
+        on is attributed to what produced it.
+        """
         job_id = self._bound(run_key).job.id
         loaded = self.load(run_key) or {}
-        versions = compiled.task_versions
-        identity = {
-            "revision": compiled.revision,
-            "input_hash": fingerprint(run_input),
-            "task_versions_hash": fingerprint(versions),
-            "task_versions": versions,
-        }
+        identity = run_identity(compiled, run_input)
         stored = loaded.get(RUN_IDENTITY_NODE)
-        recorded = {k: v for k, v in loaded.items() if k != RUN_IDENTITY_NODE}
-        if stored is None:
-            if recorded:
-                raise RunMismatch(
-                    f"run {job_id!r} cannot resume: it holds {len(recorded)} node value(s) but "
-                    "no run identity, so what produced them cannot be confirmed. No retry can "
-                    "cure this: enqueue the work under a new id",
-                    job_id=job_id,
-                    moved=["the run identity (none was recorded)"],
-                )
-            self.save(run_key, RUN_IDENTITY_NODE, identity)
-            return recorded
-        if not isinstance(stored, dict):
-            stored = {}
-        moved: list[str] = []
-        if stored.get("revision") != identity["revision"]:
-            moved.append(
-                f"the document (checkpointed under revision {stored.get('revision')}, this "
-                f"runner compiles revision {identity['revision']})"
+        # a value of a node this document no longer has is never read
+        recorded = {
+            node: value
+            for node, value in loaded.items()
+            if node != RUN_IDENTITY_NODE and node in compiled.needs
+        }
+        if stored is None and recorded:
+            raise RunMismatch(
+                f"run {job_id!r} cannot resume: it holds {len(recorded)} node value(s) but "
+                "no run identity, so what produced them cannot be confirmed. No retry can "
+                "cure this: requeue it with drop_checkpoints=True to start it over, or "
+                "enqueue the work under a new id",
+                job_id=job_id,
+                moved=["the run identity (none was recorded)"],
             )
-        if stored.get("input_hash") != identity["input_hash"]:
-            moved.append(
-                f"the input (checkpointed under {stored.get('input_hash')}, this attempt was "
-                f"given {identity['input_hash']})"
-            )
-        if "task_versions_hash" not in stored:
-            # written before task identity was recorded: upgrade only while
-            # nothing could be replayed from an implementation nobody can name
-            if recorded:
-                moved.append(
-                    f"the task versions (this run recorded {len(recorded)} node value(s) before "
-                    "task versions were recorded, so their implementation cannot be confirmed)"
-                )
-            elif not moved:
-                self.save(run_key, RUN_IDENTITY_NODE, identity)
-        elif stored.get("task_versions_hash") != identity["task_versions_hash"]:
-            before = stored.get("task_versions")
-            drift = _version_drift(before if isinstance(before, dict) else {}, versions)
-            if not drift:  # the hash moved but the recorded map does not say how
-                drift = [
-                    f"checkpointed under {stored.get('task_versions_hash')}, this runner "
-                    f"compiles {identity['task_versions_hash']}"
-                ]
-            moved.append("the task versions (" + ", ".join(drift) + ")")
+        moved = _stale(stored, identity, compiled, sorted(recorded)) if recorded else []
         if moved:
             raise RunMismatch(
                 f"run {job_id!r} cannot resume: {' and '.join(moved)} changed since its "
-                "checkpoints were written. No retry can cure this: requeue the job once the "
-                "deployment is fixed, or enqueue the work under a new id",
+                "checkpoints were written, and its recorded values depend on it. No retry "
+                "can cure this: requeue the job once the deployment that wrote them is back, "
+                "requeue it with drop_checkpoints=True to start it over, or enqueue the work "
+                "under a new id",
                 job_id=job_id,
                 moved=moved,
             )
+        if stored != identity:
+            self.save(run_key, RUN_IDENTITY_NODE, identity)
         return recorded
 
     # ----------------------------------------------------------- running
@@ -472,7 +458,6 @@ class DagJobs:
             self._active[run_key] = _Run(job, ctx.checkpoints, ctx.signal)
         try:
             values = self._require_same_run(run_key, compiled, run_input)
-            values = {k: v for k, v in values.items() if k in compiled.needs}
             self._run_nodes(run_key, compiled, run_input, values)
             result = values[compiled.output]
             self.complete(run_key, result)
@@ -588,6 +573,107 @@ class DagJobs:
                 continue
             self._record(run_key, node, future.result(), values)
         return failure
+
+
+def run_identity(compiled: CompiledDag, run_input: Any) -> dict[str, Any]:
+    """What a run records beside its checkpoints, to tell a resume from another run."""
+    versions = compiled.task_versions
+    return {
+        "revision": compiled.revision,
+        "input_hash": fingerprint(run_input),
+        "task_versions_hash": fingerprint(versions),
+        "task_versions": versions,
+        # the graph's shape: what each node runs and reads, so that a later
+        # deployment can tell which recorded values its changes reach
+        "nodes": {
+            node: {"task": compiled.node_tasks[node], "needs": list(compiled.needs[node])}
+            for node in compiled.order
+        },
+    }
+
+
+def _upstream(needs: Callable[[str], Any], nodes: list[str]) -> list[str]:
+    """The nodes given and every node they read, directly or not (sorted)."""
+    seen: set[str] = set()
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        found = needs(node)
+        if isinstance(found, (list, tuple)):
+            stack.extend(n for n in found if isinstance(n, str))
+    return sorted(seen)
+
+
+def _stale(
+    stored: Any, identity: Mapping[str, Any], compiled: CompiledDag, recorded: list[str]
+) -> list[str]:
+    """What moved that the recorded nodes' values depend on (empty: they can be reused)."""
+    if not isinstance(stored, dict):
+        stored = {}
+    moved: list[str] = []
+    shapes = stored.get("nodes")
+    if not isinstance(shapes, dict):
+        # written before shapes were recorded: the same revision is the same
+        # shape; another revision's shape is unknown, so nothing can be reused
+        shapes = identity["nodes"] if stored.get("revision") == compiled.revision else None
+    current = _upstream(lambda n: compiled.needs[n], recorded)
+    if shapes is None:
+        moved.append(
+            f"the document (checkpointed under revision {stored.get('revision')}, this "
+            f"runner compiles revision {compiled.revision})"
+        )
+    else:
+        changes = []
+        for node in current:
+            now = identity["nodes"][node]
+            was = shapes.get(node)
+            if not isinstance(was, dict):
+                changes.append(f"node {node!r} is new")
+            elif was.get("task") != now["task"]:
+                changes.append(f"node {node!r} runs task {now['task']!r}, not {was.get('task')!r}")
+            elif was.get("needs") != now["needs"]:
+                changes.append(f"node {node!r} needs {now['needs']}, not {was.get('needs')}")
+        if changes:
+            moved.append(
+                f"the document (checkpointed under revision {stored.get('revision')}, this "
+                f"runner compiles revision {compiled.revision}: {', '.join(changes)})"
+            )
+    if stored.get("input_hash") != identity["input_hash"]:
+        moved.append(
+            f"the input (checkpointed under {stored.get('input_hash')}, this attempt was "
+            f"given {identity['input_hash']})"
+        )
+    before = stored.get("task_versions")
+    if "task_versions_hash" not in stored or not isinstance(before, dict):
+        moved.append(
+            f"the task versions (this run recorded {len(recorded)} node value(s) before "
+            "task versions were recorded, so their implementation cannot be confirmed)"
+        )
+        return moved
+    after: Mapping[str, Any] = compiled.task_versions
+    if shapes is not None:
+        # only the tasks the recorded values were computed by, and would be now
+        known = shapes
+
+        def was_needs(node: str) -> Any:
+            shape = known.get(node)
+            return shape.get("needs") if isinstance(shape, dict) else None
+
+        used_then = {
+            shape.get("task")
+            for node in _upstream(was_needs, recorded)
+            if isinstance(shape := known.get(node), dict)
+        }
+        used_now = {compiled.node_tasks[node] for node in current}
+        before = {name: version for name, version in before.items() if name in used_then}
+        after = {name: after[name] for name in used_now}
+    drift = _version_drift(before, after)
+    if drift:
+        moved.append("the task versions (" + ", ".join(drift) + ")")
+    return moved
 
 
 def _version_drift(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:

@@ -50,7 +50,9 @@ def run_demo(*, db: str | None, jobs: int, out: TextIO) -> int:
     jobs); without it the demo runs on a temporary file removed at the end.
     """
     if db:
-        out.write(f"demo database: {db} (kept)\n")
+        # a path is bytes: one that is not UTF-8 is shown escaped, never a traceback
+        shown = db.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        out.write(f"demo database: {shown} (kept)\n")
         return _run_on(Path(db), jobs, out)
     with tempfile.TemporaryDirectory(prefix="jaren-demo-", ignore_cleanup_errors=True) as folder:
         out.write("demo database: a temporary file, removed at exit (--db PATH keeps one)\n")

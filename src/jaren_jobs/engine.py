@@ -600,9 +600,11 @@ class JobEngine:
     def _require_lease(self, lease: object, what: str) -> Lease:
         if isinstance(lease, Lease):
             return lease
+        # the value itself is not echoed: what was handed over by mistake may
+        # be a token (or hold one), and this message ends up in logs
         raise LeaseRequired(
-            f"{what} takes the lease a claim returned (claimed.lease), not "
-            f"{type(lease).__name__} {_short(lease)}: an owner is reused by every attempt "
+            f"{what} takes the lease a claim returned (claimed.lease), not a "
+            f"{type(lease).__name__}: an owner is reused by every attempt "
             "a worker makes, so only the lease can say WHICH attempt is speaking",
             given=type(lease).__name__,
         )
@@ -874,28 +876,44 @@ class JobEngine:
         *,
         signal: SignalLike | None = None,
         deadline: datetime | None = None,
+        drop_checkpoints: bool = False,
     ) -> bool:
         """Return a failed, dead, cancelled or lease-expired job to pending, now.
 
         Attempt history is kept. A live lease is :class:`LeaseRequired`
         (requeue is not a steal); done or unknown is :class:`JobSettled`;
-        ``False`` when it already is pending.
+        ``False`` when it already is pending. ``drop_checkpoints=True`` also
+        deletes the job's checkpoints in the same transaction (a pending
+        job's too), so a DAG run starts over instead of resuming: the way out
+        of a ``RunMismatch``. A refusal deletes nothing.
         """
         what = "requeue()"
         job_id = check_id(id, f"{what}: id")
+        if not isinstance(drop_checkpoints, bool):
+            raise TypeError(
+                f"{what}: drop_checkpoints must be a bool, got {type(drop_checkpoints).__name__}"
+            )
         sig = check_signal_arg(signal, what)
         dl = check_deadline_arg(deadline, what)
         refuse_if_cancelled(sig, dl, self._runtime.now(), what)
 
+        def drop() -> None:
+            # no attempt holds the job now (requeue refuses a live lease), so
+            # no attempt's run can be writing these rows
+            if drop_checkpoints:
+                self._db.run(sql.CHECKPOINT_DROP_RUN, {"run_id": job_id}, doing=what)
+
         def work() -> bool:
             now = self._runtime.now_ms()
             if self._db.changes(sql.REQUEUE, {"id": job_id, "now": now}, doing=what):
+                drop()
                 return True
             row = self._db.one(sql.FENCE_ROW, (job_id,), doing=what)
             if row is None:
                 raise JobSettled(f"{what} refused: job {job_id!r} is unknown", job_id=job_id)
             state = row[0]
             if state == "pending":
+                drop()
                 return False
             if state == "leased":
                 raise LeaseRequired(
@@ -1168,11 +1186,3 @@ def _new_job(job_id: str, prepared: _Prepared, run_at: int, now: int, created: d
             "updated_at": created,
         },
     )
-
-
-def _short(value: object) -> str:
-    try:
-        text = repr(value)
-    except Exception:
-        return ""
-    return text if len(text) <= 60 else text[:57] + "..."

@@ -411,6 +411,9 @@ CHECKPOINT_SAVE = f"""INSERT INTO {CHECKPOINTS} (run_id, node_id, value, generat
 CHECKPOINT_PRUNE = f"""DELETE FROM {CHECKPOINTS}
   WHERE run_id = :run_id AND generation <= :generation"""
 
+# requeue(drop_checkpoints=True): every generation, so the run starts over
+CHECKPOINT_DROP_RUN = f"DELETE FROM {CHECKPOINTS} WHERE run_id = :run_id"
+
 # ----------------------------------------------------------------- connection
 
 READ_JOURNAL_MODE = "PRAGMA main.journal_mode"

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from jaren_jobs import NewJob, Runtime, Store, open_store
+from jaren_jobs import NewJob, Runtime, Store, open_store, sql
 from tests.integration.test_schema_upgrade import build_pre_fence
 
 SUBPROCESS_TIMEOUT = 60.0
@@ -606,14 +606,123 @@ def test_a_directory_is_not_a_database(tmp_path: Path) -> None:
     assert_one_line_error(run_cli("--db", tmp_path, "counts"), 2, "no database at")
 
 
-def test_an_older_schema_is_upgraded_in_place_and_read(tmp_path: Path) -> None:
+def journal_mode(path: Path) -> str:
+    # asking read-only changes nothing
+    connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        return str(connection.execute("PRAGMA journal_mode").fetchone()[0])
+    finally:
+        connection.close()
+
+
+def schema_version_of(path: Path) -> str | None:
+    if "_jaren_meta" not in table_names(path):
+        return None
+    connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        row = connection.execute(
+            "SELECT value FROM \"_jaren_meta\" WHERE key = 'schema_version'"
+        ).fetchone()
+        return None if row is None else str(row[0])
+    finally:
+        connection.close()
+
+
+def build_version_1(path: Path) -> None:
+    """A database as schema version 1 left it: the (state, kind) index of every row."""
+    build_pre_fence(path)
+    with open_store(path) as store:
+        store.jobs.enqueue("mail", {"to": "b"}, id="p2")
+    connection = sqlite3.connect(path)
+    with connection:
+        connection.execute('DROP INDEX "_jaren_jobs_unleased"')
+        connection.execute('CREATE INDEX "_jaren_jobs_state" ON "_jaren_jobs" (state, kind)')
+        connection.execute("UPDATE \"_jaren_meta\" SET value = '1' WHERE key = 'schema_version'")
+    connection.execute("PRAGMA journal_mode = DELETE")  # outside a transaction, or a no-op
+    connection.close()
+
+
+def build_current_in_rollback_mode(path: Path) -> None:
+    """The current schema, in a file the application keeps in rollback-journal mode."""
+    build_version_1(path)
+    with open_store(path):
+        pass
+    connection = sqlite3.connect(path)
+    connection.execute("PRAGMA journal_mode = DELETE")
+    connection.close()
+
+
+READ_ONLY_COMMANDS = [
+    ["counts"],
+    ["counts", "--json"],
+    ["ls"],
+    ["ls", "--json", "--state", "failed"],
+    ["show", "f1"],
+    ["show", "f1", "--json"],
+]
+
+
+def build_current_in_wal_mode(path: Path) -> None:
+    build_version_1(path)
+    open_store(path).close()  # upgraded, and switched to WAL
+
+
+@pytest.mark.parametrize("command", READ_ONLY_COMMANDS, ids=" ".join)
+@pytest.mark.parametrize(
+    ("build", "older", "mode"),
+    [
+        pytest.param(build_pre_fence, True, "delete", id="pre-fence"),
+        pytest.param(build_version_1, True, "delete", id="version 1"),
+        pytest.param(build_current_in_rollback_mode, False, "delete", id="current, rollback"),
+        pytest.param(build_current_in_wal_mode, False, "wal", id="current, WAL"),
+    ],
+)
+def test_read_only_commands_read_any_schema_and_leave_the_file_as_it_was(
+    tmp_path: Path, build: Callable[[Path], None], older: bool, mode: str, command: list[str]
+) -> None:
+    path = tmp_path / "legacy.db"
+    build(path)
+    before = (path.read_bytes(), journal_mode(path), schema_version_of(path))
+    assert before[1] == mode
+    result = run_cli("--db", path, *command)
+    assert result.returncode == 0, result.stderr
+    # not a byte, not the journal mode, not the schema version, no file beside it
+    # (but a WAL file's readers share SQLite's -wal and -shm, which a read-only
+    # connection cannot remove)
+    assert (path.read_bytes(), journal_mode(path), schema_version_of(path)) == before
+    shared = {"legacy.db-wal", "legacy.db-shm"} if mode == "wal" else set()
+    assert {p.name for p in tmp_path.iterdir()} - shared == {"legacy.db"}
+    if older:  # said once, on stderr: stdout stays what a script parses
+        [note] = result.stderr.splitlines()
+        assert note.startswith("jaren-jobs: note: ")
+        assert "older schema" in note
+        assert "unchanged" in note
+    else:
+        assert result.stderr == ""
+    if command == ["counts", "--json"]:
+        data = json.loads(result.stdout)
+        assert (data["pending"], data["leased"], data["done"], data["failed"]) == (
+            1 + (build is not build_pre_fence),
+            1,
+            1,
+            1,
+        )
+    if command == ["show", "f1", "--json"]:
+        shown = json.loads(result.stdout)
+        assert shown["last_error"] == "Error: smtp down"
+        assert shown["payload"] == [1, 2]
+    if command[:2] == ["ls", "--json"]:
+        assert [job["id"] for job in json_lines(result.stdout)] == ["f1"]
+
+
+def test_a_write_command_upgrades_an_older_schema_in_place(tmp_path: Path) -> None:
     path = tmp_path / "legacy.db"
     build_pre_fence(path)
+    assert ok(run_cli("--db", path, "requeue", "f1")) == "requeued f1\n"
+    assert schema_version_of(path) == str(sql.SCHEMA_VERSION)
+    assert journal_mode(path) == "wal"
     data = json.loads(ok(run_cli("--db", path, "counts", "--json")))
-    assert (data["pending"], data["leased"], data["done"], data["failed"]) == (1, 1, 1, 1)
-    shown = json.loads(ok(run_cli("--db", path, "show", "f1", "--json")))
-    assert shown["last_error"] == "Error: smtp down"
-    assert shown["payload"] == [1, 2]
+    assert (data["pending"], data["leased"], data["done"], data["failed"]) == (2, 1, 1, 0)
 
 
 def test_a_newer_schema_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -670,6 +779,153 @@ def test_a_reader_that_goes_away_is_not_a_traceback(tmp_path: Path) -> None:
     _, stderr = process.communicate(timeout=SUBPROCESS_TIMEOUT)
     assert process.returncode == 141
     assert stderr == b""
+
+
+def run_cli_bytes(
+    *args: str | bytes | Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``run_cli`` with arguments passed as bytes, as a shell passes what a user typed."""
+    return subprocess.run(
+        [sys.executable, "-m", "jaren_jobs", *(os.fsencode(a) for a in args)],
+        capture_output=True,
+        encoding="utf-8",
+        errors="surrogateescape",
+        env=env if env is not None else cli_env(),
+        cwd=cwd,
+        timeout=SUBPROCESS_TIMEOUT,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["show", b"\xff"],
+        ["show", b"caf\xe9"],  # Latin-1, not UTF-8
+        ["cancel", b"e0\xff"],
+        ["requeue", b"\xfe\xff"],
+        ["ls", "--kind", b"\xff"],
+        ["ls", "--after", b"e\xff"],
+        ["sweep", "--older-than", b"1\xffd"],
+        ["worker", b"user\xffjobs:H"],
+        ["worker", "userjobs:H", "--kinds", b"dou\xffble"],
+    ],
+    ids=lambda command: " ".join(
+        os.fsdecode(part).encode("unicode_escape").decode() for part in command
+    ),
+)
+def test_an_argument_that_is_not_utf8_exits_2_with_one_line(
+    mixed: Prepared, user_code: Path, command: list[str | bytes]
+) -> None:
+    before = all_jobs(mixed.path)
+    result = run_cli_bytes("--db", mixed.path, *command, cwd=user_code)
+    assert_one_line_error(result, 2, "not valid UTF-8")
+    assert all_jobs(mixed.path) == before
+
+
+def test_a_database_path_that_is_not_utf8_is_still_a_path(
+    prepared: Prepared, user_code: Path, tmp_path: Path
+) -> None:
+    # file names are bytes: one that is not UTF-8 names a file like any other
+    path = os.fsencode(tmp_path) + b"/queue-\xff.db"
+    with open(prepared.path, "rb") as source, open(path, "wb") as target:
+        target.write(source.read())
+    strict = cli_env(PYTHONIOENCODING="utf-8:strict")  # a terminal that refuses bad bytes
+    counts = run_cli_bytes("--db", path, "counts", "--json", env=strict)
+    assert counts.returncode == 0, counts.stderr
+    assert json.loads(counts.stdout)["pending"] == 13
+    missing = run_cli_bytes("--db", path + b".gone", "counts", env=strict)
+    assert_one_line_error(missing, 2, "no database at")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "jaren_jobs", b"--db", path, "worker", "userjobs:H"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=strict, cwd=user_code,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        ready = process.stdout.readline().decode("ascii")  # the path is shown escaped
+        assert READY.match(ready.rstrip("\n")), (ready, process.poll())
+        assert "queue-\\xff.db" in ready
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=SUBPROCESS_TIMEOUT)
+    assert process.returncode == 0, stderr
+    assert stderr == b""
+    kept = os.fsencode(tmp_path) + b"/demo-\xff.db"
+    demo = run_cli_bytes("demo", "--jobs", "10", "--db", kept, env=strict)
+    assert demo.returncode == 0, demo.stderr
+    assert "demo database: " in demo.stdout
+    assert "demo-\\xff.db (kept)" in demo.stdout
+
+
+HUGE = "9" * 30  # past every 64-bit integer
+
+
+@pytest.mark.parametrize(
+    ("command", "needles"),
+    [
+        # a horizon before the year 1: one line, not an OverflowError
+        pytest.param(
+            ["sweep", "--older-than", "200000w"], ["--older-than", "200000w"], id="sweep 200000w"
+        ),
+        pytest.param(
+            ["sweep", "--older-than", "9" * 400 + "d"], ["--older-than"], id="sweep 9e400d"
+        ),
+        pytest.param(
+            ["sweep", "--older-than", "1d", "--limit", HUGE],
+            ["--limit", "at most"],
+            id="sweep limit",
+        ),
+        pytest.param(["ls", "--limit", HUGE], ["--limit", "at most"], id="ls limit"),
+        pytest.param(["ls", "--limit", "9" * 5000], ["--limit"], id="ls limit of 5000 digits"),
+        pytest.param(
+            ["worker", "userjobs:H", "--concurrency", "5000"],
+            ["--concurrency", "at most"],
+            id="worker concurrency",
+        ),
+        pytest.param(
+            ["worker", "userjobs:H", "--grace", "1e308"], ["--grace", "at most"], id="worker grace"
+        ),
+        pytest.param(
+            ["worker", "userjobs:H", "--poll", "1e308"], ["--poll", "at most"], id="worker poll"
+        ),
+        pytest.param(["demo", "--jobs", HUGE], ["--jobs", "at most"], id="demo jobs"),
+    ],
+)
+def test_an_absurdly_large_number_exits_2_with_one_line(
+    mixed: Prepared, user_code: Path, command: list[str], needles: list[str]
+) -> None:
+    before = all_jobs(mixed.path)
+    result = run_cli("--db", mixed.path, *command, cwd=user_code)
+    assert_one_line_error(result, 2, *needles)
+    assert all_jobs(mixed.path) == before
+
+
+def test_requeue_drop_checkpoints_starts_a_run_over(tmp_path: Path) -> None:
+    path = tmp_path / "dag.db"
+    with open_store(path) as store:
+        for job_id in ("kept", "dropped"):
+            store.jobs.enqueue("chain", {"input": 1}, id=job_id)
+            claimed = store.jobs.claim(["chain"], owner="prep")
+            assert claimed is not None
+            store.jobs.checkpoints_for(claimed).save(job_id, "n1", 1)
+            store.jobs.fail(claimed.lease, RuntimeError("RunMismatch"), retry=False)
+
+    def checkpoint_rows(job_id: str) -> int:
+        connection = sqlite3.connect(path)
+        try:
+            query = 'SELECT COUNT(*) FROM "_jaren_job_checkpoints" WHERE run_id = ?'
+            return int(connection.execute(query, (job_id,)).fetchone()[0])
+        finally:
+            connection.close()
+
+    assert ok(run_cli("--db", path, "requeue", "kept")) == "requeued kept\n"
+    assert checkpoint_rows("kept") == 1  # a plain requeue resumes
+    out = ok(run_cli("--db", path, "requeue", "dropped", "--drop-checkpoints"))
+    assert out == "requeued dropped; its checkpoints were dropped\n"
+    assert checkpoint_rows("dropped") == 0
+    job = read_job(path, "dropped")
+    assert job is not None
+    assert (job["state"], job["attempts"]) == ("pending", 1)
 
 
 # ------------------------------------------------------------------ worker

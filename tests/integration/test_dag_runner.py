@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import logging
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -27,17 +28,23 @@ import pytest
 from jaren_jobs import (
     CancelScope,
     Job,
+    JobsError,
+    Lease,
+    LeaseRequired,
     OperationCancelled,
     Outcome,
     RunMismatch,
+    Runtime,
     Store,
     Task,
     TaskContext,
     Worker,
     create_dag_job_runner,
+    open_store,
 )
 from jaren_jobs.dag import RUN_IDENTITY_NODE, DagJobs, document_revision
-from tests.conftest import FakeClock
+from jaren_jobs.errors import describe_error
+from tests.conftest import FakeClock, Sequence
 
 WAIT = 10.0
 KIND = "chain"
@@ -58,6 +65,11 @@ DOCUMENT: dict[str, Any] = {
 }
 VALUES = {"n1": 3, "n2": 6, "n3": 9, "n4": 18, "n5": 24}
 VERSIONS: dict[str, Any] = {"seed": None, "double": 1, "add": 1}
+# what the run identity records of the graph: each node's task and needs
+SHAPES: dict[str, Any] = {
+    node: {"task": spec["task"], "needs": spec.get("needs", [])}
+    for node, spec in DOCUMENT["nodes"].items()
+}
 
 Hook = Callable[[dict[str, Any], Any], None]
 
@@ -375,6 +387,7 @@ def test_a_retry_resumes_from_the_checkpoints_of_the_failed_attempt(
         "input_hash": sha256(INPUT),
         "task_versions": {"add": 1, "double": 1, "seed": None},
         "task_versions_hash": sha256({"add": 1, "double": 1, "seed": None}),
+        "nodes": SHAPES,
     }
     assert identity["revision"] == sha256(DOCUMENT)
 
@@ -395,8 +408,17 @@ def test_a_retry_resumes_from_the_checkpoints_of_the_failed_attempt(
 
 
 def changed_document() -> dict[str, Any]:
+    """n2 (recorded by ``fail_at_n3``) reads nothing now: its recorded value is stale."""
+    document = copy.deepcopy(DOCUMENT)
+    document["nodes"]["n2"]["needs"] = []
+    return document
+
+
+def redescribed_document() -> dict[str, Any]:
+    """Another revision, but no node runs or reads anything else."""
     document = copy.deepcopy(DOCUMENT)
     document["description"] = "the same graph, described differently"
+    document["nodes"]["n2"]["description"] = "twice n1"
     return document
 
 
@@ -516,7 +538,8 @@ def test_requeued_once_the_deployment_is_fixed_the_run_resumes(
     calls = Calls()
     job = fail_at_n3(store, db_path, calls)
     clock.advance(5)
-    assert runner(store, calls, versions={"add": 2}).run_once() is True
+    # n2 was recorded by 'double' version 1: a deployment of version 2 cannot reuse it
+    assert runner(store, calls, versions={"double": 2}).run_once() is True
     assert get(store, job.id).state == "dead"
 
     assert store.jobs.requeue(job.id) is True
@@ -526,6 +549,232 @@ def test_requeued_once_the_deployment_is_fixed_the_run_resumes(
     assert get(store, job.id).result == RESULT
     assert calls.snapshot() == ["n1", "n2", "n3", "n3", "n4", "n5"]
     assert rows(db_path, job.id) == []
+
+
+def test_a_run_that_failed_on_a_bug_resumes_once_the_fix_ships_with_a_bumped_version(
+    store: Store, db_path: Path, clock: FakeClock
+) -> None:
+    calls = Calls()
+    job = fail_at_n3(store, db_path, calls)  # 'add' broke in n3; n1 and n2 are recorded
+    seen: list[dict[str, Any]] = []
+
+    def look(inputs: dict[str, Any], ctx: Any) -> None:
+        seen.append({node: (v, g) for node, v, g in rows(db_path, job.id)})
+
+    # the fix ships as 'add' version 2: nothing recorded was computed by 'add'
+    fixed = runner(store, calls, versions={"add": 2}, hooks={"n4": look})
+    clock.advance(5)
+    assert fixed.run_once() is True
+    assert [o.outcome for o in fixed.outcomes] == ["completed"]
+    assert fixed.raised == []
+    done = get(store, job.id)
+    assert (done.state, done.result, done.attempts) == ("done", RESULT, 2)
+    assert calls.snapshot() == ["n1", "n2", "n3", "n3", "n4", "n5"]  # n1, n2 reused
+    # before any node ran, the resume re-recorded the identity as this deployment's
+    [during] = seen
+    assert during[RUN_IDENTITY_NODE] == (
+        {**pre_shape_identity(versions={**VERSIONS, "add": 2}), "nodes": SHAPES},
+        2,
+    )
+    assert (during["n1"], during["n2"], during["n3"]) == ((3, 1), (6, 1), (9, 2))
+    assert rows(db_path, job.id) == []
+
+
+def test_a_value_recorded_under_the_new_deployment_is_not_reused_by_the_old_one(
+    store: Store, db_path: Path, clock: FakeClock
+) -> None:
+    calls = Calls()
+    job = fail_at_n3(store, db_path, calls)
+    clock.advance(5)
+    forward = runner(store, calls, versions={"add": 2}, hooks={"n4": fail_first("n4")})
+    assert forward.run_once() is True  # n3 is recorded by 'add' version 2; n4 breaks
+    assert [o.outcome for o in forward.outcomes] == ["failed"]
+    assert nodes_of(rows(db_path, job.id)) == [RUN_IDENTITY_NODE, "n1", "n2", "n3"]
+    before = rows(db_path, job.id)
+
+    clock.advance(60)
+    back = runner(store, calls)  # rolled back to 'add' version 1
+    assert back.run_once() is True
+    [error] = back.raised
+    assert isinstance(error, RunMismatch)
+    assert error.details["moved"] == ["the task versions ('add' moved from version 2 to 1)"]
+    assert get(store, job.id).state == "dead"
+    assert rows(db_path, job.id) == before
+    assert calls.snapshot() == ["n1", "n2", "n3", "n3", "n4"]
+
+
+def _document_where(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    document = copy.deepcopy(DOCUMENT)
+    change(document)
+    return document
+
+
+def _swap_n1_task(document: dict[str, Any]) -> None:
+    document["nodes"]["n1"]["task"] = "double"
+
+
+def _output_n4(document: dict[str, Any]) -> None:
+    document["output"] = "n4"
+
+
+def _n4_reads_n1_too(document: dict[str, Any]) -> None:
+    document["nodes"]["n4"]["needs"] = ["n3", "n1"]
+
+
+def _add_n6(document: dict[str, Any]) -> None:
+    document["nodes"]["n6"] = {"task": "add", "needs": ["n5", "n1"]}
+    document["output"] = "n6"
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        # nothing the recorded n1 and n2 depend on moved: the run resumes
+        pytest.param({"document": redescribed_document()}, RESULT, id="descriptions"),
+        pytest.param({"versions": {"add": 2}}, RESULT, id="a task only later nodes run"),
+        pytest.param({"document": _document_where(_output_n4)}, 18, id="the output"),
+        pytest.param({"document": _document_where(_n4_reads_n1_too)}, 30, id="a later needs"),
+        pytest.param({"document": _document_where(_add_n6)}, 27, id="a node added downstream"),
+        # something a recorded value depends on moved: refused
+        pytest.param(
+            {"versions": {"seed": 1}},
+            ["the task versions ('seed' moved from version None to 1)"],
+            id="the task of a recorded node",
+        ),
+        pytest.param(
+            {"document": changed_document()},
+            [f"compiles revision {sha256(changed_document())}: node 'n2' needs [], not ['n1'])"],
+            id="what a recorded node reads",
+        ),
+        pytest.param(
+            {"document": _document_where(_swap_n1_task)},
+            [
+                "node 'n1' runs task 'double', not 'seed')",
+                "the task versions ('seed' is gone (was version None))",
+            ],
+            id="the task of a node upstream of a recorded one",
+        ),
+        pytest.param({"input": {"x": 4}}, ["the input (checkpointed under"], id="the input"),
+    ],
+)
+def test_a_resume_compares_only_what_the_recorded_values_depend_on(
+    store: Store, db_path: Path, clock: FakeClock, options: dict[str, Any], expected: Any
+) -> None:
+    calls = Calls()
+    job = fail_at_n3(store, db_path, calls)  # n1 and n2 are recorded
+    before = rows(db_path, job.id)
+    run_input = options.pop("input", None)
+    if run_input is not None:
+        raw(
+            db_path,
+            'UPDATE "_jaren_jobs" SET payload = ? WHERE id = ?',
+            (json.dumps({"input": run_input}), job.id),
+        )
+    second = runner(store, calls, **options)
+    clock.advance(5)
+    assert second.run_once() is True
+    if isinstance(expected, int):
+        assert second.raised == []
+        assert get(store, job.id).result == expected
+        # n1 and n2 were not run again
+        assert calls.snapshot()[:3] == ["n1", "n2", "n3"]
+        assert not {"n1", "n2"} & set(calls.snapshot()[3:])
+        assert rows(db_path, job.id) == []
+        return
+    [error] = second.raised
+    assert isinstance(error, RunMismatch)
+    moved = error.details["moved"]
+    assert len(moved) == len(expected)
+    for needle, item in zip(expected, moved, strict=True):
+        assert needle in item
+    assert get(store, job.id).state == "dead"
+    assert rows(db_path, job.id) == before
+    assert calls.snapshot() == ["n1", "n2", "n3"]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param({"document": changed_document()}, id="the document"),
+        pytest.param({"versions": {"seed": 2, "double": 2, "add": 2}}, id="every task version"),
+        pytest.param({"input": {"x": 5}}, id="the input"),
+    ],
+)
+def test_a_run_that_recorded_no_value_resumes_whatever_moved(
+    store: Store, db_path: Path, clock: FakeClock, options: dict[str, Any]
+) -> None:
+    calls = Calls()
+    job = enqueue(store)
+    first = runner(store, calls, hooks={"n1": fail_first("n1")})
+    assert first.run_once() is True
+    assert nodes_of(rows(db_path, job.id)) == [RUN_IDENTITY_NODE]  # no node value
+    run_input = options.pop("input", INPUT)
+    raw(
+        db_path,
+        'UPDATE "_jaren_jobs" SET payload = ? WHERE id = ?',
+        (json.dumps({"input": run_input}), job.id),
+    )
+    second = runner(store, calls, **options)
+    clock.advance(5)
+    assert second.run_once() is True
+    assert second.raised == []
+    document = options.get("document", DOCUMENT)
+    expected = second.dag.compiled[KIND].evaluate(
+        run_input, lambda node, inputs: IMPLEMENTATIONS[document["nodes"][node]["task"]](inputs)
+    )
+    done = get(store, job.id)
+    assert (done.state, done.result) == ("done", expected)
+    assert calls.snapshot() == ["n1", "n1", "n2", "n3", "n4", "n5"]
+
+
+def test_requeue_with_drop_checkpoints_starts_a_mismatched_run_over(
+    store: Store, db_path: Path, clock: FakeClock
+) -> None:
+    calls = Calls()
+    job = fail_at_n3(store, db_path, calls)
+    clock.advance(5)
+    new_deployment = runner(store, calls, versions={"double": 2})
+    assert new_deployment.run_once() is True  # n2 was computed by 'double' version 1
+    assert isinstance(new_deployment.raised[0], RunMismatch)
+    assert get(store, job.id).state == "dead"
+
+    assert store.jobs.requeue(job.id, drop_checkpoints=True) is True
+    assert rows(db_path, job.id) == []
+    requeued = get(store, job.id)
+    assert (requeued.state, requeued.attempts) == ("pending", 2)  # history kept
+    assert runner(store, calls, versions={"double": 2}).run_once() is True
+    done = get(store, job.id)
+    assert (done.state, done.result, done.attempts) == ("done", RESULT, 3)
+    # the run started over: every node ran again under the new deployment
+    assert calls.snapshot() == ["n1", "n2", "n3", "n1", "n2", "n3", "n4", "n5"]
+
+
+def test_requeue_drops_checkpoints_only_when_asked_and_never_under_a_live_lease(
+    store: Store, db_path: Path, clock: FakeClock
+) -> None:
+    calls = Calls()
+    job = fail_at_n3(store, db_path, calls)
+    kept = rows(db_path, job.id)
+    assert store.jobs.requeue(job.id) is True  # the default keeps them: a resume
+    assert rows(db_path, job.id) == kept
+    # already pending: nothing moves, but no attempt holds the run, so they go
+    assert store.jobs.requeue(job.id, drop_checkpoints=True) is False
+    assert rows(db_path, job.id) == []
+
+    claimed = store.jobs.claim([KIND], owner="holder")
+    assert claimed is not None
+    assert claimed.id == job.id
+    store.jobs.checkpoints_for(claimed).save(job.id, "n1", 3)
+    held = rows(db_path, job.id)
+    assert held == [("n1", 3, 2)]
+    with pytest.raises(LeaseRequired):
+        store.jobs.requeue(job.id, drop_checkpoints=True)
+    assert rows(db_path, job.id) == held
+    for bad in ("yes", 1, None):
+        with pytest.raises(TypeError, match="drop_checkpoints"):
+            store.jobs.requeue(job.id, drop_checkpoints=bad)  # type: ignore[arg-type]
+    assert rows(db_path, job.id) == held
+    assert get(store, job.id).state == "leased"
 
 
 # ----------------------------------------------------------------- legacy identity rows
@@ -546,23 +795,50 @@ def legacy_identity(document: dict[str, Any] = DOCUMENT) -> dict[str, Any]:
     return {"revision": sha256(document), "input_hash": sha256(INPUT)}
 
 
+def pre_shape_identity(
+    document: dict[str, Any] = DOCUMENT,
+    run_input: Any = INPUT,
+    versions: dict[str, Any] = VERSIONS,
+) -> dict[str, Any]:
+    """An identity row as the release before graph shapes were recorded wrote it."""
+    return {
+        "revision": sha256(document),
+        "input_hash": sha256(run_input),
+        "task_versions": versions,
+        "task_versions_hash": sha256(versions),
+    }
+
+
+@pytest.mark.parametrize(
+    "seeded",
+    [
+        pytest.param(legacy_identity(), id="legacy identity"),
+        # no node value depends on anything, so nothing that moved can be stale
+        pytest.param(legacy_identity(changed_document()), id="legacy identity of another document"),
+        pytest.param(
+            pre_shape_identity(changed_document(), {"x": 4}, {**VERSIONS, "seed": 9}),
+            id="identity of another document, input and versions",
+        ),
+    ],
+)
 def test_a_legacy_identity_without_node_values_is_upgraded(
-    store: Store, db_path: Path, clock: FakeClock
+    store: Store, db_path: Path, clock: FakeClock, seeded: dict[str, Any]
 ) -> None:
     calls = Calls()
     job = enqueue(store)
-    seed_rows(db_path, job.id, {RUN_IDENTITY_NODE: legacy_identity()})
+    seed_rows(db_path, job.id, {RUN_IDENTITY_NODE: seeded})
     first = runner(store, calls, hooks={"n3": fail_first("n3")})
     assert first.run_once() is True
     assert [o.outcome for o in first.outcomes] == ["failed"]
     assert first.raised[0].args == ("n3 broke on its first run",)
     found = {node: (value, generation) for node, value, generation in rows(db_path, job.id)}
-    # the identity row now names the task versions, written by attempt 1
+    # the identity row now names this deployment, written by attempt 1
     assert found[RUN_IDENTITY_NODE] == (
         {
             **legacy_identity(),
             "task_versions": VERSIONS,
             "task_versions_hash": sha256(VERSIONS),
+            "nodes": SHAPES,
         },
         1,
     )
@@ -581,9 +857,15 @@ def test_a_legacy_identity_without_node_values_is_upgraded(
             id="legacy identity with a node value",
         ),
         pytest.param(
-            {RUN_IDENTITY_NODE: legacy_identity(changed_document())},
+            {RUN_IDENTITY_NODE: legacy_identity(redescribed_document()), "n1": 3},
             "the document (checkpointed under revision",
-            id="legacy identity of another document",
+            id="legacy identity of another document with a node value",
+        ),
+        pytest.param(
+            # which nodes another revision had is not recorded: nothing can be reused
+            {RUN_IDENTITY_NODE: pre_shape_identity(redescribed_document()), "n1": 3},
+            "the document (checkpointed under revision",
+            id="identity of another document without its shape, with a node value",
         ),
         pytest.param(
             {"n1": 3, "n2": 6},
@@ -945,3 +1227,131 @@ def test_stop_between_nodes_leaves_a_run_the_next_worker_resumes(
     assert runner(store, calls).run_once() is True
     assert get(store, job.id).result == RESULT
     assert calls.snapshot() == ["n1", "n2", "n3", "n4", "n5"]
+
+
+# ----------------------------------------------------------------- lease tokens
+
+
+def test_no_lease_token_appears_in_any_repr_str_detail_or_log_line(
+    db_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A token is the capability to settle a job: nothing anyone can print may carry it.
+
+    Every public object a real run hands out (claimed jobs, leases, the
+    worker's and the DAG's contexts, outcomes, stats, the fence's errors,
+    the DAG's run objects) and every log record of a run that fails, retries
+    and loses its lease is rendered, and no live token may appear in any of
+    it. Ids and owners are given, so every uuid the runtime mints is a token.
+    """
+    caplog.set_level(logging.DEBUG)
+    tokens_runtime = Runtime(now=clock.now, random=lambda: 0.5, uuid=Sequence("live-token").uuid)
+    shown: list[tuple[str, object]] = []  # (where, object) pairs to render
+    tokens: set[str] = set()
+    raised: list[BaseException] = []
+    task_contexts: list[TaskContext] = []
+    job_contexts: list[Any] = []
+    app_log = logging.getLogger("tests.app")
+
+    def note_lease(lease: Lease) -> None:
+        tokens.add(lease.token)
+        shown.append(("lease", lease))
+
+    def careless(inputs: dict[str, Any], ctx: TaskContext) -> Any:
+        # what an application writes without thinking about capabilities
+        task_contexts.append(ctx)
+        app_log.warning("running %r (%s)", ctx, ctx)
+        if ctx.job.id == "flaky" and ctx.job.lease.attempt == 1:
+            raise RuntimeError(f"the first attempt breaks in {ctx!r}")
+        if ctx.job.id == "stolen" and not thief:
+            clock.advance(LEASE + 1)  # this attempt's lease runs out mid-node...
+            claimed = store.jobs.claim([KIND], owner="thief")  # ...and another claims it
+            assert claimed is not None
+            thief.append(claimed)
+        return 1
+
+    thief: list[Any] = []
+    document = {"nodes": {"a": {"task": "t"}, "b": {"task": "t", "needs": ["a"]}}, "output": "b"}
+    with open_store(db_path, runtime=tokens_runtime) as store:
+        dag = DagJobs({KIND: document}, {"t": Task(careless, version=1)})
+
+        def handle(payload: Any, ctx: Any) -> Any:
+            job_contexts.append(ctx)
+            note_lease(ctx.lease)
+            try:
+                return dag.handlers()[KIND](payload, ctx)
+            except BaseException as exc:
+                raised.append(exc)
+                raise
+
+        outcomes: list[Outcome] = []
+        worker = store.jobs.create_worker(
+            {KIND: handle}, owner="leaky", renew=False, lease_seconds=LEASE,
+            on_outcome=outcomes.append,
+        )  # fmt: skip
+        store.jobs.enqueue(KIND, {"input": 1}, id="flaky")
+        assert worker.run_once() is True  # attempt 1 fails
+        clock.advance(5)
+        assert worker.run_once() is True  # attempt 2 resumes and completes
+        store.jobs.enqueue(KIND, {"input": 2}, id="stolen")
+        assert worker.run_once() is True  # the attempt is superseded: lost
+        assert [o.outcome for o in outcomes] == ["failed", "completed", "lost"]
+        [stolen] = thief
+        note_lease(stolen.lease)
+        renewed = store.jobs.renew(stolen.lease)
+        note_lease(renewed)
+        stats = worker.stats()
+        stopped = worker.stop()
+
+        # the fence's refusals, and the mistakes that hand it the wrong thing
+        first, _, third = (ctx.lease for ctx in job_contexts)
+        refusals: list[Callable[[], Any]] = [
+            lambda: store.jobs.complete(first, "late"),  # JobSettled: settled since
+            lambda: store.jobs.complete(third, "late"),  # LeaseSuperseded: another attempt
+            lambda: store.jobs.complete(stolen.lease, "late"),  # superseded by the renewal
+            lambda: job_contexts[2].checkpoints.save("stolen", "a", 2),
+            lambda: store.jobs.complete(renewed.token),  # LeaseRequired: a token is no lease
+            lambda: store.jobs.renew({"job_id": "stolen", "token": renewed.token}),
+            lambda: store.jobs.cancel("stolen", lease=renewed.token),
+            lambda: dag.save(task_contexts[0].run_key, "a", 2),  # RunMismatch: not held
+            lambda: dag.load(DagJobs.run_key("stolen", renewed.token)),
+        ]
+        clock.advance(LEASE + 1)
+        refusals.append(lambda: store.jobs.complete(renewed, "late"))  # LeaseExpired
+        for refuse in refusals:
+            with pytest.raises(JobsError) as refused:
+                refuse()
+            shown.append(("error", refused.value))
+        assert {type(r).__name__ for _, r in shown if isinstance(r, BaseException)} >= {
+            "JobSettled", "LeaseSuperseded", "LeaseExpired", "LeaseRequired", "RunMismatch",
+        }  # fmt: skip
+
+        shown.extend(("raised", exc) for exc in raised)
+        shown.extend(("job context", ctx) for ctx in job_contexts)
+        shown.extend(("checkpoints", ctx.checkpoints) for ctx in job_contexts)
+        shown.extend(("task context", ctx) for ctx in task_contexts)
+        shown.extend(("claimed job", ctx.job) for ctx in [*job_contexts, *task_contexts])
+        shown.extend(("outcome", outcome) for outcome in outcomes)
+        shown.extend([("stats", stats), ("stop", stopped), ("worker", worker)])
+        shown.extend([("dag", dag), ("compiled", dag.compiled[KIND]), ("store", store)])
+        shown.append(("thief's claim", stolen))
+        shown.extend(("job", store.jobs.get(job_id)) for job_id in ("flaky", "stolen"))
+        shown.extend(("leases", lease) for lease in worker.leases())
+        texts: list[tuple[str, str]] = []
+        for where, item in shown:
+            texts += [(f"repr({where})", repr(item)), (f"str({where})", str(item))]
+            if isinstance(item, BaseException):
+                texts += [
+                    (f"{where}.args", repr(item.args)),
+                    (f"{where}.desc", describe_error(item)),
+                ]
+            if isinstance(item, JobsError):
+                texts += [(f"{where}.details", repr(dict(item.details)))]
+            if isinstance(item, Job):
+                texts += [(f"{where}.to_dict()", json.dumps(item.to_dict()))]
+    formatter = logging.Formatter("%(name)s %(levelname)s %(message)s")
+    texts += [(f"log {r.name}", formatter.format(r)) for r in caplog.records]
+    # every record at every level, the library's included (it logs under "jaren_jobs")
+    assert "tests.app" in {r.name for r in caplog.records}
+    assert len(tokens) == 5
+    leaked = sorted({where for where, text in texts if any(t in text for t in tokens)})
+    assert leaked == []
