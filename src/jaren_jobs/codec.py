@@ -24,6 +24,7 @@ __all__ = [
     "datetime_from_ms",
     "decode_json",
     "encode_json",
+    "ms_from_aware",
     "ms_from_datetime",
 ]
 
@@ -34,6 +35,9 @@ _EPOCH_PLUS = EPOCH.__add__
 # deep enough for any honest document, shallow enough that neither the
 # encoder nor the decoder can hit Python's recursion limit
 MAX_DEPTH = 256
+# the instants a datetime can hold, as epoch ms: every stored time must read back
+_MIN_MS = -62_135_596_800_000  # 0001-01-01T00:00:00Z
+_MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 
 _SCALARS = (str, int, float, bool, type(None))
 _isfinite = math.isfinite
@@ -172,6 +176,20 @@ def decode_json(text: str | None) -> Any:
 def ms_from_datetime(value: datetime) -> int:
     """An aware datetime as integer epoch milliseconds, rounded down."""
     return (value - EPOCH) // _MS
+
+
+def ms_from_aware(value: object, what: str) -> int:
+    """A checked aware datetime as epoch ms, refused unless it reads back as a UTC datetime.
+
+    (``datetime.max`` five hours west of UTC is an aware datetime, and later
+    than any UTC datetime can be.)
+    """
+    ms = ms_from_datetime(check_aware(value, what))
+    if not _MIN_MS <= ms <= _MAX_MS:
+        raise ValueError(
+            f"{what} {value!r} is out of range: in UTC it falls outside the years 1 to 9999"
+        )
+    return ms
 
 
 def datetime_from_ms(value: int | None) -> datetime | None:

@@ -25,6 +25,7 @@ from .codec import (
     datetime_from_ms,
     decode_json,
     encode_json,
+    ms_from_aware,
     ms_from_datetime,
 )
 from .db import Database, RootScope, TxScope
@@ -212,7 +213,7 @@ class JobEngine:
             if run_at is not None and delay_seconds is not None:
                 raise ValueError(f"{what}: give run_at or delay_seconds, not both")
             if run_at is not None:
-                run_at_ms = ms_from_datetime(check_aware(run_at, f"{what}: run_at"))
+                run_at_ms = ms_from_aware(run_at, f"{what}: run_at")
             else:
                 delay = check_seconds(delay_seconds, f"{what}: delay_seconds", allow_zero=True)
                 delay_ms = math.floor(delay * 1000)

@@ -32,6 +32,7 @@ from tests.conftest import START
 
 AWARE = datetime.fromtimestamp(START, timezone.utc)
 NAIVE = datetime(2027, 1, 15, 8, 0, 0)
+PAST_MAX = datetime.max.replace(tzinfo=timezone(timedelta(hours=-5)))
 
 
 def snapshot(db_path: Path) -> dict[str, list[tuple[Any, ...]]]:
@@ -155,6 +156,19 @@ CASES: list[tuple[str, Call, type[BaseException], str]] = [
     # ---- run_at / delay_seconds
     ("run-at-naive", lambda w: w.store.jobs.enqueue("k", run_at=NAIVE), ValueError, "aware"),
     ("run-at-float", lambda w: w.store.jobs.enqueue("k", run_at=START), TypeError, "datetime"),
+    # datetime.max five hours west of UTC is past datetime.max in UTC
+    (
+        "run-at-past-max-utc",
+        lambda w: w.store.jobs.enqueue("k", run_at=PAST_MAX),
+        ValueError,
+        "run_at",
+    ),
+    (
+        "many-run-at-past-max-utc",
+        lambda w: w.store.jobs.enqueue_many([NewJob("k"), NewJob("k", run_at=PAST_MAX)]),
+        ValueError,
+        "item 1: run_at",
+    ),
     (
         "run-at-and-delay",
         lambda w: w.store.jobs.enqueue("k", run_at=AWARE, delay_seconds=1),

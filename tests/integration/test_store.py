@@ -137,6 +137,13 @@ def test_open_with_a_path(db_path: Path, durability: str, synchronous: int) -> N
     assert store.closed
 
 
+def test_the_longest_busy_timeout_sqlite_holds_is_accepted(db_path: Path) -> None:
+    with open_store(db_path, busy_timeout_seconds=2_147_483.647) as store:
+        assert store.connection.execute("PRAGMA busy_timeout").fetchone()[0] == 2**31 - 1
+    with pytest.raises(ValueError, match="busy_timeout_seconds"):
+        open_store(db_path, busy_timeout_seconds=2_147_483.648)
+
+
 def test_open_default_busy_timeout(store: Store) -> None:
     assert store.connection.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
     assert store.connection.execute("PRAGMA synchronous").fetchone()[0] == 2
@@ -203,6 +210,9 @@ def test_exactly_one_of_path_or_connection(db_path: Path) -> None:
         ({"durability": "fast"}, ValueError),
         ({"readonly": "yes"}, TypeError),
         ({"busy_timeout_seconds": -1}, ValueError),
+        # SQLite keeps busy_timeout in a C int of milliseconds: more would wrap to "never wait"
+        ({"busy_timeout_seconds": 2_147_484.0}, ValueError),
+        ({"busy_timeout_seconds": 3e9}, ValueError),
         ({"gate_timeout_seconds": float("nan")}, ValueError),
         ({"defaults": {"lease_seconds": 0}}, ValueError),
         ({"defaults": {"no_such_key": 1}}, ValueError),
