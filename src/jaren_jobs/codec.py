@@ -3,8 +3,11 @@
 Payloads and results are JSON values, never pickle. What JSON cannot carry is
 refused *before* anything is written: ``TypeError`` for a type JSON lacks
 (sets, bytes, objects, non-``str`` keys), ``ValueError`` for a value it cannot
-hold (NaN, infinity, a lone surrogate, nesting deeper than
-:data:`MAX_DEPTH`).
+hold (NaN, infinity, nesting deeper than :data:`MAX_DEPTH`; for a result,
+which the contract calls a value JSON cannot express, these are
+``TypeError`` too). Text that cannot be encoded (a lone surrogate, such as
+``os.fsdecode`` leaves for a file name that is not UTF-8) is ``ValueError``
+for payloads and results alike: it is an encoding problem, not a type.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from typing import Any
 __all__ = [
     "EPOCH",
     "MAX_DEPTH",
+    "check_identifier",
     "check_text",
     "datetime_from_ms",
     "decode_json",
     "encode_json",
+    "encode_result",
     "ms_from_aware",
     "ms_from_datetime",
 ]
@@ -60,16 +65,20 @@ _scan_once: Callable[[str, int], tuple[Any, int]] = make_scanner(
 )
 
 
-def encode_json(value: Any, what: str, part: str | None = None) -> str:
+def encode_json(
+    value: Any, what: str, part: str | None = None, *, unfit: type[Exception] = ValueError
+) -> str:
     """Serialise a JSON value compactly, refusing what JSON cannot carry.
 
     Refusals name ``what`` (and ``part`` of it, when given: ``"enqueue():
-    payload"``); the label is built only when one is raised.
+    payload"``); the label is built only when one is raised. ``unfit`` is
+    raised for a value JSON cannot hold (NaN, infinity, too deep); a type it
+    lacks is always ``TypeError``, text that cannot be encoded ``ValueError``.
     """
     if value is None:
         return "null"
     if not _flat(value):
-        _check_json(value, what if part is None else f"{what}: {part}")
+        _check_json(value, what if part is None else f"{what}: {part}", unfit)
         return _ENCODER.encode(value)
     if _C_ENCODER is None:  # pragma: no cover - CPython always has the C encoder
         text = _ENCODER.encode(value)
@@ -81,9 +90,15 @@ def encode_json(value: Any, what: str, part: str | None = None) -> str:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
-            _check_json(value, what if part is None else f"{what}: {part}")
+            _check_json(value, what if part is None else f"{what}: {part}", unfit)
             raise  # pragma: no cover - the walk always finds it first
     return text
+
+
+def encode_result(value: Any, what: str) -> str:
+    """A job's result as JSON text: ``TypeError`` for what JSON cannot express (SPEC §3),
+    ``ValueError`` for text that cannot be encoded (a lone surrogate)."""
+    return "null" if value is None else encode_json(value, what, "result", unfit=TypeError)
 
 
 def _flat(value: Any) -> bool:
@@ -112,18 +127,18 @@ def _flat(value: Any) -> bool:
     return True
 
 
-def _check_json(value: Any, what: str) -> None:
+def _check_json(value: Any, what: str, unfit: type[Exception]) -> None:
     # iterative walk: a 100,000-deep payload must be refused, not crash
     stack: list[tuple[Any, int, str]] = [(value, 0, "$")]
     while stack:
         item, depth, path = stack.pop()
         if depth > MAX_DEPTH:
-            raise ValueError(f"{what} is nested more than {MAX_DEPTH} levels deep (at {path})")
+            raise unfit(f"{what} is nested more than {MAX_DEPTH} levels deep (at {path})")
         if isinstance(item, str):
             check_text(item, f"{what} at {path}")
         elif isinstance(item, float):
             if not math.isfinite(item):
-                raise ValueError(f"{what} holds {item!r} at {path}; JSON has no NaN or infinity")
+                raise unfit(f"{what} holds {item!r} at {path}; JSON has no NaN or infinity")
         elif isinstance(item, _SCALARS):
             continue
         elif isinstance(item, dict):
@@ -152,6 +167,13 @@ def check_text(text: str, what: str) -> str:
     except UnicodeEncodeError as exc:
         raise ValueError(f"{what} is not valid Unicode text ({exc.reason})") from None
     return text
+
+
+def check_identifier(text: str, what: str) -> str:
+    """A kind, id or owner: storable text without NUL (which C strings and PostgreSQL end at)."""
+    if "\x00" in text:
+        raise ValueError(f"{what} must not contain a NUL character ('\\x00'), got {text!r}")
+    return check_text(text, what)
 
 
 def decode_json(text: str | None) -> Any:

@@ -66,6 +66,8 @@ class Database:
             cur.execute(statement, params)
         except sqlite3.Error as exc:
             raise storage_error(exc, doing) from exc
+        except UnicodeEncodeError as exc:  # every caller checks its text; this is the backstop
+            raise _unstorable(exc, doing) from exc
         return cur
 
     def run_many(self, statement: str, rows: Iterable[Params], *, doing: str) -> sqlite3.Cursor:
@@ -75,6 +77,8 @@ class Database:
             cur.executemany(statement, rows)
         except sqlite3.Error as exc:
             raise storage_error(exc, doing) from exc
+        except UnicodeEncodeError as exc:
+            raise _unstorable(exc, doing) from exc
         return cur
 
     def one(self, statement: str, params: Params = (), *, doing: str) -> tuple[Any, ...] | None:
@@ -265,6 +269,10 @@ def _max_variables(connection: sqlite3.Connection) -> int:
         return int(getlimit(getattr(sqlite3, "SQLITE_LIMIT_VARIABLE_NUMBER", 9)))
     except sqlite3.Error:  # a closed connection: every later use says so
         return 999
+
+
+def _unstorable(exc: UnicodeEncodeError, doing: str) -> ValueError:
+    return ValueError(f"{doing}: a text given cannot be stored as UTF-8 ({exc.reason})")
 
 
 _BUSY_OFF = sql.pragma_busy_timeout(0)

@@ -21,10 +21,12 @@ from . import sql
 from .codec import (
     EPOCH,
     check_aware,
+    check_identifier,
     check_text,
     datetime_from_ms,
     decode_json,
     encode_json,
+    encode_result,
     ms_from_aware,
     ms_from_datetime,
 )
@@ -98,11 +100,12 @@ class EngineHub:
 
 
 def check_id(value: object, what: str) -> str:
+    """A kind, id or owner: a non-empty str, storable, without NUL."""
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, got {type(value).__name__}")
     if value == "":
         raise ValueError(f"{what} must be a non-empty string")
-    return check_text(value, what)
+    return check_identifier(value, what)
 
 
 def check_kinds(kinds: object, what: str) -> tuple[str, ...]:
@@ -199,13 +202,15 @@ class JobEngine:
         what: str,
     ) -> _Prepared:
         """Check one new job's arguments; raises before anything is written."""
-        # the common case (a non-empty ASCII str) is valid as it stands;
-        # everything else takes the full checks, which name what is wrong
-        if type(kind) is not str or not kind or not kind.isascii():
+        # the common case (a non-empty ASCII str without NUL) is valid as it
+        # stands; everything else takes the full checks, which name what is wrong
+        if type(kind) is not str or not kind or not kind.isascii() or "\x00" in kind:
             if not isinstance(kind, str):
                 raise TypeError(f"{what}: kind must be a non-empty str, got {type(kind).__name__}")
             kind = check_id(kind, f"{what}: kind")
-        if job_id is not None and (type(job_id) is not str or not job_id or not job_id.isascii()):
+        if job_id is not None and (
+            type(job_id) is not str or not job_id or not job_id.isascii() or "\x00" in job_id
+        ):
             job_id = check_id(job_id, f"{what}: id")
         text = "null" if payload is None else encode_json(payload, what, "payload")
         run_at_ms = delay_ms = None
@@ -681,7 +686,8 @@ class JobEngine:
     def complete(self, lease: Lease, result: Any = None) -> bool:
         """Mark the job done with ``result``; fenced, idempotent for the same attempt.
 
-        A result JSON cannot carry is ``TypeError`` before any write.
+        A result JSON cannot carry is ``TypeError`` before any write; text in
+        it that cannot be encoded (a lone surrogate) is ``ValueError``.
         """
         what = "complete()"
         current, text = self.prepare_complete(lease, result, what)
@@ -692,13 +698,7 @@ class JobEngine:
     def prepare_complete(self, lease: object, result: Any, what: str) -> tuple[Lease, str]:
         """A completion's checks, before any write: the lease, and the result as JSON."""
         current = self._require_lease(lease, what)
-        if result is None:
-            return current, "null"
-        try:
-            text = encode_json(result, f"{what}: result")
-        except ValueError as exc:
-            raise TypeError(str(exc)) from None
-        return current, text
+        return current, encode_result(result, what)
 
     def fail(
         self,
