@@ -23,6 +23,7 @@ from typing import Any
 __all__ = [
     "EPOCH",
     "MAX_DEPTH",
+    "TOO_DEEP",
     "check_identifier",
     "check_text",
     "datetime_from_ms",
@@ -40,6 +41,9 @@ _EPOCH_PLUS = EPOCH.__add__
 # deep enough for any honest document, shallow enough that neither the
 # encoder nor the decoder can hit Python's recursion limit
 MAX_DEPTH = 256
+# what a stored document written outside the library, deeper than Python's
+# decoder can recurse, is said to be
+TOO_DEEP = "nested too deeply to decode (past Python's recursion limit)"
 # the instants a datetime can hold, as epoch ms: every stored time must read back
 _MIN_MS = -62_135_596_800_000  # 0001-01-01T00:00:00Z
 _MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
@@ -182,17 +186,23 @@ def decode_json(text: str | None) -> Any:
     Exactly ``json.loads``: text the scanner takes whole in one pass (what
     :func:`encode_json` writes) is answered at once; anything else (leading
     or trailing whitespace, extra data, a fault) goes through ``json.loads``,
-    which answers or raises as it always does.
+    which answers or raises as it always does — except that a document
+    nested past the decoder's recursion limit is ``ValueError`` too.
     """
     if text is None:
         return None
     try:
         value, end = _scan_once(text, 0)
+        if end == len(text):
+            return value
+    except RecursionError:
+        raise ValueError(TOO_DEEP) from None
     except Exception:
+        pass  # json.loads says what is wrong
+    try:
         return json.loads(text)
-    if end != len(text):
-        return json.loads(text)
-    return value
+    except RecursionError:
+        raise ValueError(TOO_DEEP) from None
 
 
 def ms_from_datetime(value: datetime) -> int:

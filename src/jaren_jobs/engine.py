@@ -403,7 +403,7 @@ class JobEngine:
             raise TypeError(f"get(): id must be a str, got {type(id).__name__}")
         check_text(id, "get(): id")
         row = self._scope.read(lambda: self._db.one(sql.GET_JOB, (id,), doing="get()"), "get()")
-        return None if row is None else job_from_row(row)
+        return None if row is None else job_from_row(row, self._db.text_codec)
 
     def counts(self) -> Counts:
         """Jobs per state, and pending + failed jobs per kind, from one snapshot."""
@@ -515,7 +515,7 @@ class JobEngine:
             if row is None:
                 self._remember_empty(checked, params, what)
                 return None
-            return claimed_from_row(row)
+            return claimed_from_row(row, self._db.text_codec)
 
         return self._scope.write(work, what)
 
@@ -561,7 +561,7 @@ class JobEngine:
                 if not claimed:
                     self._remember_empty(request.kinds, params, what)
                 break
-            claimed.append(claimed_from_row(row))
+            claimed.append(claimed_from_row(row, self._db.text_codec))
         return claimed
 
     def _claim_batch(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
@@ -582,7 +582,8 @@ class JobEngine:
         # RETURNING follows no promised order: put the rows back in claim order
         place = {job_id: index for index, (_, job_id) in enumerate(candidates)}
         rows.sort(key=lambda row: place[row[0]])
-        return [claimed_from_row(row) for row in rows]
+        codec = self._db.text_codec
+        return [claimed_from_row(row, codec) for row in rows]
 
     # ------------------------------------------------------------ the fence
 

@@ -411,6 +411,7 @@ def _configure(
     what = "configuring the connection"
     db.run(sql.pragma_busy_timeout(busy_ms), doing=what)
     db.busy_ms = busy_ms
+    db.read_encoding(what)
     if not memory and not readonly:
         row = db.one(sql.READ_JOURNAL_MODE, doing=what)
         mode = None if row is None else str(row[0]).lower()

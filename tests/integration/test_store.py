@@ -173,6 +173,79 @@ def test_open_with_an_app_connection(db_path: Path, durability: str, synchronous
         conn.close()
 
 
+def latin1(raw: bytes) -> str:
+    return raw.decode("latin-1")
+
+
+@pytest.mark.parametrize("factory", [bytes, latin1], ids=["bytes", "latin-1"])
+def test_the_app_connections_text_factory_changes_nothing_the_library_reads(
+    db_path: Path, runtime: Runtime, factory: Callable[[bytes], Any]
+) -> None:
+    """The library reads text as str whatever the application set; its own SQL keeps
+    the application's factory."""
+    conn = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    conn.text_factory = factory
+    payload = {"name": "café ☕", "n": 1}
+    try:
+        with open_store(connection=conn, runtime=runtime) as store:
+            store.jobs.enqueue("brew", payload, id="j")
+            got = store.jobs.get("j")
+            assert got is not None
+            assert (got.id, got.kind, got.state, got.payload) == ("j", "brew", "pending", payload)
+            [paged] = list(store.jobs.page(kind="brew"))
+            assert paged == got
+            assert store.jobs.counts().pending_kinds == {"brew": 1}
+            seen: list[Any] = []
+
+            def handler(value: Any, ctx: Any) -> Any:
+                seen.append((value, ctx.job.kind, ctx.checkpoints.load("j")))
+                ctx.checkpoints.save("j", "step", "é")
+                return {"echo": value["name"]}
+
+            worker = store.jobs.create_worker({"brew": handler})
+            assert worker.run_once() is True
+            worker.stop()
+            assert seen == [(payload, "brew", None)]
+            done = store.jobs.get("j")
+            assert done is not None
+            assert (done.state, done.result) == ("done", {"echo": "café ☕"})
+            with store.transaction() as tx:
+                # the application's own statements read with its own factory
+                row = tx.execute('SELECT kind FROM "_jaren_jobs" WHERE id = ?', ("j",)).fetchone()
+                assert row == (factory(b"brew"),)
+                assert tx.jobs.get("j") == done
+            assert conn.text_factory is factory
+        assert conn.text_factory is factory
+    finally:
+        conn.close()
+
+
+def test_a_utf16_database_round_trips_text(tmp_path: Path, runtime: Runtime) -> None:
+    path = tmp_path / "utf16.db"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA encoding = 'UTF-16le'")
+    conn.execute("CREATE TABLE app (x TEXT)")  # the encoding is fixed by the first table
+    conn.commit()
+    conn.close()
+    payload = {"name": "café ☕ 😀", "kéy": ["ü", 1.5]}
+    with open_store(path, runtime=runtime) as store:
+        assert store.connection.execute("PRAGMA encoding").fetchone()[0] == "UTF-16le"
+        store.jobs.enqueue("k", payload, id="j")
+        claimed = store.jobs.claim(["k"], owner="w")
+        assert claimed is not None
+        assert claimed.payload == payload
+        assert store.jobs.fail(claimed.lease, "erreur é", retry=False) is True
+        assert store.jobs.requeue("j") is True
+        again = store.jobs.claim(["k"], owner="w")
+        assert again is not None
+        assert (again.payload, again.last_error) == (payload, "erreur é")
+        assert store.jobs.complete(again.lease, {"résultat": "😀"}) is True
+        done = store.jobs.get("j")
+        assert done is not None
+        assert (done.payload, done.result) == (payload, {"résultat": "😀"})
+        assert [job.payload for job in store.jobs.page()] == [payload]
+
+
 def test_open_memory(runtime: Runtime) -> None:
     with open_store(":memory:", runtime=runtime) as store:
         store.jobs.enqueue("k", id="j")
