@@ -86,8 +86,8 @@ class Database:
     # Every row the library reads comes through one(), all() or fetch_one(), with
     # the connection's text_factory set to str for the statement: the
     # application's own (bytes, a latin-1 decoder) applies to its own SQL only.
-    # sqlite3 consults it at execute (Python 3.10 reads the first row there)
-    # and at fetch, so both run under it.
+    # Both execute and fetch run under it: older sqlite3 modules build the
+    # first row inside execute.
 
     def one(self, statement: str, params: Params = (), *, doing: str) -> tuple[Any, ...] | None:
         connection = self.connection
