@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import sql
-from .codec import check_text, decode_json, encode_json
+from .codec import check_text, decode_json, encode_json, encode_result
 from .errors import JobSettled, StorageError
 from .records import Lease
 
@@ -122,10 +122,7 @@ class CheckpointStore:
         """Complete the job and prune this run's rows (generation ≤ its own): ONE transaction."""
         what = "checkpoint complete()"
         self._check_run(run_id, what)
-        try:
-            text = encode_json(result, f"{what}: result")
-        except ValueError as exc:
-            raise TypeError(str(exc)) from None
+        text = encode_result(result, what)
         lease = self._lease()
         engine = self._engine
         db = engine.db

@@ -3,8 +3,11 @@
 Payloads and results are JSON values, never pickle. What JSON cannot carry is
 refused *before* anything is written: ``TypeError`` for a type JSON lacks
 (sets, bytes, objects, non-``str`` keys), ``ValueError`` for a value it cannot
-hold (NaN, infinity, a lone surrogate, nesting deeper than
-:data:`MAX_DEPTH`).
+hold (NaN, infinity, nesting deeper than :data:`MAX_DEPTH`; for a result,
+which the contract calls a value JSON cannot express, these are
+``TypeError`` too). Text that cannot be encoded (a lone surrogate, such as
+``os.fsdecode`` leaves for a file name that is not UTF-8) is ``ValueError``
+for payloads and results alike: it is an encoding problem, not a type.
 """
 
 from __future__ import annotations
@@ -20,10 +23,14 @@ from typing import Any
 __all__ = [
     "EPOCH",
     "MAX_DEPTH",
+    "TOO_DEEP",
+    "check_identifier",
     "check_text",
     "datetime_from_ms",
     "decode_json",
     "encode_json",
+    "encode_result",
+    "ms_from_aware",
     "ms_from_datetime",
 ]
 
@@ -34,6 +41,12 @@ _EPOCH_PLUS = EPOCH.__add__
 # deep enough for any honest document, shallow enough that neither the
 # encoder nor the decoder can hit Python's recursion limit
 MAX_DEPTH = 256
+# what a stored document written outside the library, deeper than Python's
+# decoder can recurse, is said to be
+TOO_DEEP = "nested too deeply to decode (past Python's recursion limit)"
+# the instants a datetime can hold, as epoch ms: every stored time must read back
+_MIN_MS = -62_135_596_800_000  # 0001-01-01T00:00:00Z
+_MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 
 _SCALARS = (str, int, float, bool, type(None))
 _isfinite = math.isfinite
@@ -56,16 +69,20 @@ _scan_once: Callable[[str, int], tuple[Any, int]] = make_scanner(
 )
 
 
-def encode_json(value: Any, what: str, part: str | None = None) -> str:
+def encode_json(
+    value: Any, what: str, part: str | None = None, *, unfit: type[Exception] = ValueError
+) -> str:
     """Serialise a JSON value compactly, refusing what JSON cannot carry.
 
     Refusals name ``what`` (and ``part`` of it, when given: ``"enqueue():
-    payload"``); the label is built only when one is raised.
+    payload"``); the label is built only when one is raised. ``unfit`` is
+    raised for a value JSON cannot hold (NaN, infinity, too deep); a type it
+    lacks is always ``TypeError``, text that cannot be encoded ``ValueError``.
     """
     if value is None:
         return "null"
     if not _flat(value):
-        _check_json(value, what if part is None else f"{what}: {part}")
+        _check_json(value, what if part is None else f"{what}: {part}", unfit)
         return _ENCODER.encode(value)
     if _C_ENCODER is None:  # pragma: no cover - CPython always has the C encoder
         text = _ENCODER.encode(value)
@@ -77,9 +94,15 @@ def encode_json(value: Any, what: str, part: str | None = None) -> str:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
-            _check_json(value, what if part is None else f"{what}: {part}")
+            _check_json(value, what if part is None else f"{what}: {part}", unfit)
             raise  # pragma: no cover - the walk always finds it first
     return text
+
+
+def encode_result(value: Any, what: str) -> str:
+    """A job's result as JSON text: ``TypeError`` for what JSON cannot express (SPEC §3),
+    ``ValueError`` for text that cannot be encoded (a lone surrogate)."""
+    return "null" if value is None else encode_json(value, what, "result", unfit=TypeError)
 
 
 def _flat(value: Any) -> bool:
@@ -108,18 +131,18 @@ def _flat(value: Any) -> bool:
     return True
 
 
-def _check_json(value: Any, what: str) -> None:
+def _check_json(value: Any, what: str, unfit: type[Exception]) -> None:
     # iterative walk: a 100,000-deep payload must be refused, not crash
     stack: list[tuple[Any, int, str]] = [(value, 0, "$")]
     while stack:
         item, depth, path = stack.pop()
         if depth > MAX_DEPTH:
-            raise ValueError(f"{what} is nested more than {MAX_DEPTH} levels deep (at {path})")
+            raise unfit(f"{what} is nested more than {MAX_DEPTH} levels deep (at {path})")
         if isinstance(item, str):
             check_text(item, f"{what} at {path}")
         elif isinstance(item, float):
             if not math.isfinite(item):
-                raise ValueError(f"{what} holds {item!r} at {path}; JSON has no NaN or infinity")
+                raise unfit(f"{what} holds {item!r} at {path}; JSON has no NaN or infinity")
         elif isinstance(item, _SCALARS):
             continue
         elif isinstance(item, dict):
@@ -150,28 +173,55 @@ def check_text(text: str, what: str) -> str:
     return text
 
 
+def check_identifier(text: str, what: str) -> str:
+    """A kind, id or owner: storable text without NUL (which C strings and PostgreSQL end at)."""
+    if "\x00" in text:
+        raise ValueError(f"{what} must not contain a NUL character ('\\x00'), got {text!r}")
+    return check_text(text, what)
+
+
 def decode_json(text: str | None) -> Any:
     """Parse stored JSON (``None`` stays ``None``); raises ``ValueError`` when corrupt.
 
     Exactly ``json.loads``: text the scanner takes whole in one pass (what
     :func:`encode_json` writes) is answered at once; anything else (leading
     or trailing whitespace, extra data, a fault) goes through ``json.loads``,
-    which answers or raises as it always does.
+    which answers or raises as it always does — except that a document
+    nested past the decoder's recursion limit is ``ValueError`` too.
     """
     if text is None:
         return None
     try:
         value, end = _scan_once(text, 0)
+        if end == len(text):
+            return value
+    except RecursionError:
+        raise ValueError(TOO_DEEP) from None
     except Exception:
+        pass  # json.loads says what is wrong
+    try:
         return json.loads(text)
-    if end != len(text):
-        return json.loads(text)
-    return value
+    except RecursionError:
+        raise ValueError(TOO_DEEP) from None
 
 
 def ms_from_datetime(value: datetime) -> int:
     """An aware datetime as integer epoch milliseconds, rounded down."""
     return (value - EPOCH) // _MS
+
+
+def ms_from_aware(value: object, what: str) -> int:
+    """A checked aware datetime as epoch ms, refused unless it reads back as a UTC datetime.
+
+    (``datetime.max`` five hours west of UTC is an aware datetime, and later
+    than any UTC datetime can be.)
+    """
+    ms = ms_from_datetime(check_aware(value, what))
+    if not _MIN_MS <= ms <= _MAX_MS:
+        raise ValueError(
+            f"{what} {value!r} is out of range: in UTC it falls outside the years 1 to 9999"
+        )
+    return ms
 
 
 def datetime_from_ms(value: int | None) -> datetime | None:

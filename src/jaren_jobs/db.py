@@ -46,6 +46,8 @@ class Database:
         # True while the connection's busy_timeout is 0 because a write set it so
         self._busy_off = False
         self.max_variables = _max_variables(connection)
+        # the codec of the file's text: what CAST(text AS BLOB) hands back (read_encoding)
+        self.text_codec = "utf-8"
         self.opened_in = os.getpid()
         # set in a child of os.fork(): the connection is the parent's (see _after_fork)
         self.forked = False
@@ -96,6 +98,8 @@ class Database:
             cur.execute(statement, params)
         except sqlite3.Error as exc:
             raise storage_error(exc, doing) from exc
+        except UnicodeEncodeError as exc:  # every caller checks its text; this is the backstop
+            raise _unstorable(exc, doing) from exc
         return cur
 
     def run_many(self, statement: str, rows: Iterable[Params], *, doing: str) -> sqlite3.Cursor:
@@ -105,24 +109,74 @@ class Database:
             cur.executemany(statement, rows)
         except sqlite3.Error as exc:
             raise storage_error(exc, doing) from exc
+        except UnicodeEncodeError as exc:
+            raise _unstorable(exc, doing) from exc
         return cur
 
+    # Every row the library reads comes through one(), all() or fetch_one(), with
+    # the connection's text_factory set to str for the statement: the
+    # application's own (bytes, a latin-1 decoder) applies to its own SQL only.
+    # Both execute and fetch run under it: older sqlite3 modules build the
+    # first row inside execute.
+
     def one(self, statement: str, params: Params = (), *, doing: str) -> tuple[Any, ...] | None:
-        cur = self.run(statement, params, doing=doing)
+        connection = self.connection
+        factory = connection.text_factory
+        if factory is not str:
+            connection.text_factory = str
         try:
-            row: tuple[Any, ...] | None = cur.fetchone()
-            cur.close()
-        except sqlite3.Error as exc:
-            raise storage_error(exc, doing) from exc
+            cur = self.run(statement, params, doing=doing)
+            try:
+                row: tuple[Any, ...] | None = cur.fetchone()
+                cur.close()
+            except sqlite3.Error as exc:
+                raise storage_error(exc, doing) from exc
+        finally:
+            if factory is not str:
+                connection.text_factory = factory
         return row
 
     def all(self, statement: str, params: Params = (), *, doing: str) -> list[tuple[Any, ...]]:
-        cur = self.run(statement, params, doing=doing)
+        connection = self.connection
+        factory = connection.text_factory
+        if factory is not str:
+            connection.text_factory = str
         try:
-            rows: list[tuple[Any, ...]] = cur.fetchall()
-        except sqlite3.Error as exc:
-            raise storage_error(exc, doing) from exc
+            cur = self.run(statement, params, doing=doing)
+            try:
+                rows: list[tuple[Any, ...]] = cur.fetchall()
+            except sqlite3.Error as exc:
+                raise storage_error(exc, doing) from exc
+        finally:
+            if factory is not str:
+                connection.text_factory = factory
         return rows
+
+    def fetch_one(
+        self, cursor: sqlite3.Cursor, statement: str, params: Params
+    ) -> tuple[Any, ...] | None:
+        """Run ``statement`` on a cursor of the caller's and read one row, text as str.
+
+        For a caller that keeps its own cursor (a page); ``sqlite3`` errors
+        are raised as they are, for the caller to translate.
+        """
+        connection = self.connection
+        factory = connection.text_factory
+        if factory is not str:
+            connection.text_factory = str
+        try:
+            cursor.execute(statement, params)
+            row: tuple[Any, ...] | None = cursor.fetchone()
+        finally:
+            if factory is not str:
+                connection.text_factory = factory
+        return row
+
+    def read_encoding(self, doing: str) -> None:
+        """Learn the file's text encoding, which the row mappers decode text with."""
+        row = self.one(sql.READ_ENCODING, doing=doing)
+        name = "" if row is None else str(row[0]).lower()
+        self.text_codec = _CODECS.get(name, "utf-8")
 
     def changes(self, statement: str, params: Params = (), *, doing: str) -> int:
         cur = self.run(statement, params, doing=doing)
@@ -316,6 +370,13 @@ def _max_variables(connection: sqlite3.Connection) -> int:
     except sqlite3.Error:  # a closed connection: every later use says so
         return 999
 
+
+def _unstorable(exc: UnicodeEncodeError, doing: str) -> ValueError:
+    return ValueError(f"{doing}: a text given cannot be stored as UTF-8 ({exc.reason})")
+
+
+# PRAGMA encoding's answers, as Python codecs
+_CODECS = {"utf-8": "utf-8", "utf-16le": "utf-16-le", "utf-16be": "utf-16-be"}
 
 _BUSY_OFF = sql.pragma_busy_timeout(0)
 _SQLITE_BUSY = 5  # the primary result code; extended codes keep it in the low byte

@@ -21,10 +21,13 @@ from . import sql
 from .codec import (
     EPOCH,
     check_aware,
+    check_identifier,
     check_text,
     datetime_from_ms,
     decode_json,
     encode_json,
+    encode_result,
+    ms_from_aware,
     ms_from_datetime,
 )
 from .db import Database, RootScope, TxScope
@@ -97,11 +100,12 @@ class EngineHub:
 
 
 def check_id(value: object, what: str) -> str:
+    """A kind, id or owner: a non-empty str, storable, without NUL."""
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, got {type(value).__name__}")
     if value == "":
         raise ValueError(f"{what} must be a non-empty string")
-    return check_text(value, what)
+    return check_identifier(value, what)
 
 
 def check_kinds(kinds: object, what: str) -> tuple[str, ...]:
@@ -198,13 +202,15 @@ class JobEngine:
         what: str,
     ) -> _Prepared:
         """Check one new job's arguments; raises before anything is written."""
-        # the common case (a non-empty ASCII str) is valid as it stands;
-        # everything else takes the full checks, which name what is wrong
-        if type(kind) is not str or not kind or not kind.isascii():
+        # the common case (a non-empty ASCII str without NUL) is valid as it
+        # stands; everything else takes the full checks, which name what is wrong
+        if type(kind) is not str or not kind or not kind.isascii() or "\x00" in kind:
             if not isinstance(kind, str):
                 raise TypeError(f"{what}: kind must be a non-empty str, got {type(kind).__name__}")
             kind = check_id(kind, f"{what}: kind")
-        if job_id is not None and (type(job_id) is not str or not job_id or not job_id.isascii()):
+        if job_id is not None and (
+            type(job_id) is not str or not job_id or not job_id.isascii() or "\x00" in job_id
+        ):
             job_id = check_id(job_id, f"{what}: id")
         text = "null" if payload is None else encode_json(payload, what, "payload")
         run_at_ms = delay_ms = None
@@ -212,7 +218,7 @@ class JobEngine:
             if run_at is not None and delay_seconds is not None:
                 raise ValueError(f"{what}: give run_at or delay_seconds, not both")
             if run_at is not None:
-                run_at_ms = ms_from_datetime(check_aware(run_at, f"{what}: run_at"))
+                run_at_ms = ms_from_aware(run_at, f"{what}: run_at")
             else:
                 delay = check_seconds(delay_seconds, f"{what}: delay_seconds", allow_zero=True)
                 delay_ms = math.floor(delay * 1000)
@@ -397,7 +403,7 @@ class JobEngine:
             raise TypeError(f"get(): id must be a str, got {type(id).__name__}")
         check_text(id, "get(): id")
         row = self._scope.read(lambda: self._db.one(sql.GET_JOB, (id,), doing="get()"), "get()")
-        return None if row is None else job_from_row(row)
+        return None if row is None else job_from_row(row, self._db.text_codec)
 
     def settled_by(self, lease: Lease) -> Job | None:
         """The job, if the attempt ``lease`` belongs to is what settled it; else ``None``.
@@ -409,7 +415,7 @@ class JobEngine:
         what = "get()"
         params = {"id": lease.job_id, "generation": lease.generation, "claim_key": lease.claim_key}
         row = self._scope.read(lambda: self._db.one(sql.GET_SETTLED_BY, params, doing=what), what)
-        return None if row is None else job_from_row(row)
+        return None if row is None else job_from_row(row, self._db.text_codec)
 
     def counts(self) -> Counts:
         """Jobs per state, and pending + failed jobs per kind, from one snapshot."""
@@ -522,7 +528,7 @@ class JobEngine:
             if row is None:
                 self._remember_empty(checked, params, what)
                 return None
-            return claimed_from_row(row, params["claim_key"])
+            return claimed_from_row(row, params["claim_key"], self._db.text_codec)
 
         return self._scope.write(work, what)
 
@@ -568,7 +574,7 @@ class JobEngine:
                 if not claimed:
                     self._remember_empty(request.kinds, params, what)
                 break
-            claimed.append(claimed_from_row(row, params["claim_key"]))
+            claimed.append(claimed_from_row(row, params["claim_key"], self._db.text_codec))
         return claimed
 
     def _claim_batch(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
@@ -593,7 +599,8 @@ class JobEngine:
         # RETURNING follows no promised order: put the rows back in claim order
         place = {job_id: index for index, (_, job_id) in enumerate(candidates)}
         rows.sort(key=lambda row: place[row[0]])
-        return [claimed_from_row(row, keys[row[15]]) for row in rows]
+        codec = self._db.text_codec
+        return [claimed_from_row(row, keys[row[15]], codec) for row in rows]
 
     # ------------------------------------------------------------ the fence
 
@@ -699,7 +706,8 @@ class JobEngine:
     def complete(self, lease: Lease, result: Any = None) -> bool:
         """Mark the job done with ``result``; fenced, idempotent for the same attempt.
 
-        A result JSON cannot carry is ``TypeError`` before any write.
+        A result JSON cannot carry is ``TypeError`` before any write; text in
+        it that cannot be encoded (a lone surrogate) is ``ValueError``.
         """
         what = "complete()"
         current, text = self.prepare_complete(lease, result, what)
@@ -710,13 +718,7 @@ class JobEngine:
     def prepare_complete(self, lease: object, result: Any, what: str) -> tuple[Lease, str]:
         """A completion's checks, before any write: the lease, and the result as JSON."""
         current = self._require_lease(lease, what)
-        if result is None:
-            return current, "null"
-        try:
-            text = encode_json(result, f"{what}: result")
-        except ValueError as exc:
-            raise TypeError(str(exc)) from None
-        return current, text
+        return current, encode_result(result, what)
 
     def fail(
         self,

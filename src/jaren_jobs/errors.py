@@ -53,6 +53,7 @@ __all__ = [
     "StoreClosed",
     "TransactionAborted",
     "describe_error",
+    "storable_text",
     "storage_error",
 ]
 
@@ -221,18 +222,35 @@ def storage_error(exc: BaseException, doing: str) -> StorageError:
 
 
 def describe_error(error: object) -> str:
-    """A readable one-line description of whatever a handler raised; never raises."""
+    """A readable one-line description of whatever a handler raised; never raises.
+
+    The text is always storable: lone surrogates (what ``os.fsdecode`` makes
+    of a file name that is not UTF-8) are kept as backslash escapes.
+    """
     try:
         if isinstance(error, JobsError):
-            return str(error)
-        if isinstance(error, BaseException):
             text = str(error)
-            return f"{type(error).__name__}: {text}" if text else type(error).__name__
-        if isinstance(error, str):
-            return error
-        return repr(error)
+        elif isinstance(error, BaseException):
+            message = str(error)
+            text = f"{type(error).__name__}: {message}" if message else type(error).__name__
+        elif isinstance(error, str):
+            text = error
+        else:
+            text = repr(error)
+        return storable_text(text)
     except Exception:  # a hostile __str__/__repr__ must not break settlement
         try:
-            return f"<unprintable {type(error).__name__}>"
+            return storable_text(f"<unprintable {type(error).__name__}>")
         except Exception:
             return "<unprintable error>"
+
+
+def storable_text(text: str) -> str:
+    """``text`` as UTF-8 can carry it: each lone surrogate becomes its escape (``\\udc80``)."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text

@@ -21,6 +21,7 @@ import contextlib
 import sqlite3
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from . import sql
@@ -54,6 +55,7 @@ class _KeysetRows:
         check: Callable[[], object] | None,
     ) -> None:
         self._check = check
+        self._db = db
         self._cursor = db.cursor()
         self._statement = statement
         self._params = params
@@ -68,8 +70,8 @@ class _KeysetRows:
             raise StopIteration
         if self._check is not None:
             self._check()
-        self._cursor.execute(self._statement, {**self._params, "after": self._last, "limit": 1})
-        row: tuple[Any, ...] | None = self._cursor.fetchone()
+        params = {**self._params, "after": self._last, "limit": 1}
+        row = self._db.fetch_one(self._cursor, self._statement, params)
         if row is None:
             self._left = 0
             raise StopIteration
@@ -167,7 +169,7 @@ def page_jobs(
         open_rows=lambda: _KeysetRows(
             db, statement=statement, params=params, after=after_, limit=limit_, check=check
         ),
-        map_row=job_from_row,
+        map_row=partial(job_from_row, codec=db.text_codec),
         signal=sig,
         deadline=dl,
         now=runtime.now,

@@ -4,6 +4,13 @@ This is the claim path's Python cost per job, so it is built for speed: the
 records are assembled from their field dicts (:func:`records.assemble`), JSON
 ``null`` is not parsed, and times come from a small cache (a claim batch
 shares its lease expiry and update time, an enqueue batch its creation time).
+
+Payload, result and last_error arrive as the bytes of their text, decoded
+here with the database's codec (``Database.text_codec``): a row that
+another program left with bytes that are not text, or with JSON nested past
+what Python's decoder can recurse into, maps to a :class:`CorruptJson`
+marker (an unreadable ``last_error`` to its text with the bad bytes
+escaped), so one poison row never fails a read or a claim of many.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from .codec import datetime_from_ms
+from .codec import TOO_DEEP, datetime_from_ms
 from .records import ClaimedJob, CorruptJson, Job, Lease, assemble
 
 __all__ = ["claim_key", "claimed_from_row", "job_from_row", "lease_from_row"]
@@ -43,30 +50,68 @@ def _instant(ms: Any) -> datetime | None:
 _scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
-def _decoded(text: Any) -> Any:
-    """Stored JSON, or a :class:`CorruptJson` marker naming what is wrong with it."""
-    if text is None or text == "null":
+def _decoded(stored: Any, codec: str) -> Any:
+    """Stored JSON (not ``None``), or a :class:`CorruptJson` marker naming what is wrong."""
+    if type(stored) is bytes:
+        if stored == b"null":
+            return None
+        try:
+            text = stored.decode(codec)
+        except UnicodeDecodeError as exc:
+            return CorruptJson(stored.decode(codec, "backslashreplace"), _not_text(exc))
+    elif isinstance(stored, str):
+        text = stored
+    else:
+        return CorruptJson(repr(stored), f"stored as {type(stored).__name__}, not JSON text")
+    if text == "null":
         return None
-    if not isinstance(text, str):
-        return CorruptJson(repr(text), f"stored as {type(text).__name__}, not JSON text")
     try:
         value, end = _scan(text, 0)
         if end == len(text):
             return value
+    except RecursionError:
+        return CorruptJson(text, TOO_DEEP)
     except (StopIteration, ValueError):
         pass
     try:  # whitespace around the value, or corrupt: json.loads decides and says why
         return json.loads(text)
+    except RecursionError:
+        return CorruptJson(text, TOO_DEEP)
     except ValueError as exc:
         return CorruptJson(text, str(exc))
 
 
-def _job_fields(row: tuple[Any, ...]) -> dict[str, Any]:
+def _text(stored: Any, codec: str) -> str:
+    """Stored free text (``last_error``, not ``None``); bytes that are not text shown escaped."""
+    if type(stored) is bytes:
+        try:
+            return stored.decode(codec)
+        except UnicodeDecodeError:
+            return stored.decode(codec, "backslashreplace")
+    return str(stored)
+
+
+def _not_text(exc: UnicodeDecodeError) -> str:
+    return (
+        f"stored text is not valid {exc.encoding.upper()} ({exc.reason} at byte {exc.start}); "
+        "the bad bytes are shown escaped"
+    )
+
+
+def _job_fields(row: tuple[Any, ...], codec: str) -> dict[str, Any]:
+    # NULL is the common result and last_error: no call for it
+    payload, error, result = row[2], row[11], row[12]
+    if payload is not None:
+        payload = _decoded(payload, codec)
+    if error is not None:
+        error = _text(error, codec)
+    if result is not None:
+        result = _decoded(result, codec)
     # the dict is the record's __dict__: every field, in declaration order
     return {
         "id": row[0],
         "kind": row[1],
-        "payload": _decoded(row[2]),
+        "payload": payload,
         "state": row[3],
         "priority": int(row[4]),
         "attempts": int(row[5]),
@@ -75,15 +120,15 @@ def _job_fields(row: tuple[Any, ...]) -> dict[str, Any]:
         "lease_until": _instant(row[8]),
         "lease_owner": row[9],
         "lease_generation": int(row[10]),
-        "last_error": row[11],
-        "result": _decoded(row[12]),
+        "last_error": error,
+        "result": result,
         "created_at": _instant(row[13]),
         "updated_at": _instant(row[14]),
     }
 
 
-def job_from_row(row: tuple[Any, ...]) -> Job:
-    return assemble(Job, _job_fields(row))
+def job_from_row(row: tuple[Any, ...], codec: str = "utf-8") -> Job:
+    return assemble(Job, _job_fields(row, codec))
 
 
 _sha256 = hashlib.sha256
@@ -115,9 +160,11 @@ def lease_from_row(row: tuple[Any, ...], key: bytes | None = None) -> Lease:
     )
 
 
-def claimed_from_row(row: tuple[Any, ...], key: bytes | None = None) -> ClaimedJob:
+def claimed_from_row(
+    row: tuple[Any, ...], key: bytes | None = None, codec: str = "utf-8"
+) -> ClaimedJob:
     """The claimed job in a claim's ``row``; ``key`` is its token's claim key, if known."""
-    fields = _job_fields(row)
+    fields = _job_fields(row, codec)
     fields["lease"] = assemble(
         Lease,
         {

@@ -22,7 +22,17 @@ def schema_version(db: Database) -> int | None:
     if db.one(sql.TABLE_EXISTS, ("_jaren_meta",), doing=what) is None:
         return None
     row = db.one(sql.READ_SCHEMA_VERSION, doing=what)
-    return None if row is None else int(row[0])
+    if row is None:
+        return None
+    try:
+        return int(row[0])
+    except (TypeError, ValueError):
+        raise SchemaError(
+            f"this database's _jaren_meta holds schema_version {row[0]!r}, which is not a "
+            "version number; another program wrote it — restore the row (or the file) "
+            "before opening it with jaren_jobs",
+            version=str(row[0]),
+        ) from None
 
 
 def _refuse_newer(version: int | None) -> None:
@@ -81,6 +91,8 @@ def require_schema(db: Database) -> None:
             if db.one(sql.TABLE_EXISTS, (name,), doing=what) is None
         ]
         version = schema_version(db)
+    except SchemaError:
+        raise
     except JobsError as exc:
         raise SchemaError(f"{what} failed: {exc.message}") from exc
     if missing:

@@ -20,10 +20,15 @@ META = '"_jaren_meta"'
 # 3: claim_key, which names the attempt that settled a row
 SCHEMA_VERSION = 3
 
-# the column order every job SELECT/RETURNING uses; engine rows map by index
+# the column order every job SELECT/RETURNING uses; engine rows map by index.
+# The free texts (payload, result, last_error) come back as their bytes, which
+# the row mapper decodes: a row another program left with text that is not
+# valid in the database's encoding reads as a marker instead of failing the
+# whole statement (a claim of many rows with it, every page over it).
 JOB_COLUMNS = (
-    "id, kind, payload, state, priority, attempts, max_attempts, run_at, lease_until, "
-    "lease_owner, lease_generation, last_error, result, created_at, updated_at, lease_token"
+    "id, kind, CAST(payload AS BLOB), state, priority, attempts, max_attempts, run_at, "
+    "lease_until, lease_owner, lease_generation, CAST(last_error AS BLOB), "
+    "CAST(result AS BLOB), created_at, updated_at, lease_token"
 )
 
 # The guard every settling statement carries: the token, and a lease still
@@ -417,6 +422,8 @@ CHECKPOINT_DROP_RUN = f"DELETE FROM {CHECKPOINTS} WHERE run_id = :run_id"
 # ----------------------------------------------------------------- connection
 
 READ_JOURNAL_MODE = "PRAGMA main.journal_mode"
+# "UTF-8", "UTF-16le" or "UTF-16be": the bytes CAST(text AS BLOB) hands back
+READ_ENCODING = "PRAGMA encoding"
 SET_WAL = "PRAGMA main.journal_mode = WAL"
 DATA_VERSION = "PRAGMA data_version"
 

@@ -30,6 +30,8 @@ __all__ = ["Rows", "Store", "Transaction", "open_store"]
 
 Durability = Literal["full", "normal"]
 
+_MAX_BUSY_MS = 2**31 - 1
+
 
 class Rows:
     """The result of ``tx.execute``: a cursor whose driver errors are translated."""
@@ -396,6 +398,12 @@ def open_store(
     if not isinstance(readonly, bool):
         raise TypeError(f"readonly must be a bool, got {type(readonly).__name__}")
     busy = check_seconds(busy_timeout_seconds, "busy_timeout_seconds", allow_zero=True)
+    if round(busy * 1000) > _MAX_BUSY_MS:
+        # SQLite keeps it as a C int of milliseconds: more would wrap to "never wait"
+        raise ValueError(
+            f"busy_timeout_seconds must be at most {_MAX_BUSY_MS / 1000} (about 24.8 days: "
+            f"SQLite holds it in milliseconds in a C int), got {busy_timeout_seconds!r}"
+        )
     gate_timeout = check_seconds(gate_timeout_seconds, "gate_timeout_seconds", allow_zero=True)
     resolved_runtime = resolve_runtime(runtime)
     resolved_defaults = resolve_defaults(defaults)
@@ -466,6 +474,7 @@ def _configure(
     what = "configuring the connection"
     db.run(sql.pragma_busy_timeout(busy_ms), doing=what)
     db.busy_ms = busy_ms
+    db.read_encoding(what)
     if not memory and not readonly:
         row = db.one(sql.READ_JOURNAL_MODE, doing=what)
         mode = None if row is None else str(row[0]).lower()

@@ -1202,7 +1202,7 @@ class Worker:
                 try:
                     entry.item = self._settlements.completion(lease, result)
                     return entry
-                except TypeError as exc:  # a result JSON cannot carry
+                except (TypeError, ValueError) as exc:  # a result JSON cannot carry or encode
                     error = exc
         entry.error = error
         entry.item = self._failure(lease, error)

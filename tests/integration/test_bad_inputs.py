@@ -32,6 +32,7 @@ from tests.conftest import START
 
 AWARE = datetime.fromtimestamp(START, timezone.utc)
 NAIVE = datetime(2027, 1, 15, 8, 0, 0)
+PAST_MAX = datetime.max.replace(tzinfo=timezone(timedelta(hours=-5)))
 
 
 def snapshot(db_path: Path) -> dict[str, list[tuple[Any, ...]]]:
@@ -122,6 +123,8 @@ CASES: list[tuple[str, Call, type[BaseException], str]] = [
     ("kind-none", lambda w: w.store.jobs.enqueue(None), TypeError, "kind"),
     ("kind-bytes", lambda w: w.store.jobs.enqueue(b"k"), TypeError, "kind"),
     ("kind-surrogate", lambda w: w.store.jobs.enqueue("k\ud800"), ValueError, "kind"),
+    ("kind-nul", lambda w: w.store.jobs.enqueue("k\x00"), ValueError, "NUL"),
+    ("kind-nul-inside", lambda w: w.store.jobs.enqueue("a\x00b"), ValueError, "kind"),
     # ---- payload
     ("payload-set", lambda w: w.store.jobs.enqueue("k", {1, 2}), TypeError, "set"),
     ("payload-bytes", lambda w: w.store.jobs.enqueue("k", b"raw"), TypeError, "bytes"),
@@ -143,6 +146,14 @@ CASES: list[tuple[str, Call, type[BaseException], str]] = [
     ("result-inf", lambda w: w.store.jobs.complete(w.lease, [float("inf")]), TypeError, ""),
     ("result-int-key", lambda w: w.store.jobs.complete(w.lease, {2: 1}), TypeError, "key"),
     ("result-deep", lambda w: w.store.jobs.complete(w.lease, deep_list(100_000)), TypeError, ""),
+    # a lone surrogate is text that cannot be encoded, not a value JSON lacks
+    ("result-surrogate", lambda w: w.store.jobs.complete(w.lease, "\udc80"), ValueError, "Unicode"),
+    (
+        "result-surrogate-key",
+        lambda w: w.store.jobs.complete(w.lease, [{"ok": 1}, {"\ud800": 1}]),
+        ValueError,
+        "result",
+    ),
     # ---- max_attempts / priority
     ("max-attempts-0", lambda w: w.store.jobs.enqueue("k", max_attempts=0), ValueError, ">= 1"),
     ("max-attempts-neg", lambda w: w.store.jobs.enqueue("k", max_attempts=-2), ValueError, ""),
@@ -155,6 +166,19 @@ CASES: list[tuple[str, Call, type[BaseException], str]] = [
     # ---- run_at / delay_seconds
     ("run-at-naive", lambda w: w.store.jobs.enqueue("k", run_at=NAIVE), ValueError, "aware"),
     ("run-at-float", lambda w: w.store.jobs.enqueue("k", run_at=START), TypeError, "datetime"),
+    # datetime.max five hours west of UTC is past datetime.max in UTC
+    (
+        "run-at-past-max-utc",
+        lambda w: w.store.jobs.enqueue("k", run_at=PAST_MAX),
+        ValueError,
+        "run_at",
+    ),
+    (
+        "many-run-at-past-max-utc",
+        lambda w: w.store.jobs.enqueue_many([NewJob("k"), NewJob("k", run_at=PAST_MAX)]),
+        ValueError,
+        "item 1: run_at",
+    ),
     (
         "run-at-and-delay",
         lambda w: w.store.jobs.enqueue("k", run_at=AWARE, delay_seconds=1),
@@ -168,6 +192,13 @@ CASES: list[tuple[str, Call, type[BaseException], str]] = [
     # ---- id
     ("id-empty", lambda w: w.store.jobs.enqueue("k", id=""), ValueError, "id"),
     ("id-int", lambda w: w.store.jobs.enqueue("k", id=7), TypeError, "id"),
+    ("id-nul", lambda w: w.store.jobs.enqueue("k", id="j\x00"), ValueError, "NUL"),
+    (
+        "many-id-nul",
+        lambda w: w.store.jobs.enqueue_many([NewJob("k", id="ok"), NewJob("k", id="\x00")]),
+        ValueError,
+        "item 1: id",
+    ),
     # ---- enqueue_many: one bad item spoils the batch
     (
         "many-bad-payload",
@@ -236,6 +267,19 @@ CASES: list[tuple[str, Call, type[BaseException], str]] = [
         LeaseSuperseded,
         "",
     ),
+    # a text no caller checked (a lease put together by hand) is still a clear refusal
+    (
+        "forged-unencodable-token",
+        lambda w: w.store.jobs.complete(w.forged(token="tok\udc80")),
+        ValueError,
+        "UTF-8",
+    ),
+    (
+        "forged-unencodable-job-id",
+        lambda w: w.store.jobs.fail(w.forged(job_id="\ud800"), "x"),
+        ValueError,
+        "UTF-8",
+    ),
     # ---- kinds
     ("claim-bare-str", lambda w: w.store.jobs.claim("k", owner="o"), TypeError, "bare"),
     (
@@ -247,10 +291,18 @@ CASES: list[tuple[str, Call, type[BaseException], str]] = [
     ("claim-empty-list", lambda w: w.store.jobs.claim([], owner="o"), ValueError, "kind"),
     ("claim-empty-kind", lambda w: w.store.jobs.claim([""], owner="o"), ValueError, ""),
     ("claim-int-kind", lambda w: w.store.jobs.claim([3], owner="o"), TypeError, ""),
+    ("claim-nul-kind", lambda w: w.store.jobs.claim(["k", "x\x00"], owner="o"), ValueError, "NUL"),
     ("claim-dict-kinds", lambda w: w.store.jobs.claim({"k": 1}, owner="o"), TypeError, ""),
     # ---- owner, lease_seconds, limit
     ("claim-owner-empty", lambda w: w.store.jobs.claim(["k"], owner=""), ValueError, "owner"),
     ("claim-owner-none", lambda w: w.store.jobs.claim(["k"], owner=None), TypeError, "owner"),
+    ("claim-owner-nul", lambda w: w.store.jobs.claim(["k"], owner="o\x00"), ValueError, "owner"),
+    (
+        "claim-many-owner-nul",
+        lambda w: w.store.jobs.claim_many(["k"], owner="\x00", limit=2),
+        ValueError,
+        "NUL",
+    ),
     (
         "claim-lease-zero",
         lambda w: w.store.jobs.claim(["k"], owner="o", lease_seconds=0),
@@ -303,6 +355,8 @@ CASES: list[tuple[str, Call, type[BaseException], str]] = [
     # ---- cancel / requeue arguments
     ("cancel-id-int", lambda w: w.store.jobs.cancel(5), TypeError, ""),
     ("requeue-id-empty", lambda w: w.store.jobs.requeue(""), ValueError, ""),
+    ("cancel-id-nul", lambda w: w.store.jobs.cancel("pending-1\x00"), ValueError, "NUL"),
+    ("requeue-id-nul", lambda w: w.store.jobs.requeue("pending-1\x00"), ValueError, "NUL"),
     (
         "cancel-signal-not-a-signal",
         lambda w: w.store.jobs.cancel("pending-1", signal=True),

@@ -1,10 +1,16 @@
-"""A row written outside the library with a payload that is not JSON."""
+"""Rows written outside the library: a payload that is not JSON, text that is not UTF-8,
+JSON nested past the decoder's recursion limit."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
+from pathlib import Path
 from typing import Any
 
-from jaren_jobs import CorruptJson, Outcome, Store
+import pytest
+
+from jaren_jobs import CorruptJson, NewJob, Outcome, Store
 
 
 def corrupt(store: Store, job_id: str, text: str = "{not json") -> None:
@@ -68,3 +74,139 @@ def test_a_worker_fails_the_corrupt_job_without_calling_the_handler_and_goes_on(
         ("bad", "failed"),
         ("good", "completed"),
     ]
+
+
+# ------------------------------------------------------------------ poison rows
+#
+# Written through a connection of the test's own, as another program would
+# leave them: text that is not UTF-8, and JSON nested deeper than Python's
+# decoder can recurse. Neither may wedge reads, claims or the kind.
+
+NOT_UTF8 = b'{"name": "caf\xe9"}'  # latin-1 bytes stored as TEXT
+DEEP = "[" * 100_000 + "]" * 100_000  # valid JSON, far past the recursion limit
+POISONS = {"not-utf8": NOT_UTF8, "deep": DEEP}
+
+
+def write_raw(db_path: Path, column: str, job_id: str, value: str | bytes) -> None:
+    conn = sqlite3.connect(db_path)
+    try:
+        # CAST keeps invalid bytes as TEXT, which sqlite3 would otherwise store as a BLOB
+        conn.execute(
+            f'UPDATE "_jaren_jobs" SET {column} = CAST(? AS TEXT) WHERE id = ?', (value, job_id)
+        )
+        conn.commit()
+        stored = conn.execute(
+            f'SELECT typeof({column}) FROM "_jaren_jobs" WHERE id = ?', (job_id,)
+        ).fetchone()
+        assert stored == ("text",)
+    finally:
+        conn.close()
+
+
+def expect_marker(value: Any, poison: str) -> None:
+    assert isinstance(value, CorruptJson)
+    value.text.encode("utf-8")  # the marker itself is printable, storable text
+    json.dumps(value.to_dict())
+    if poison == "not-utf8":
+        assert "UTF-8" in value.error
+        assert value.text == '{"name": "caf\\xe9"}'  # the bad byte shown escaped
+    else:
+        assert "deep" in value.error
+        assert value.text == DEEP
+
+
+@pytest.mark.parametrize("poison", list(POISONS))
+@pytest.mark.parametrize("column", ["payload", "result"])
+def test_a_poison_text_reads_as_a_marker_from_get_and_page(
+    store: Store, db_path: Path, column: str, poison: str
+) -> None:
+    for n in range(3):
+        store.jobs.enqueue("k", {"n": n}, id=f"j{n}")
+    if column == "result":
+        for claimed in store.jobs.claim_many(["k"], owner="w", limit=3):
+            assert store.jobs.complete(claimed.lease, {"n": claimed.payload["n"]})
+    write_raw(db_path, column, "j1", POISONS[poison])
+
+    got = store.jobs.get("j1")
+    assert got is not None
+    expect_marker(getattr(got, column), poison)
+    json.dumps(got.to_dict())
+    with store.jobs.page() as cursor:
+        jobs = list(cursor)
+    assert [job.id for job in jobs] == ["j0", "j1", "j2"]
+    assert [isinstance(getattr(job, column), CorruptJson) for job in jobs] == [False, True, False]
+    expect_marker(getattr(jobs[1], column), poison)
+
+
+@pytest.mark.parametrize("poison", list(POISONS))
+def test_a_batch_claim_over_a_poison_row_claims_every_row(
+    store: Store, db_path: Path, poison: str
+) -> None:
+    store.jobs.enqueue_many(NewJob("k", {"n": n}, id=f"j{n}") for n in range(8))
+    write_raw(db_path, "payload", "j3", POISONS[poison])
+    claimed = store.jobs.claim_many(["k"], owner="w", limit=8)
+    assert [job.id for job in claimed] == [f"j{n}" for n in range(8)]
+    expect_marker(claimed[3].payload, poison)
+    for job in claimed:
+        assert store.jobs.complete(job.lease, "ok") is True
+    # one by one, too
+    store.jobs.enqueue("k", id="z")
+    write_raw(db_path, "payload", "z", POISONS[poison])
+    lone = store.jobs.claim(["k"], owner="w")
+    assert lone is not None
+    expect_marker(lone.payload, poison)
+
+
+@pytest.mark.parametrize("poison", list(POISONS))
+def test_a_worker_fails_a_poison_row_and_its_kind_goes_on(
+    store: Store, db_path: Path, clock: Any, poison: str
+) -> None:
+    store.jobs.enqueue_many(
+        NewJob("k", {"n": n}, id=f"j{n}", max_attempts=1 if n == 2 else 5) for n in range(6)
+    )
+    write_raw(db_path, "payload", "j2", POISONS[poison])
+    seen: list[Any] = []
+    outcomes: list[Outcome] = []
+
+    def handler(payload: Any, ctx: Any) -> Any:
+        seen.append(payload)
+        return payload["n"]
+
+    worker = store.jobs.create_worker({"k": handler}, on_outcome=outcomes.append)
+    for _ in range(20):
+        if not worker.run_once():
+            break
+    worker.stop()
+
+    assert seen == [{"n": n} for n in range(6) if n != 2]
+    bad = store.jobs.get("j2")
+    assert bad is not None
+    assert (bad.state, bad.attempts, bad.lease_until) == ("dead", 1, None)
+    assert bad.last_error is not None
+    assert bad.last_error.startswith("JD2099: ")
+    assert "'j2'" in bad.last_error
+    for n in (0, 1, 3, 4, 5):
+        job = store.jobs.get(f"j{n}")
+        assert job is not None
+        assert (job.state, job.result) == ("done", n)
+    assert sorted((o.job_id, o.outcome) for o in outcomes) == sorted(
+        [(f"j{n}", "completed") for n in (0, 1, 3, 4, 5)] + [("j2", "failed")]
+    )
+
+
+def test_a_last_error_that_is_not_utf8_is_shown_escaped_and_the_job_still_runs(
+    store: Store, db_path: Path
+) -> None:
+    store.jobs.enqueue("k", id="j")
+    claimed = store.jobs.claim(["k"], owner="w")
+    assert claimed is not None
+    assert store.jobs.fail(claimed.lease, "first try")
+    write_raw(db_path, "last_error", "j", b"OSError: caf\xe9")
+    assert store.jobs.requeue("j") is True
+    got = store.jobs.get("j")
+    assert got is not None
+    assert got.last_error == "OSError: caf\\xe9"
+    again = store.jobs.claim(["k"], owner="w")
+    assert again is not None
+    assert again.last_error == "OSError: caf\\xe9"
+    assert store.jobs.complete(again.lease, 1) is True

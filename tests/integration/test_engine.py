@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sqlite3
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -810,6 +811,11 @@ class _HostileObject:
         raise RuntimeError("no repr")
 
 
+class _SurrogateRepr:
+    def __repr__(self) -> str:
+        return "<error \udfff>"
+
+
 @pytest.mark.parametrize(
     ("error", "expected"),
     [
@@ -820,8 +826,29 @@ class _HostileObject:
         (42, "42"),
         (_HostileError("x"), "_HostileError"),
         (_HostileObject(), "_HostileObject"),
+        # lone surrogates (a non-UTF-8 file name through os.fsdecode, surrogateescape)
+        # cannot be stored as they are: they are kept escaped
+        ("bad \udc80 byte", "bad \\udc80 byte"),
+        (
+            OSError("cannot open " + os.fsdecode(b"caf\xe9.txt")),
+            "OSError: cannot open caf\\udce9.txt",
+        ),
+        (RunMismatch("node \ud800 moved"), "JD2069: node \\ud800 moved"),
+        (_SurrogateRepr(), "<error \\udfff>"),
     ],
-    ids=["value-error", "key-error", "empty-message", "str", "int", "hostile-exc", "hostile-obj"],
+    ids=[
+        "value-error",
+        "key-error",
+        "empty-message",
+        "str",
+        "int",
+        "hostile-exc",
+        "hostile-obj",
+        "str-lone-surrogate",
+        "fsdecoded-name",
+        "jobs-error-surrogate",
+        "repr-surrogate",
+    ],
 )
 def test_last_error_describes_anything(store: Store, error: object, expected: str) -> None:
     store.jobs.enqueue("k", id="j")
@@ -832,6 +859,7 @@ def test_last_error_describes_anything(store: Store, error: object, expected: st
     assert job.state == "dead"
     assert isinstance(job.last_error, str)
     assert expected in job.last_error
+    job.last_error.encode("utf-8")  # storable, printable text
 
 
 # ----------------------------------------------------------------- cancel

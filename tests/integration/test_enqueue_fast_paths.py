@@ -39,11 +39,12 @@ from tests.conftest import START, FakeClock, Sequence
 
 AWARE = datetime.fromtimestamp(START, timezone.utc)
 
+PAST_MAX = datetime.max.replace(tzinfo=timezone(-timedelta(hours=1)))
+# (NUL in a kind or id is refused, SPEC §10: see the bad items below)
 HOSTILE_TEXTS = [
     'x\'); DROP TABLE "_jaren_jobs"; --',
     "\"quoted\" and 'single'",
     "?, ?, :now, @p, $v",  # parameter markers are just text
-    "nul\x00inside",
     "émoji 🚀 and ünïcode",
     "\u202eright-to-left",
     " leading and trailing ",
@@ -375,6 +376,9 @@ def test_hostile_ids_and_kinds_round_trip_in_batches_and_alone(tmp_path: Path, t
         (NewJob(7), TypeError),  # type: ignore[arg-type]
         (NewJob("k", id=""), ValueError),
         (NewJob("k", id="bad \udfff"), ValueError),
+        (NewJob("nul\x00inside"), ValueError),
+        (NewJob("k", id="nul\x00inside"), ValueError),
+        (NewJob("k", run_at=PAST_MAX), ValueError),  # later than any UTC datetime
         (NewJob("k", id=5), TypeError),  # type: ignore[arg-type]
         (NewJob("k", priority=True), TypeError),
         (NewJob("k", priority=2**63), ValueError),

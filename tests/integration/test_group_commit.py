@@ -290,6 +290,28 @@ def test_a_failing_batch_is_retried_one_settlement_at_a_time(
             assert answers[claimed.id] == ("value", True)
 
 
+def test_an_error_text_with_lone_surrogates_never_fails_its_batch(
+    store: Store, db_path: Path
+) -> None:
+    """One failure whose error text cannot be encoded as it is must not roll back the
+    settlements it shares a transaction with (and make them replay one by one)."""
+    store.jobs.enqueue_many([NewJob("k", n, id=f"j{n}") for n in range(3)])
+    claims = store.jobs.claim_many(["k"], owner="w", limit=3)
+    batcher = SettlementBatcher(store.jobs)
+    group = [
+        batcher.failure(claims[0].lease, "plain", retry=False),
+        batcher.failure(claims[1].lease, OSError("open " + "caf\udce9.txt"), retry=False),
+        batcher.completion(claims[2].lease, {"ok": True}),
+    ]
+    batcher.submit(group)
+    assert [item.result() for item in group] == [True, True, True]
+    assert (batcher.batches, batcher.retried_alone) == (1, 0)
+    assert [committed_state(db_path, f"j{n}") for n in range(3)] == ["dead", "dead", "done"]
+    bad = store.jobs.get("j1")
+    assert bad is not None
+    assert bad.last_error == "OSError: open caf\\udce9.txt"
+
+
 def test_mistakes_are_refused_before_anything_queues(store: Store) -> None:
     store.jobs.enqueue("k")
     claimed = store.jobs.claim(["k"], owner="w")

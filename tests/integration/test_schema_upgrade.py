@@ -328,6 +328,28 @@ def test_newer_schema_version_is_refused(db_path: Path) -> None:
     assert query(db_path, 'SELECT id FROM "_jaren_jobs"') == [("j",)]
 
 
+@pytest.mark.parametrize("value", ["two", "", "2.0", "0x2"])
+def test_a_schema_version_that_is_not_a_number_is_a_schema_error(
+    db_path: Path, value: str
+) -> None:
+    with open_store(db_path) as store:
+        store.jobs.enqueue("k", id="j")
+    conn = sqlite3.connect(db_path)
+    conn.execute("UPDATE \"_jaren_meta\" SET value = ? WHERE key = 'schema_version'", (value,))
+    conn.commit()
+    conn.close()
+    schema = schema_of(db_path)
+    for readonly in (False, True):
+        with pytest.raises(SchemaError) as info:
+            open_store(db_path, readonly=readonly)
+        assert info.value.code == "JD0002"
+        assert repr(value) in str(info.value)
+        assert "_jaren_meta" in str(info.value)
+        assert info.value.details["version"] == value
+    assert schema_of(db_path) == schema
+    assert query(db_path, 'SELECT value FROM "_jaren_meta"') == [(value,)]
+
+
 def test_readonly_store_refuses_a_pre_fence_schema(old_db: Path) -> None:
     schema = schema_of(old_db)
     with pytest.raises(SchemaError) as info:

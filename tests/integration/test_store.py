@@ -144,6 +144,13 @@ def test_open_with_a_path(db_path: Path, durability: str, synchronous: int) -> N
     assert store.closed
 
 
+def test_the_longest_busy_timeout_sqlite_holds_is_accepted(db_path: Path) -> None:
+    with open_store(db_path, busy_timeout_seconds=2_147_483.647) as store:
+        assert store.connection.execute("PRAGMA busy_timeout").fetchone()[0] == 2**31 - 1
+    with pytest.raises(ValueError, match="busy_timeout_seconds"):
+        open_store(db_path, busy_timeout_seconds=2_147_483.648)
+
+
 def test_open_default_busy_timeout(store: Store) -> None:
     assert store.connection.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
     assert store.connection.execute("PRAGMA synchronous").fetchone()[0] == 2
@@ -171,6 +178,79 @@ def test_open_with_an_app_connection(db_path: Path, durability: str, synchronous
         assert conn.execute("SELECT 1").fetchone() == (1,)
     finally:
         conn.close()
+
+
+def latin1(raw: bytes) -> str:
+    return raw.decode("latin-1")
+
+
+@pytest.mark.parametrize("factory", [bytes, latin1], ids=["bytes", "latin-1"])
+def test_the_app_connections_text_factory_changes_nothing_the_library_reads(
+    db_path: Path, runtime: Runtime, factory: Callable[[bytes], Any]
+) -> None:
+    """The library reads text as str whatever the application set; its own SQL keeps
+    the application's factory."""
+    conn = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    conn.text_factory = factory
+    payload = {"name": "café ☕", "n": 1}
+    try:
+        with open_store(connection=conn, runtime=runtime) as store:
+            store.jobs.enqueue("brew", payload, id="j")
+            got = store.jobs.get("j")
+            assert got is not None
+            assert (got.id, got.kind, got.state, got.payload) == ("j", "brew", "pending", payload)
+            [paged] = list(store.jobs.page(kind="brew"))
+            assert paged == got
+            assert store.jobs.counts().pending_kinds == {"brew": 1}
+            seen: list[Any] = []
+
+            def handler(value: Any, ctx: Any) -> Any:
+                seen.append((value, ctx.job.kind, ctx.checkpoints.load("j")))
+                ctx.checkpoints.save("j", "step", "é")
+                return {"echo": value["name"]}
+
+            worker = store.jobs.create_worker({"brew": handler})
+            assert worker.run_once() is True
+            worker.stop()
+            assert seen == [(payload, "brew", None)]
+            done = store.jobs.get("j")
+            assert done is not None
+            assert (done.state, done.result) == ("done", {"echo": "café ☕"})
+            with store.transaction() as tx:
+                # the application's own statements read with its own factory
+                row = tx.execute('SELECT kind FROM "_jaren_jobs" WHERE id = ?', ("j",)).fetchone()
+                assert row == (factory(b"brew"),)
+                assert tx.jobs.get("j") == done
+            assert conn.text_factory is factory
+        assert conn.text_factory is factory
+    finally:
+        conn.close()
+
+
+def test_a_utf16_database_round_trips_text(tmp_path: Path, runtime: Runtime) -> None:
+    path = tmp_path / "utf16.db"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA encoding = 'UTF-16le'")
+    conn.execute("CREATE TABLE app (x TEXT)")  # the encoding is fixed by the first table
+    conn.commit()
+    conn.close()
+    payload = {"name": "café ☕ 😀", "kéy": ["ü", 1.5]}
+    with open_store(path, runtime=runtime) as store:
+        assert store.connection.execute("PRAGMA encoding").fetchone()[0] == "UTF-16le"
+        store.jobs.enqueue("k", payload, id="j")
+        claimed = store.jobs.claim(["k"], owner="w")
+        assert claimed is not None
+        assert claimed.payload == payload
+        assert store.jobs.fail(claimed.lease, "erreur é", retry=False) is True
+        assert store.jobs.requeue("j") is True
+        again = store.jobs.claim(["k"], owner="w")
+        assert again is not None
+        assert (again.payload, again.last_error) == (payload, "erreur é")
+        assert store.jobs.complete(again.lease, {"résultat": "😀"}) is True
+        done = store.jobs.get("j")
+        assert done is not None
+        assert (done.payload, done.result) == (payload, {"résultat": "😀"})
+        assert [job.payload for job in store.jobs.page()] == [payload]
 
 
 def test_open_memory(runtime: Runtime) -> None:
@@ -210,6 +290,9 @@ def test_exactly_one_of_path_or_connection(db_path: Path) -> None:
         ({"durability": "fast"}, ValueError),
         ({"readonly": "yes"}, TypeError),
         ({"busy_timeout_seconds": -1}, ValueError),
+        # SQLite keeps busy_timeout in a C int of milliseconds: more would wrap to "never wait"
+        ({"busy_timeout_seconds": 2_147_484.0}, ValueError),
+        ({"busy_timeout_seconds": 3e9}, ValueError),
         ({"gate_timeout_seconds": float("nan")}, ValueError),
         ({"defaults": {"lease_seconds": 0}}, ValueError),
         ({"defaults": {"no_such_key": 1}}, ValueError),

@@ -9,6 +9,7 @@ tests use a short ``lease_seconds`` and wait on the ``on_renewal`` hook.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -315,6 +316,57 @@ def test_a_result_json_cannot_carry_fails_the_attempt(store: Store) -> None:
         assert stored.last_error is not None
         assert stored.last_error.startswith("TypeError")
     assert outcomes.names() == ["failed", "failed"]
+    worker.stop()
+
+
+def test_an_error_text_with_lone_surrogates_retries_then_dead_letters(
+    store: Store, clock: FakeClock
+) -> None:
+    """A file name that is not UTF-8 (through os.fsdecode) in a handler's error never wedges
+    the job: the error is recorded escaped, retried, and dead-lettered at max_attempts."""
+    outcomes = Outcomes()
+    name = os.fsdecode(b"caf\xe9.txt")  # "caf\udce9.txt"
+
+    def broken(payload: Any, ctx: JobContext) -> Any:
+        raise FileNotFoundError(f"no such file: {name}")
+
+    worker = store.jobs.create_worker(
+        {"broken": broken}, on_outcome=outcomes, backoff_base_seconds=1, backoff_cap_seconds=1
+    )
+    job = store.jobs.enqueue("broken", max_attempts=2)
+    assert worker.run_once() is True
+    failed = store.jobs.get(job.id)
+    assert failed is not None
+    assert (failed.state, failed.attempts) == ("failed", 1)
+    assert failed.last_error == "FileNotFoundError: no such file: caf\\udce9.txt"
+    clock.advance(5)
+    assert worker.run_once() is True
+    dead = store.jobs.get(job.id)
+    assert dead is not None
+    assert (dead.state, dead.attempts, dead.lease_until) == ("dead", 2, None)
+    clock.advance(3600)  # nothing left leased to come back
+    assert worker.run_once() is False
+    assert outcomes.names() == ["failed", "failed"]
+    assert outcomes.events[0].reason == "FileNotFoundError: no such file: caf\\udce9.txt"
+    worker.stop()
+
+
+def test_a_result_with_a_lone_surrogate_fails_the_attempt(store: Store) -> None:
+    outcomes = Outcomes()
+
+    def handler(payload: Any, ctx: JobContext) -> Any:
+        return {"file": os.fsdecode(b"\xff.bin")}
+
+    worker = store.jobs.create_worker({"k": handler}, on_outcome=outcomes)
+    job = store.jobs.enqueue("k", max_attempts=1)
+    assert worker.run_once() is True
+    stored = store.jobs.get(job.id)
+    assert stored is not None
+    assert (stored.state, stored.result) == ("dead", None)
+    assert stored.last_error is not None
+    assert stored.last_error.startswith("ValueError: complete(): result")
+    assert "not valid Unicode" in stored.last_error
+    assert outcomes.names() == ["failed"]
     worker.stop()
 
 

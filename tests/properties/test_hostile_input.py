@@ -3,11 +3,18 @@
 * any JSON value round-trips exactly (types, float signs, key order) through
   ``enqueue`` → ``get``/``claim`` and through ``complete`` → ``result``;
 * a value JSON cannot carry, hidden anywhere inside an otherwise valid
-  payload (NaN, infinities, sets, bytes, objects, non-``str`` keys, lone
-  surrogates in strings and keys, 100,000-deep nesting), is ``TypeError`` /
-  ``ValueError`` with nothing written;
-* kinds, ids and owners made of quotes, NUL, emoji, wildcards and SQL
-  fragments are stored and matched literally;
+  payload or result (NaN, infinities, sets, bytes, objects, non-``str`` keys,
+  lone surrogates in strings and keys, 100,000-deep nesting), is
+  ``TypeError`` / ``ValueError`` with nothing written (for a result, text
+  that cannot be encoded is ``ValueError``, the rest ``TypeError``), and a
+  worker whose handler returns one fails the attempt;
+* an error text of any shape (lone surrogates anywhere, an unprintable or
+  deeply nested error) is recorded, escaped, and never wedges its job;
+* a stored payload or result another program left unreadable (bytes that
+  are not UTF-8, JSON nested past the decoder's recursion limit) reads as a
+  ``CorruptJson`` marker through ``get``, ``page`` and claims;
+* kinds, ids and owners made of quotes, emoji, wildcards and SQL fragments
+  are stored and matched literally; one holding NUL is ``ValueError``;
 * lease tokens never leak into records, log lines or outcome events.
 """
 
@@ -17,6 +24,7 @@ import itertools
 import json
 import logging
 import math
+import sqlite3
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -28,6 +36,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jaren_jobs import (
+    CorruptJson,
     JobContext,
     LeaseSuperseded,
     NewJob,
@@ -36,6 +45,7 @@ from jaren_jobs import (
     Store,
     open_store,
 )
+from jaren_jobs.codec import MAX_DEPTH
 from tests.conftest import FakeClock, Sequence
 
 # ------------------------------------------------------------------ strategies
@@ -69,22 +79,25 @@ class Opaque:
     """An object JSON knows nothing about."""
 
 
-# (a value JSON cannot carry, the error it must raise)
-poisons: st.SearchStrategy[tuple[Any, type[Exception]]] = st.one_of(
-    st.sampled_from([math.nan, math.inf, -math.inf]).map(lambda v: (v, ValueError)),
-    surrogate_text.map(lambda v: (v, ValueError)),
-    surrogate_text.map(lambda k: ({k: 1}, ValueError)),
-    st.sets(st.integers(), max_size=3).map(lambda v: (v, TypeError)),
-    st.frozensets(st.integers(), max_size=3).map(lambda v: (v, TypeError)),
-    st.binary(max_size=8).map(lambda v: (v, TypeError)),
-    st.binary(max_size=8).map(lambda v: (bytearray(v), TypeError)),
-    st.builds(Opaque).map(lambda v: (v, TypeError)),
-    st.just((object(), TypeError)),
-    st.just((1 + 2j, TypeError)),
-    st.tuples(st.integers(), st.integers()).map(lambda k: ({k: "tuple key"}, TypeError)),
-    st.integers().map(lambda k: ({k: "int key"}, TypeError)),
-    st.just(({None: "None key"}, TypeError)),
-    st.just(({1.5: "float key"}, TypeError)),
+# (a value JSON cannot carry, the error it must raise as a payload, ... as a result):
+# a value JSON cannot hold is a ValueError in a payload and a TypeError in a
+# result (SPEC §3); text that cannot be encoded is a ValueError in both (§13)
+Poison = tuple[Any, type[Exception], type[Exception]]
+poisons: st.SearchStrategy[Poison] = st.one_of(
+    st.sampled_from([math.nan, math.inf, -math.inf]).map(lambda v: (v, ValueError, TypeError)),
+    surrogate_text.map(lambda v: (v, ValueError, ValueError)),
+    surrogate_text.map(lambda k: ({k: 1}, ValueError, ValueError)),
+    st.sets(st.integers(), max_size=3).map(lambda v: (v, TypeError, TypeError)),
+    st.frozensets(st.integers(), max_size=3).map(lambda v: (v, TypeError, TypeError)),
+    st.binary(max_size=8).map(lambda v: (v, TypeError, TypeError)),
+    st.binary(max_size=8).map(lambda v: (bytearray(v), TypeError, TypeError)),
+    st.builds(Opaque).map(lambda v: (v, TypeError, TypeError)),
+    st.just((object(), TypeError, TypeError)),
+    st.just((1 + 2j, TypeError, TypeError)),
+    st.tuples(st.integers(), st.integers()).map(lambda k: ({k: "tuple key"}, TypeError, TypeError)),
+    st.integers().map(lambda k: ({k: "int key"}, TypeError, TypeError)),
+    st.just(({None: "None key"}, TypeError, TypeError)),
+    st.just(({1.5: "float key"}, TypeError, TypeError)),
 )
 
 
@@ -114,19 +127,25 @@ def hide(poison: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 
 @st.composite
-def hidden_poisons(draw: st.DrawFn) -> tuple[Any, type[Exception]]:
-    value, error = draw(poisons)
-    return draw(hide(st.just(value))), error
+def hidden_poisons(draw: st.DrawFn) -> Poison:
+    value, error, result_error = draw(poisons)
+    return draw(hide(st.just(value))), error, result_error
 
 
 # identifiers built from what breaks naive SQL, LIKE patterns, C strings and terminals
 FRAGMENTS = [
-    "'", '"', "`", "\\", "\x00", ";", "--", "/*", "*/", "%", "_", "*", "?", "[", "]",
+    "'", '"', "`", "\\", ";", "--", "/*", "*/", "%", "_", "*", "?", "[", "]",
     "'; DROP TABLE _jaren_jobs; --", '" OR 1=1 --', "') OR ('1'='1", "\x1f", "\n", "\r\t",
     " ", "😀", "👩\u200d💻", "é", "e\u0301", "\u202e", "\ufeff", "Ω", "a", "A", "0",
 ]  # fmt: skip
+# NUL is refused in a kind, id or owner (SPEC §10): it is tested on its own below
 identifiers = st.lists(
-    st.sampled_from(FRAGMENTS) | st.text(min_size=1, max_size=3), min_size=1, max_size=4
+    st.sampled_from(FRAGMENTS)
+    | st.text(
+        st.characters(exclude_characters="\x00", exclude_categories=("Cs",)), min_size=1, max_size=3
+    ),
+    min_size=1,
+    max_size=4,
 ).map("".join)
 
 # ------------------------------------------------------------------ helpers
@@ -236,9 +255,9 @@ def test_deep_but_reasonable_nesting_round_trips(shared: Store) -> None:
 @PROPERTY
 @given(hidden=hidden_poisons(), good=json_values)
 def test_a_value_json_cannot_carry_is_refused_with_nothing_written(
-    shared: Store, hidden: tuple[Any, type[Exception]], good: Any
+    shared: Store, hidden: Poison, good: Any
 ) -> None:
-    payload, error = hidden
+    payload, error, result_error = hidden
     n = next(_names)
     before = rows_in(shared)
 
@@ -255,16 +274,30 @@ def test_a_value_json_cannot_carry_is_refused_with_nothing_written(
         assert shared.jobs.get(job_id) is None
     assert rows_in(shared) == before
 
-    # a result JSON cannot carry is TypeError, and the job stays leased under the same lease
+    # a result JSON cannot carry is refused, and the job stays leased under the same lease
     kind = f"result-{n}"
     shared.jobs.enqueue(kind, good, id=f"result-{n}")
     claimed = shared.jobs.claim([kind], owner="w")
     assert claimed is not None
     held = shared.jobs.get(claimed.id)
-    with pytest.raises(TypeError):
+    with pytest.raises(result_error) as info:
         shared.jobs.complete(claimed.lease, payload)
+    assert type(info.value) is result_error
     assert shared.jobs.get(claimed.id) == held
     assert shared.jobs.complete(claimed.lease, good) is True
+
+    # a handler returning it fails its attempt (dead-lettered: max_attempts=1), never wedged
+    shared.jobs.enqueue(kind, good, id=f"handled-{n}", max_attempts=1)
+    worker = shared.jobs.create_worker({kind: lambda value, ctx: payload})
+    try:
+        assert worker.run_once() is True
+    finally:
+        worker.stop()
+    handled = shared.jobs.get(f"handled-{n}")
+    assert handled is not None
+    assert (handled.state, handled.result, handled.lease_until) == ("dead", None, None)
+    assert handled.last_error is not None
+    assert handled.last_error.startswith(result_error.__name__ + ": complete(): result")
 
 
 @pytest.mark.parametrize("as_dict", [False, True], ids=["lists", "dicts"])
@@ -302,6 +335,214 @@ def test_a_lone_surrogate_in_an_identifier_is_refused(
     with pytest.raises(ValueError, match="not valid Unicode"):
         calls[field]()
     assert rows_in(shared) == before
+
+
+# ------------------------------------------------------------------ error texts
+
+
+def escaped(text: str) -> str:
+    """What a stored text keeps of ``text``: lone surrogates as backslash escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class Described(Exception):
+    """An exception whose message is whatever the example drew."""
+
+
+class ReprOnly:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+hostile_texts = st.one_of(st.text(max_size=20), surrogate_text, hide(surrogate_text).map(repr))
+
+
+@st.composite
+def error_objects(draw: st.DrawFn) -> tuple[object, str | None]:
+    """Something a handler raised or passed to fail(), and the text last_error must hold
+    (``None``: any storable text, for a description that cannot be computed)."""
+    text = draw(hostile_texts)
+    shape = draw(st.sampled_from(["str", "exception", "repr", "deep", "deep-exception"]))
+    if shape == "str":
+        return text, escaped(text)
+    if shape == "exception":
+        return Described(text), escaped(f"Described: {text}" if text else "Described")
+    if shape == "repr":
+        return ReprOnly(text), escaped(text)
+    depth = draw(st.sampled_from([MAX_DEPTH + 1, 999, 1_001, 5_000, 100_000]))
+    deep = nested(depth, text, as_dict=draw(st.booleans()))
+    return (deep, None) if shape == "deep" else (Described(deep), None)
+
+
+@PROPERTY
+@given(error=error_objects(), retry=st.booleans())
+def test_any_error_text_is_recorded_escaped_and_never_wedges_its_job(
+    shared: Store, error: tuple[object, str | None], retry: bool
+) -> None:
+    value, expected = error
+    n = next(_names)
+    kind = f"error-{n}"
+    shared.jobs.enqueue(kind, id=f"error-{n}", max_attempts=2)
+    claimed = shared.jobs.claim([kind], owner="w")
+    assert claimed is not None
+    assert shared.jobs.fail(claimed.lease, value, retry=retry) is True
+    failed = shared.jobs.get(claimed.id)
+    assert failed is not None
+    assert failed.state == ("failed" if retry else "dead")
+    assert failed.last_error is not None
+    failed.last_error.encode("utf-8")
+    if expected is not None:
+        assert failed.last_error == expected
+
+    # the same error raised by a handler: recorded the same way, and dead-lettered
+    shared.jobs.enqueue(kind, id=f"raised-{n}", max_attempts=1)
+    outcomes: list[Outcome] = []
+
+    def handler(payload: Any, ctx: JobContext) -> Any:
+        raise value if isinstance(value, Exception) else Described(value)
+
+    worker = shared.jobs.create_worker({kind: handler}, on_outcome=outcomes.append)
+    try:
+        assert worker.run_once() is True
+    finally:
+        worker.stop()
+    raised = shared.jobs.get(f"raised-{n}")
+    assert raised is not None
+    assert (raised.state, raised.lease_until) == ("dead", None)
+    assert raised.last_error is not None
+    raised.last_error.encode("utf-8")
+    assert [o.outcome for o in outcomes] == ["failed"]
+    assert outcomes[0].reason == raised.last_error
+
+
+@settings(PROPERTY, max_examples=60)
+@given(texts=st.lists(st.tuples(hostile_texts, st.booleans()), min_size=2, max_size=6))
+def test_error_texts_never_fail_the_group_commit_they_share(
+    shared: Store, texts: list[tuple[str, bool]]
+) -> None:
+    """Failures with any error text and completions, settled in one transaction: none of
+    them makes the batch roll back and replay one by one."""
+    from jaren_jobs.batcher import SettlementBatcher
+
+    kind = f"group-{next(_names)}"
+    shared.jobs.enqueue_many(NewJob(kind, max_attempts=1) for _ in texts)
+    claims = shared.jobs.claim_many([kind], owner="w", limit=len(texts))
+    assert len(claims) == len(texts)
+    batcher = SettlementBatcher(shared.jobs)
+    group = []
+    for claimed, (text, failing) in zip(claims, texts, strict=True):
+        if failing:
+            group.append(batcher.failure(claimed.lease, text))
+            continue
+        if escaped(text) != text:  # a result that cannot be encoded never queues
+            with pytest.raises(ValueError):
+                batcher.completion(claimed.lease, {"text": text})
+        group.append(batcher.completion(claimed.lease, {"n": len(group)}))
+    batcher.submit(group)
+    assert [item.result() for item in group] == [True] * len(texts)
+    assert (batcher.batches, batcher.retried_alone) == (1, 0)
+    for n, (claimed, (text, failing)) in enumerate(zip(claims, texts, strict=True)):
+        job = shared.jobs.get(claimed.id)
+        assert job is not None
+        if failing:
+            assert (job.state, job.last_error) == ("dead", escaped(text))
+        else:
+            assert (job.state, job.result) == ("done", {"n": n})
+
+
+# ------------------------------------------------------------------ rows another program wrote
+
+not_utf8 = st.binary(min_size=1, max_size=24).filter(lambda raw: not _decodes(raw))
+
+
+def _decodes(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@st.composite
+def unreadable_texts(draw: st.DrawFn) -> str | bytes:
+    """Stored text json.loads cannot turn into a value: bytes that are not UTF-8 (inside
+    otherwise valid JSON), or valid JSON nested past the decoder's recursion limit."""
+    if draw(st.booleans()):
+        before = json.dumps(draw(json_values))
+        return before.encode() + draw(not_utf8) if draw(st.booleans()) else draw(not_utf8)
+    # (Hypothesis raises the recursion limit while a test runs: far past it, then)
+    depth = draw(st.integers(20_000, 60_000))
+    leaf = json.dumps(draw(json_scalars))
+    if draw(st.booleans()):
+        return "[" * depth + leaf + "]" * depth
+    return '{"k":' * depth + leaf + "}" * depth
+
+
+def write_raw(path: Path, column: str, job_id: str, value: str | bytes) -> None:
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute(
+            f'UPDATE "_jaren_jobs" SET {column} = CAST(? AS TEXT) WHERE id = ?', (value, job_id)
+        )
+        conn.commit()
+    finally:
+        conn.close()
+
+
+@settings(PROPERTY, max_examples=60)
+@given(stored=unreadable_texts(), column=st.sampled_from(["payload", "result"]))
+def test_an_unreadable_stored_text_reads_as_a_marker_everywhere(
+    shared: Store, stored: str | bytes, column: str
+) -> None:
+    assert shared.path is not None
+    n = next(_names)
+    kind = f"poison-{n}"
+    shared.jobs.enqueue_many(NewJob(kind, {"n": i}, id=f"poison-{n}-{i}") for i in range(3))
+    target = f"poison-{n}-1"
+    write_raw(Path(shared.path), column, target, stored)
+
+    got = shared.jobs.get(target)
+    assert got is not None
+    marker = getattr(got, column)
+    assert isinstance(marker, CorruptJson)
+    marker.text.encode("utf-8")
+    json.dumps(got.to_dict())
+    paged = {job.id: job for job in shared.jobs.page(kind=kind)}
+    assert paged[target] == got
+    claimed = shared.jobs.claim_many([kind], owner="w", limit=3)
+    assert sorted(job.id for job in claimed) == sorted(paged)
+    for job in claimed:
+        assert isinstance(getattr(job, column), CorruptJson) == (job.id == target)
+        assert shared.jobs.complete(job.lease, "ok") is True
+
+
+# ------------------------------------------------------------------ NUL in identifiers
+
+
+@PROPERTY
+@given(
+    before=identifiers,
+    after=st.text(max_size=3),
+    field=st.sampled_from(["kind", "id", "owner", "claim kind", "batch id"]),
+)
+def test_a_nul_in_a_kind_id_or_owner_is_refused_with_nothing_written(
+    shared: Store, before: str, after: str, field: str
+) -> None:
+    value = before + "\x00" + after
+    calls = {
+        "kind": lambda: shared.jobs.enqueue(value),
+        "id": lambda: shared.jobs.enqueue("k", id=value),
+        "owner": lambda: shared.jobs.claim(["k"], owner=value),
+        "claim kind": lambda: shared.jobs.claim_many(["k", value], owner="w", limit=2),
+        "batch id": lambda: shared.jobs.enqueue_many([NewJob("k"), NewJob("k", id=value)]),
+    }
+    rows = rows_in(shared)
+    with pytest.raises(ValueError, match=r"NUL|Unicode"):
+        calls[field]()
+    assert rows_in(shared) == rows
 
 
 # ------------------------------------------------------------------ numbers the store cannot hold
