@@ -8,9 +8,10 @@ speak for it. See ``docs/`` for the concepts and the full API.
 from __future__ import annotations
 
 from .checkpoints import CheckpointStore
+from .core.policy import backoff_seconds
 from .cursor import Barrier, Cursor, drain_page
 from .dag import CompiledDag, Task, TaskContext, compile_document, create_dag_job_runner
-from .engine import JobEngine, backoff_seconds
+from .engine import JobEngine
 from .errors import (
     CursorAborted,
     DeadlinePassed,

@@ -30,15 +30,16 @@ from .codec import (
     ms_from_aware,
     ms_from_datetime,
 )
+from .core import fence
+from .core.fence import FenceRow
+from .core.policy import backoff_seconds, failure_transition, is_lease_lost, lease_ms, retry_at_ms
 from .db import Database, RootScope, TxScope
 from .errors import (
     DuplicateJob,
     JobsError,
     JobSettled,
-    LeaseExpired,
     LeaseLost,
     LeaseRequired,
-    LeaseSuperseded,
     describe_error,
 )
 from .pages import page_jobs
@@ -54,18 +55,6 @@ if TYPE_CHECKING:
 __all__ = ["ClaimRequest", "EngineHub", "Failure", "JobEngine", "backoff_seconds", "is_lease_lost"]
 
 _INT64 = (-(2**63), 2**63 - 1)
-
-
-def is_lease_lost(error: BaseException) -> bool:
-    """True for the three fence refusals: this attempt no longer holds its job."""
-    return isinstance(error, LeaseLost)
-
-
-def backoff_seconds(retry: int, base: float, cap: float, draw: float) -> float:
-    """The jittered delay before retry ``retry`` (1-based): half fixed, half random."""
-    exponent = min(retry - 1, 64)  # 2**64 dwarfs any cap; keeps the float finite
-    span = min(cap, base * 2.0**exponent)
-    return span / 2 + draw * span / 2
 
 
 @dataclass
@@ -121,10 +110,6 @@ def check_kinds(kinds: object, what: str) -> tuple[str, ...]:
         check_id(kind, f"{what}: each kind")
     # a stable order gives a stable statement text (one prepared statement)
     return tuple(sorted(set(kinds)))
-
-
-def _lease_ms(seconds: float) -> int:
-    return max(1, round(seconds * 1000))
 
 
 class _Prepared(NamedTuple):
@@ -457,7 +442,7 @@ class JobEngine:
             if lease_seconds is None
             else check_seconds(lease_seconds, f"{what}: lease_seconds")
         )
-        return checked, owner, _lease_ms(seconds)
+        return checked, owner, lease_ms(seconds)
 
     # ------------------------------------------------------------ the idle check
     #
@@ -619,49 +604,7 @@ class JobEngine:
     def _refusal(self, lease: Lease, now: int, what: str) -> LeaseLost | None:
         """Why a fenced statement matched nothing; ``None`` if this attempt already settled it."""
         row = self._db.one(sql.FENCE_ROW, (lease.job_id,), doing=what)
-        job_id = lease.job_id
-        if row is None:
-            return JobSettled(
-                f"{what} refused: job {job_id!r} is unknown (never enqueued, or swept)",
-                job_id=job_id,
-                state=None,
-            )
-        state, token, until, generation, settled_generation, key = row
-        if state != "leased":
-            # this very attempt settled it: the claim that began it, not
-            # merely its generation (which repeats after a sweep and reuse)
-            if (
-                settled_generation is not None
-                and int(settled_generation) == lease.generation
-                and key is not None
-                and key == lease.claim_key
-            ):
-                return None
-            return JobSettled(
-                f"{what} refused: job {job_id!r} is {state!r}, not leased — it was settled "
-                "or requeued by someone else; this attempt no longer speaks for it",
-                job_id=job_id,
-                state=state,
-            )
-        if token != lease.token:
-            return LeaseSuperseded(
-                f"{what} refused: the lease on job {job_id!r} was superseded — "
-                + _superseded_because(lease, int(generation), key),
-                job_id=job_id,
-                generation=lease.generation,
-                current_generation=int(generation),
-            )
-        if int(until) <= now:
-            return LeaseExpired(
-                f"{what} refused: the lease on job {job_id!r} expired {now - int(until)} ms "
-                "ago — renew() while a handler runs longer than its lease, or claim with a "
-                "longer lease_seconds",
-                job_id=job_id,
-                expired_ms=now - int(until),
-            )
-        return JobSettled(  # pragma: no cover - every guard agreed; should not happen
-            f"{what} refused: job {job_id!r} did not accept the settlement", job_id=job_id
-        )
+        return fence.refusal(None if row is None else FenceRow.from_row(row), lease, now, what)
 
     def _settled_or_raise(self, lease: Lease, now: int, what: str) -> bool:
         refusal = self._refusal(lease, now, what)
@@ -684,7 +627,7 @@ class JobEngine:
             row = self._db.one(
                 sql.RENEW,
                 {
-                    "until": now + _lease_ms(seconds),
+                    "until": now + lease_ms(seconds),
                     "new_token": self._runtime.uuid(),
                     "now": now,
                     "id": current.job_id,
@@ -781,11 +724,11 @@ class JobEngine:
         if row is None:
             return self._settled_or_raise(current, now, what)
         attempts, max_attempts = int(row[0]), int(row[1])
-        if not failure.retry or attempts >= max_attempts:
+        if failure_transition(attempts, max_attempts, retry=failure.retry) == "dead":
             self._db.run(sql.SETTLE_DEAD, {**fenced, "error": failure.message}, doing=what)
         else:
-            delay = backoff_seconds(attempts, failure.base, failure.cap, self._runtime.random())
-            run_at = now + math.floor(delay * 1000)
+            draw = self._runtime.random()
+            run_at = retry_at_ms(now, attempts, failure.base, failure.cap, draw)
             self._db.run(
                 sql.SETTLE_RETRY,
                 {**fenced, "error": failure.message, "run_at": run_at},
@@ -1131,24 +1074,6 @@ class JobEngine:
             params = {"id": job_id, "token": token, "now": now}
             released += self._db.changes(sql.RELEASE_LEASE, params, doing=what)
         return released
-
-
-def _superseded_because(lease: Lease, generation: int, key: bytes | None) -> str:
-    if generation != lease.generation:
-        return (
-            f"this lease is generation {lease.generation}, the job is on generation "
-            f"{generation}: another attempt holds it now; stop writing on its behalf"
-        )
-    if key is not None and key == lease.claim_key:
-        return (
-            "a renewal replaced it with a newer lease of the same attempt; use the lease "
-            "renew() returned"
-        )
-    return (
-        "this lease is from another attempt of the same generation (the job was swept and "
-        "enqueued again under its id since this lease was claimed): another attempt holds "
-        "it now; stop writing on its behalf"
-    )
 
 
 def _instant(ms: int) -> datetime:
