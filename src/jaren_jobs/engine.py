@@ -10,27 +10,34 @@ when the same attempt already settled it, which is idempotent.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from . import sql
 from .codec import (
     EPOCH,
     check_aware,
-    check_identifier,
     check_text,
     datetime_from_ms,
     decode_json,
-    encode_json,
-    encode_result,
-    ms_from_aware,
     ms_from_datetime,
 )
 from .core import fence
+from .core.commands import (
+    ClaimRequest,
+    Failure,
+    PreparedJob,
+    check_id,
+    check_lease_seconds,
+    claim_request,
+    prepare_complete,
+    prepare_fail,
+    prepare_job,
+    require_lease,
+)
 from .core.fence import FenceRow
 from .core.policy import backoff_seconds, failure_transition, is_lease_lost, lease_ms, retry_at_ms
 from .db import Database, RootScope, TxScope
@@ -40,12 +47,11 @@ from .errors import (
     JobSettled,
     LeaseLost,
     LeaseRequired,
-    describe_error,
 )
 from .pages import page_jobs
 from .records import STATES, ClaimedJob, Counts, Job, Lease, NewJob, assemble
 from .rows import claim_key, claimed_from_row, job_from_row, lease_from_row
-from .runtime import Defaults, ResolvedRuntime, check_positive_int, check_seconds
+from .runtime import Defaults, ResolvedRuntime, check_positive_int
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
 
 if TYPE_CHECKING:
@@ -53,8 +59,6 @@ if TYPE_CHECKING:
     from .cursor import Cursor
 
 __all__ = ["ClaimRequest", "EngineHub", "Failure", "JobEngine", "backoff_seconds", "is_lease_lost"]
-
-_INT64 = (-(2**63), 2**63 - 1)
 
 
 @dataclass
@@ -88,78 +92,11 @@ class EngineHub:
             abort(reason)
 
 
-def check_id(value: object, what: str) -> str:
-    """A kind, id or owner: a non-empty str, storable, without NUL."""
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
-    if value == "":
-        raise ValueError(f"{what} must be a non-empty string")
-    return check_identifier(value, what)
-
-
-def check_kinds(kinds: object, what: str) -> tuple[str, ...]:
-    if isinstance(kinds, (str, bytes)):
-        raise TypeError(f"{what}: kinds is a list of kinds, not a bare string (write [{kinds!r}])")
-    if not isinstance(kinds, (list, tuple, set, frozenset)):
-        raise TypeError(
-            f"{what}: kinds must be a list, tuple or set of str, got {type(kinds).__name__}"
-        )
-    if not kinds:
-        raise ValueError(f"{what}: kinds must name at least one kind")
-    for kind in kinds:
-        check_id(kind, f"{what}: each kind")
-    # a stable order gives a stable statement text (one prepared statement)
-    return tuple(sorted(set(kinds)))
-
-
-class _Prepared(NamedTuple):
-    """One new job, checked and ready to bind (an ``id`` of None is minted at insert)."""
-
-    id: str | None
-    kind: str
-    payload: str
-    run_at_ms: int | None
-    delay_ms: int | None
-    max_attempts: int
-    priority: int
-
-    def run_at(self, now: int) -> int:
-        if self.run_at_ms is not None:
-            return max(self.run_at_ms, now)  # a past run_at runs now, in FIFO order
-        if self.delay_ms is not None:
-            return now + self.delay_ms
-        return now
-
-
 _ROW_PARAMS = 8  # the parameters of one row of sql.ENQUEUE / sql.enqueue_rows
-
-
-# NamedTuple's own __new__ is Python code; tuple's is the same, faster
-_new_prepared = tuple.__new__
 
 
 class _Skipped(Exception):
     """A row of a batch insert was skipped: its id was taken."""
-
-
-@dataclass(frozen=True)
-class ClaimRequest:
-    """Checked claim arguments: the kinds (sorted, unique), the owner, the lease in ms."""
-
-    kinds: tuple[str, ...]
-    owner: str
-    lease_ms: int
-
-
-@dataclass(frozen=True)
-class Failure:
-    """A checked ``fail()``: the lease, the described error, and how to retry."""
-
-    lease: Lease
-    message: str
-    retry: bool
-    base: float
-    cap: float
 
 
 class JobEngine:
@@ -174,54 +111,16 @@ class JobEngine:
 
     # ------------------------------------------------------------ enqueue
 
-    def _prepare(
-        self,
-        kind: object,
-        payload: Any,
-        *,
-        job_id: object,
-        run_at: object,
-        delay_seconds: object,
-        max_attempts: object,
-        priority: object,
-        what: str,
-    ) -> _Prepared:
-        """Check one new job's arguments; raises before anything is written."""
-        # the common case (a non-empty ASCII str without NUL) is valid as it
-        # stands; everything else takes the full checks, which name what is wrong
-        if type(kind) is not str or not kind or not kind.isascii() or "\x00" in kind:
-            if not isinstance(kind, str):
-                raise TypeError(f"{what}: kind must be a non-empty str, got {type(kind).__name__}")
-            kind = check_id(kind, f"{what}: kind")
-        if job_id is not None and (
-            type(job_id) is not str or not job_id or not job_id.isascii() or "\x00" in job_id
-        ):
-            job_id = check_id(job_id, f"{what}: id")
-        text = "null" if payload is None else encode_json(payload, what, "payload")
-        run_at_ms = delay_ms = None
-        if run_at is not None or delay_seconds is not None:
-            if run_at is not None and delay_seconds is not None:
-                raise ValueError(f"{what}: give run_at or delay_seconds, not both")
-            if run_at is not None:
-                run_at_ms = ms_from_aware(run_at, f"{what}: run_at")
-            else:
-                delay = check_seconds(delay_seconds, f"{what}: delay_seconds", allow_zero=True)
-                delay_ms = math.floor(delay * 1000)
-        if max_attempts is None:
-            attempts = self._defaults.max_attempts
-        else:
-            attempts = check_positive_int(max_attempts, f"{what}: max_attempts")
-        if type(priority) is not int and (
-            isinstance(priority, bool) or not isinstance(priority, int)
-        ):
-            raise TypeError(f"{what}: priority must be an int, got {type(priority).__name__}")
-        if not _INT64[0] <= priority <= _INT64[1]:
-            raise ValueError(f"{what}: priority must fit in 64 bits, got {priority}")
-        return _new_prepared(
-            _Prepared, (job_id, kind, text, run_at_ms, delay_ms, attempts, priority)
-        )
+    def _prepare(self, kind: object, payload: Any, **checked: Any) -> PreparedJob:
+        return prepare_job(self._defaults, kind, payload, **checked)
 
-    def _insert(self, prepared: _Prepared, now: int, what: str) -> Job:
+    def _claim_args(
+        self, kinds: object, owner: object, lease_seconds: object, what: str
+    ) -> tuple[tuple[str, ...], str, int]:
+        request = claim_request(self._defaults, kinds, owner, lease_seconds, what)
+        return request.kinds, request.owner, request.lease_ms
+
+    def _insert(self, prepared: PreparedJob, now: int, what: str) -> Job:
         job_id = prepared.id if prepared.id is not None else self._runtime.uuid()
         run_at = prepared.run_at(now)
         # one statement: a taken id inserts nothing
@@ -247,7 +146,7 @@ class JobEngine:
             )
         return _new_job(job_id, prepared, run_at, now, _instant(now))
 
-    def _insert_batch(self, prepared: list[_Prepared], now: int, what: str) -> list[Job]:
+    def _insert_batch(self, prepared: list[PreparedJob], now: int, what: str) -> list[Job]:
         """Insert a batch with multi-row statements (inside the caller's write); all or none.
 
         The batch goes in under a savepoint. If any row was skipped (a taken
@@ -334,7 +233,7 @@ class JobEngine:
         if isinstance(jobs, (str, bytes, Mapping)):
             raise TypeError(f"{what} takes an iterable of NewJob")
         batch = list(jobs)
-        prepared: list[_Prepared] = []
+        prepared: list[PreparedJob] = []
         prepare = self._prepare
         named = False  # an item with an id came before
         minted_after_named = False  # an item without one followed it
@@ -429,20 +328,6 @@ class JobEngine:
         for index, kind in enumerate(kinds):
             params[f"k{index}"] = kind
         return params
-
-    def _claim_args(
-        self, kinds: object, owner: object, lease_seconds: object, what: str
-    ) -> tuple[tuple[str, ...], str, int]:
-        checked = check_kinds(kinds, what)
-        if not isinstance(owner, str):
-            raise TypeError(f"{what}: owner must be a non-empty str, got {type(owner).__name__}")
-        check_id(owner, f"{what}: owner")
-        seconds = (
-            self._defaults.lease_seconds
-            if lease_seconds is None
-            else check_seconds(lease_seconds, f"{what}: lease_seconds")
-        )
-        return checked, owner, lease_ms(seconds)
 
     # ------------------------------------------------------------ the idle check
     #
@@ -590,16 +475,7 @@ class JobEngine:
     # ------------------------------------------------------------ the fence
 
     def _require_lease(self, lease: object, what: str) -> Lease:
-        if isinstance(lease, Lease):
-            return lease
-        # the value itself is not echoed: what was handed over by mistake may
-        # be a token (or hold one), and this message ends up in logs
-        raise LeaseRequired(
-            f"{what} takes the lease a claim returned (claimed.lease), not a "
-            f"{type(lease).__name__}: an owner is reused by every attempt "
-            "a worker makes, so only the lease can say WHICH attempt is speaking",
-            given=type(lease).__name__,
-        )
+        return require_lease(lease, what)
 
     def _refusal(self, lease: Lease, now: int, what: str) -> LeaseLost | None:
         """Why a fenced statement matched nothing; ``None`` if this attempt already settled it."""
@@ -616,11 +492,7 @@ class JobEngine:
         """A new lease (new token, later expiry, same generation and attempt); fenced."""
         what = "renew()"
         current = self._require_lease(lease, what)
-        seconds = (
-            self._defaults.lease_seconds
-            if lease_seconds is None
-            else check_seconds(lease_seconds, f"{what}: lease_seconds")
-        )
+        seconds = check_lease_seconds(self._defaults, lease_seconds, what)
 
         def work() -> Lease:
             now = self._runtime.now_ms()
@@ -660,8 +532,7 @@ class JobEngine:
 
     def prepare_complete(self, lease: object, result: Any, what: str) -> tuple[Lease, str]:
         """A completion's checks, before any write: the lease, and the result as JSON."""
-        current = self._require_lease(lease, what)
-        return current, encode_result(result, what)
+        return prepare_complete(lease, result, what)
 
     def fail(
         self,
@@ -701,20 +572,15 @@ class JobEngine:
         what: str,
     ) -> Failure:
         """A failure's checks, before any write; the error is described here, once."""
-        current = self._require_lease(lease, what)
-        if not isinstance(retry, bool):
-            raise TypeError(f"{what}: retry must be a bool, got {type(retry).__name__}")
-        base = (
-            self._defaults.backoff_base_seconds
-            if backoff_base_seconds is None
-            else check_seconds(backoff_base_seconds, f"{what}: backoff_base_seconds")
+        return prepare_fail(
+            self._defaults,
+            lease,
+            error,
+            retry=retry,
+            backoff_base_seconds=backoff_base_seconds,
+            backoff_cap_seconds=backoff_cap_seconds,
+            what=what,
         )
-        cap = (
-            self._defaults.backoff_cap_seconds
-            if backoff_cap_seconds is None
-            else check_seconds(backoff_cap_seconds, f"{what}: backoff_cap_seconds")
-        )
-        return Failure(current, describe_error(error), retry, base, cap)
 
     def settle_fail(self, failure: Failure, now: int, what: str) -> bool:
         """The fenced failure statements alone, for callers already inside a write."""
@@ -1091,7 +957,7 @@ def _instant(ms: int) -> datetime:
 _LAST_INSTANT: list[tuple[int, datetime]] = [(0, EPOCH)]
 
 
-def _new_job(job_id: str, prepared: _Prepared, run_at: int, now: int, created: datetime) -> Job:
+def _new_job(job_id: str, prepared: PreparedJob, run_at: int, now: int, created: datetime) -> Job:
     """The record of a row just inserted at ``now``: exactly what was bound, never read back."""
     return assemble(
         Job,

@@ -1,0 +1,213 @@
+"""The checked arguments of every engine call: refusals happen here, before any I/O.
+
+Each function takes what a caller handed over (``object``: anything may
+arrive) and answers a checked value, or raises ``TypeError`` /
+``ValueError`` / :class:`~jaren_jobs.LeaseRequired` naming what was wrong.
+The sync and async shells, and every backend, share them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from jaren_jobs.codec import check_identifier, encode_json, encode_result, ms_from_aware
+from jaren_jobs.core.policy import lease_ms
+from jaren_jobs.errors import LeaseRequired, describe_error
+from jaren_jobs.records import Lease
+from jaren_jobs.runtime import Defaults, check_positive_int, check_seconds
+
+__all__ = [
+    "ClaimRequest",
+    "Failure",
+    "PreparedJob",
+    "check_id",
+    "check_kinds",
+    "check_lease_seconds",
+    "claim_request",
+    "prepare_complete",
+    "prepare_fail",
+    "prepare_job",
+    "require_lease",
+]
+
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def check_id(value: object, what: str) -> str:
+    """A kind, id or owner: a non-empty str, storable, without NUL."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
+    if value == "":
+        raise ValueError(f"{what} must be a non-empty string")
+    return check_identifier(value, what)
+
+
+def check_kinds(kinds: object, what: str) -> tuple[str, ...]:
+    """A non-empty list, tuple or set of kinds, answered sorted and unique."""
+    if isinstance(kinds, (str, bytes)):
+        raise TypeError(f"{what}: kinds is a list of kinds, not a bare string (write [{kinds!r}])")
+    if not isinstance(kinds, (list, tuple, set, frozenset)):
+        raise TypeError(
+            f"{what}: kinds must be a list, tuple or set of str, got {type(kinds).__name__}"
+        )
+    if not kinds:
+        raise ValueError(f"{what}: kinds must name at least one kind")
+    for kind in kinds:
+        check_id(kind, f"{what}: each kind")
+    # a stable order gives a stable statement text (one prepared statement)
+    return tuple(sorted(set(kinds)))
+
+
+def check_lease_seconds(defaults: Defaults, value: object, what: str) -> float:
+    """``lease_seconds`` given, or the store's default."""
+    if value is None:
+        return defaults.lease_seconds
+    return check_seconds(value, f"{what}: lease_seconds")
+
+
+class PreparedJob(NamedTuple):
+    """One new job, checked and ready to bind (an ``id`` of None is minted at insert)."""
+
+    id: str | None
+    kind: str
+    payload: str
+    run_at_ms: int | None
+    delay_ms: int | None
+    max_attempts: int
+    priority: int
+
+    def run_at(self, now: int) -> int:
+        """When the job may first run, for an insert at ``now`` (epoch ms)."""
+        if self.run_at_ms is not None:
+            return max(self.run_at_ms, now)  # a past run_at runs now, in FIFO order
+        if self.delay_ms is not None:
+            return now + self.delay_ms
+        return now
+
+
+# NamedTuple's own __new__ is Python code; tuple's is the same, faster
+_new_prepared = tuple.__new__
+
+
+def prepare_job(
+    defaults: Defaults,
+    kind: object,
+    payload: Any,
+    *,
+    job_id: object,
+    run_at: object,
+    delay_seconds: object,
+    max_attempts: object,
+    priority: object,
+    what: str,
+) -> PreparedJob:
+    """Check one new job's arguments; raises before anything is written."""
+    # the common case (a non-empty ASCII str without NUL) is valid as it
+    # stands; everything else takes the full checks, which name what is wrong
+    if type(kind) is not str or not kind or not kind.isascii() or "\x00" in kind:
+        if not isinstance(kind, str):
+            raise TypeError(f"{what}: kind must be a non-empty str, got {type(kind).__name__}")
+        kind = check_id(kind, f"{what}: kind")
+    if job_id is not None and (
+        type(job_id) is not str or not job_id or not job_id.isascii() or "\x00" in job_id
+    ):
+        job_id = check_id(job_id, f"{what}: id")
+    text = "null" if payload is None else encode_json(payload, what, "payload")
+    run_at_ms = delay_ms = None
+    if run_at is not None or delay_seconds is not None:
+        if run_at is not None and delay_seconds is not None:
+            raise ValueError(f"{what}: give run_at or delay_seconds, not both")
+        if run_at is not None:
+            run_at_ms = ms_from_aware(run_at, f"{what}: run_at")
+        else:
+            delay = check_seconds(delay_seconds, f"{what}: delay_seconds", allow_zero=True)
+            delay_ms = math.floor(delay * 1000)
+    if max_attempts is None:
+        attempts = defaults.max_attempts
+    else:
+        attempts = check_positive_int(max_attempts, f"{what}: max_attempts")
+    if type(priority) is not int and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise TypeError(f"{what}: priority must be an int, got {type(priority).__name__}")
+    if not _INT64[0] <= priority <= _INT64[1]:
+        raise ValueError(f"{what}: priority must fit in 64 bits, got {priority}")
+    return _new_prepared(PreparedJob, (job_id, kind, text, run_at_ms, delay_ms, attempts, priority))
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """Checked claim arguments: the kinds (sorted, unique), the owner, the lease in ms."""
+
+    kinds: tuple[str, ...]
+    owner: str
+    lease_ms: int
+
+
+def claim_request(
+    defaults: Defaults, kinds: object, owner: object, lease_seconds: object, what: str
+) -> ClaimRequest:
+    """Check a claim's kinds, owner and lease length."""
+    checked = check_kinds(kinds, what)
+    if not isinstance(owner, str):
+        raise TypeError(f"{what}: owner must be a non-empty str, got {type(owner).__name__}")
+    check_id(owner, f"{what}: owner")
+    seconds = check_lease_seconds(defaults, lease_seconds, what)
+    return ClaimRequest(checked, owner, lease_ms(seconds))
+
+
+def require_lease(lease: object, what: str) -> Lease:
+    """The lease a settling call was handed, or :class:`LeaseRequired`."""
+    if isinstance(lease, Lease):
+        return lease
+    # the value itself is not echoed: what was handed over by mistake may
+    # be a token (or hold one), and this message ends up in logs
+    raise LeaseRequired(
+        f"{what} takes the lease a claim returned (claimed.lease), not a "
+        f"{type(lease).__name__}: an owner is reused by every attempt "
+        "a worker makes, so only the lease can say WHICH attempt is speaking",
+        given=type(lease).__name__,
+    )
+
+
+def prepare_complete(lease: object, result: Any, what: str) -> tuple[Lease, str]:
+    """A completion's checks, before any write: the lease, and the result as JSON."""
+    return require_lease(lease, what), encode_result(result, what)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A checked ``fail()``: the lease, the described error, and how to retry."""
+
+    lease: Lease
+    message: str
+    retry: bool
+    base: float
+    cap: float
+
+
+def prepare_fail(
+    defaults: Defaults,
+    lease: object,
+    error: object,
+    *,
+    retry: object,
+    backoff_base_seconds: object,
+    backoff_cap_seconds: object,
+    what: str,
+) -> Failure:
+    """A failure's checks, before any write; the error is described here, once."""
+    current = require_lease(lease, what)
+    if not isinstance(retry, bool):
+        raise TypeError(f"{what}: retry must be a bool, got {type(retry).__name__}")
+    base = (
+        defaults.backoff_base_seconds
+        if backoff_base_seconds is None
+        else check_seconds(backoff_base_seconds, f"{what}: backoff_base_seconds")
+    )
+    cap = (
+        defaults.backoff_cap_seconds
+        if backoff_cap_seconds is None
+        else check_seconds(backoff_cap_seconds, f"{what}: backoff_cap_seconds")
+    )
+    return Failure(current, describe_error(error), retry, base, cap)
