@@ -131,16 +131,18 @@ def job_from_row(row: tuple[Any, ...], codec: str = "utf-8") -> Job:
     return assemble(Job, _job_fields(row, codec))
 
 
-_sha256 = hashlib.sha256
+_blake2b = hashlib.blake2b
 
 
 def claim_key(token: str) -> bytes:
-    """The claim key of a claim's token: its SHA-256, cut to 16 bytes.
+    """The claim key of a claim's token: its 16-byte BLAKE2b digest.
 
     Unique per claim as the token is, and the token cannot be recovered
     from it: a row may keep it after settlement where it keeps no token.
+    (BLAKE2b, not SHA-256: the same strength at two thirds of the cost, once
+    per claimed job.)
     """
-    return _sha256(token.encode("utf-8", "surrogatepass")).digest()[:16]
+    return _blake2b(token.encode(), digest_size=16).digest()
 
 
 def lease_from_row(row: tuple[Any, ...], key: bytes | None = None) -> Lease:
