@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import sql
+from .backends.sqlite import queries as sql
 from .codec import check_text, decode_json, encode_json, encode_result
 from .errors import JobSettled, StorageError
 from .records import Lease

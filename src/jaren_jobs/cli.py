@@ -23,7 +23,6 @@ import math
 import os
 import re
 import signal as os_signal
-import sqlite3
 import sys
 import tempfile
 import threading
@@ -32,11 +31,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn, TextIO
 
+from .backends.sqlite.connection import copy_database
+from .backends.sqlite.errors import is_not_a_database
+from .backends.sqlite.queries import SCHEMA_VERSION
 from .codec import datetime_from_ms
 from .errors import JobsError, SchemaError
 from .records import STATES, Job
 from .runtime import MAX_SECONDS
-from .sql import SCHEMA_VERSION
 from .store import Store, open_store
 
 __all__ = ["main", "parse_duration"]
@@ -283,9 +284,7 @@ def _opened(path: str | None, *, readonly: bool) -> Iterator[Store]:
             raise CliError(f"cannot open {checked!r}: {exc.message}") from None
         older = exc  # an older (or partial) jaren_jobs schema
     except JobsError as exc:
-        if isinstance(exc.__cause__, sqlite3.DatabaseError) and "not a database" in str(
-            exc.__cause__
-        ):
+        if exc.__cause__ is not None and is_not_a_database(exc.__cause__):
             raise CliError(
                 f"{checked!r} is not a jaren_jobs database (it is not an SQLite file)"
             ) from None
@@ -324,17 +323,9 @@ def _upgraded_copy(path: str, older: SchemaError) -> Iterator[Store]:
     with tempfile.TemporaryDirectory(prefix="jaren-jobs-read-") as folder:
         copy = os.path.join(folder, "copy.db")
         try:
-            source = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
-            try:
-                target = sqlite3.connect(copy)
-                try:
-                    source.backup(target)
-                finally:
-                    target.close()
-            finally:
-                source.close()
+            copy_database(path, copy)
             store = open_store(copy, durability="normal")
-        except (sqlite3.Error, OSError, JobsError) as exc:
+        except (OSError, JobsError) as exc:
             raise CliError(
                 f"cannot read {path!r}: its job tables are an older schema ({schema}) and an "
                 f"upgraded copy to read could not be made ({exc}); a write command (cancel, "

@@ -27,7 +27,6 @@ mid-iteration blocks no transaction.
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from types import TracebackType
 from typing import Any, Generic, Literal, NoReturn, Protocol, TypeVar
 
 from .codec import encode_json
-from .errors import CursorAborted, DeadlinePassed, ItemTooLarge, JobsError, storage_error
+from .errors import CursorAborted, DeadlinePassed, ItemTooLarge, JobsError
 from .gate import Gate
 from .records import Page
 from .signals import SignalLike, subscribe
@@ -103,7 +102,7 @@ class Cursor(Generic[T]):
     Give exactly one of:
 
     * ``open_rows`` — a callable opening the row source (an iterable such as
-      a ``sqlite3.Cursor``), called by the first pull; ``map_row`` turns each
+      a driver's cursor), called by the first pull; ``map_row`` turns each
       row into an item; ``release(source)`` lets go of an unexhausted source
       (default: its ``close()``);
     * ``materialize`` — a callable answering every item at once, called by
@@ -114,7 +113,7 @@ class Cursor(Generic[T]):
     releases the source at once. ``deadline`` (an aware datetime) is read
     against ``now`` (epoch seconds; required with a deadline). ``wrap``
     classifies a failure raised while the source is opened, pulled, mapped or
-    released (default: a ``sqlite3`` error becomes ``StorageError``; a
+    released (the backend's translation of its driver's errors; a
     ``JobsError`` always passes unchanged). ``on_settle(opened)`` is called
     exactly once, when the cursor settles — exhausted, closed, failed,
     aborted or past its deadline — with whether a pull ever reached the
@@ -342,8 +341,6 @@ class Cursor(Generic[T]):
             return exc
         if self._wrap is not None:
             return self._wrap(exc)
-        if isinstance(exc, sqlite3.Error):
-            return storage_error(exc, self._what)
         return exc
 
     # ------------------------------------------------------------ release

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from . import sql
+from .backends.sqlite import queries as sql
+from .backends.sqlite.connection import Database, RootScope, TxScope
 from .codec import (
     EPOCH,
     check_aware,
@@ -40,7 +41,6 @@ from .core.commands import (
 )
 from .core.fence import FenceRow
 from .core.policy import backoff_seconds, failure_transition, is_lease_lost, lease_ms, retry_at_ms
-from .db import Database, RootScope, TxScope
 from .errors import (
     DuplicateJob,
     JobsError,

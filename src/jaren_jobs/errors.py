@@ -2,8 +2,8 @@
 
 Every error the library raises on purpose is a :class:`JobsError` with a
 stable ``code`` and structured ``details``; argument mistakes stay
-``TypeError`` / ``ValueError``. ``sqlite3`` errors are translated at one
-boundary (:func:`storage_error`) and never escape raw.
+``TypeError`` / ``ValueError``. A driver's errors are translated at one
+boundary in its backend (``backends/sqlite/errors.py``) and never escape raw.
 
 ::
 
@@ -24,12 +24,11 @@ boundary (:func:`storage_error`) and never escape raw.
     ├── DuplicateJob         JD2090  enqueue with an id that exists
     ├── StoreClosed          JD2091  the store was closed
     ├── TransactionAborted   JD2093  SQLite rolled back the store.transaction() in use
-    └── StorageError         JD2099  any other driver failure (``__cause__`` is the sqlite3 error)
+    └── StorageError         JD2099  any other driver failure (``__cause__`` is the driver's error)
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -54,7 +53,6 @@ __all__ = [
     "TransactionAborted",
     "describe_error",
     "storable_text",
-    "storage_error",
 ]
 
 
@@ -196,29 +194,9 @@ class TransactionAborted(JobsError):
 
 
 class StorageError(JobsError):
-    """Any other driver failure; ``__cause__`` is the ``sqlite3`` error."""
+    """Any other driver failure; ``__cause__`` is the driver's error."""
 
     code = "JD2099"
-
-
-def storage_error(exc: BaseException, doing: str) -> StorageError:
-    """Translate a driver failure into :class:`StorageError` (raise it ``from exc``)."""
-    name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
-    hint = ""
-    text = str(exc)
-    lowered = text.lower()
-    if "locked" in lowered or "busy" in lowered:
-        hint = (
-            " — another connection held the write lock past busy_timeout; retry, "
-            "or raise busy_timeout_seconds"
-        )
-    elif "readonly" in lowered or "read-only" in lowered:
-        hint = " — the database (or its directory) is read-only"
-    elif "full" in lowered:
-        hint = " — the disk or the database's page limit is full; free space and retry"
-    elif isinstance(exc, sqlite3.ProgrammingError) and "thread" in lowered:
-        hint = " — a connection handed to open_store() must be created with check_same_thread=False"
-    return StorageError(f"{doing} failed: {text} ({name}){hint}", sqlite_error=name, doing=doing)
 
 
 def describe_error(error: object) -> str:

@@ -17,17 +17,16 @@ uncommitted rows.
 
 from __future__ import annotations
 
-import contextlib
-import sqlite3
 from collections.abc import Callable
 from datetime import datetime
 from functools import partial
 from typing import Any
 
-from . import sql
+from .backends.sqlite import queries as sql
+from .backends.sqlite.connection import Database, RootScope, TxScope
+from .backends.sqlite.errors import translating
 from .codec import check_text
 from .cursor import Admit, Cursor
-from .db import Database, RootScope, TxScope
 from .records import STATES, Job
 from .rows import job_from_row
 from .runtime import ResolvedRuntime
@@ -80,9 +79,7 @@ class _KeysetRows:
         return row
 
     def close(self) -> None:
-        # a connection closed first has finalised every statement with it
-        with contextlib.suppress(sqlite3.ProgrammingError):
-            self._cursor.close()
+        self._db.close_cursor(self._cursor)
 
 
 def _check_filters(
@@ -170,6 +167,7 @@ def page_jobs(
             db, statement=statement, params=params, after=after_, limit=limit_, check=check
         ),
         map_row=partial(job_from_row, codec=db.text_codec),
+        wrap=translating(what),
         signal=sig,
         deadline=dl,
         now=runtime.now,

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import os
-import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-from . import sql
-from .db import Database, RootScope, TxScope
+from .backends.sqlite import queries as sql
+from .backends.sqlite.apptx import Rows, run_app_statement
+from .backends.sqlite.connection import Connection, Database, RootScope, TxScope, open_database
 from .engine import EngineHub, JobEngine
-from .errors import GateRefused, JobsError, StorageError, TransactionAborted, storage_error
+from .errors import GateRefused, JobsError, StorageError, TransactionAborted
 from .gate import Gate
 from .records import StopOutcome
 from .runtime import (
@@ -24,57 +23,12 @@ from .runtime import (
     resolve_defaults,
     resolve_runtime,
 )
-from .schema import ensure_schema, require_schema
 
 __all__ = ["Rows", "Store", "Transaction", "open_store"]
 
 Durability = Literal["full", "normal"]
 
 _MAX_BUSY_MS = 2**31 - 1
-
-
-class Rows:
-    """The result of ``tx.execute``: a cursor whose driver errors are translated."""
-
-    def __init__(self, cursor: sqlite3.Cursor, doing: str, transaction: Transaction) -> None:
-        self._cursor = cursor
-        self._doing = doing
-        self._transaction = transaction
-
-    def _call(self, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except sqlite3.Error as exc:
-            # a row's step can fail and roll back the transaction too (a trigger)
-            raise self._transaction.explain(storage_error(exc, self._doing)) from exc
-
-    def fetchone(self) -> Any:
-        return self._call(self._cursor.fetchone)
-
-    def fetchall(self) -> list[Any]:
-        return list(self._call(self._cursor.fetchall))
-
-    def fetchmany(self, size: int = 1) -> list[Any]:
-        return list(self._call(lambda: self._cursor.fetchmany(size)))
-
-    def __iter__(self) -> Iterator[Any]:
-        while True:
-            row = self.fetchone()
-            if row is None:
-                return
-            yield row
-
-    @property
-    def rowcount(self) -> int:
-        return self._cursor.rowcount
-
-    @property
-    def lastrowid(self) -> int | None:
-        return self._cursor.lastrowid
-
-    @property
-    def description(self) -> Any:
-        return self._cursor.description
 
 
 class Transaction:
@@ -155,9 +109,9 @@ class Transaction:
         self.check_active(what)
         self._db.check_open(what)
         try:
-            cursor = self._db.connection.execute(statement, parameters)
-        except sqlite3.Error as exc:
-            raise self.explain(storage_error(exc, what)) from exc
+            cursor = run_app_statement(self._db, statement, parameters, many=False, doing=what)
+        except StorageError as exc:
+            raise self.explain(exc) from exc.__cause__
         self.rolled_back()  # a statement that succeeded can end it too (ROLLBACK)
         return Rows(cursor, what, self)
 
@@ -168,9 +122,11 @@ class Transaction:
         self.check_active(what)
         self._db.check_open(what)
         try:
-            cursor = self._db.connection.executemany(statement, seq_of_parameters)
-        except sqlite3.Error as exc:
-            raise self.explain(storage_error(exc, what)) from exc
+            cursor = run_app_statement(
+                self._db, statement, seq_of_parameters, many=True, doing=what
+            )
+        except StorageError as exc:
+            raise self.explain(exc) from exc.__cause__
         self.rolled_back()
         return Rows(cursor, what, self)
 
@@ -221,7 +177,7 @@ class Store:
         return self._hub.defaults
 
     @property
-    def connection(self) -> sqlite3.Connection:
+    def connection(self) -> Connection:
         """The underlying connection (use it only inside ``store.transaction()``).
 
         Its ``busy_timeout`` is the store's, as configured, when it is handed
@@ -375,7 +331,7 @@ class Store:
 def open_store(
     path: str | os.PathLike[str] | None = None,
     *,
-    connection: sqlite3.Connection | None = None,
+    connection: Connection | None = None,
     durability: Durability = "full",
     readonly: bool = False,
     busy_timeout_seconds: float = 5.0,
@@ -408,82 +364,13 @@ def open_store(
     resolved_runtime = resolve_runtime(runtime)
     resolved_defaults = resolve_defaults(defaults)
 
-    memory = False
-    shown_path: str | None = None
-    if connection is not None:
-        if not isinstance(connection, sqlite3.Connection):
-            raise TypeError(
-                f"connection must be a sqlite3.Connection, got {type(connection).__name__}"
-            )
-        conn = connection
-        owns = False
-    else:
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"path must be a str or path-like, got {type(path).__name__}")
-        shown_path = os.fspath(path)
-        if shown_path == "":
-            raise ValueError("path must name a database file (or ':memory:')")
-        memory = shown_path == ":memory:"
-        if memory and readonly:
-            raise ValueError("a read-only store needs a database file, not ':memory:'")
-        try:
-            if readonly:
-                if not Path(shown_path).exists():
-                    raise StorageError(
-                        f"cannot open {shown_path!r} read-only: no such file",
-                        path=shown_path,
-                    )
-                uri = Path(shown_path).resolve().as_uri() + "?mode=ro"
-                conn = sqlite3.connect(
-                    uri, uri=True, timeout=busy, isolation_level=None, check_same_thread=False
-                )
-            else:
-                conn = sqlite3.connect(
-                    shown_path, timeout=busy, isolation_level=None, check_same_thread=False
-                )
-        except sqlite3.Error as exc:
-            raise storage_error(exc, f"opening {shown_path!r}") from exc
-        owns = True
-
-    db = Database(conn, owns=owns, gate=Gate(gate_timeout))
-    try:
-        _configure(
-            db,
-            durability=durability,
-            busy_ms=round(busy * 1000),
-            readonly=readonly,
-            memory=memory,
-            owns=owns,
-        )
-        if readonly:
-            require_schema(db)
-        else:
-            ensure_schema(db)
-            db.restore_busy("opening the store")  # creating the tables may have left it at 0
-    except BaseException:
-        if owns:
-            conn.close()
-        raise
+    db, shown_path = open_database(
+        path,
+        connection,
+        durability=durability,
+        readonly=readonly,
+        busy_ms=round(busy * 1000),
+        gate=Gate(gate_timeout),
+    )
     hub = EngineHub(runtime=resolved_runtime, defaults=resolved_defaults)
     return Store(db, hub, path=shown_path, readonly=readonly, durability=durability)
-
-
-def _configure(
-    db: Database, *, durability: str, busy_ms: int, readonly: bool, memory: bool, owns: bool
-) -> None:
-    what = "configuring the connection"
-    db.run(sql.pragma_busy_timeout(busy_ms), doing=what)
-    db.busy_ms = busy_ms
-    db.read_encoding(what)
-    if not memory and not readonly:
-        row = db.one(sql.READ_JOURNAL_MODE, doing=what)
-        mode = None if row is None else str(row[0]).lower()
-        if mode not in ("wal", "memory"):
-            row = db.one(sql.SET_WAL, doing=what)
-            mode = None if row is None else str(row[0]).lower()
-        # In WAL mode nothing inside an immediate transaction waits on a lock,
-        # so writes may leave busy_timeout at 0 between calls (Database.begin).
-        # Not on an application's connection: its own statements, outside the
-        # store, keep the busy_timeout it was given.
-        db.lazy_busy = owns and mode == "wal"
-    db.run(sql.pragma_synchronous(durability), doing=what)

@@ -40,10 +40,10 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+from .backends.sqlite.connection import Database, RootScope
 from .batcher import Settlement, SettlementBatcher
 from .checkpoints import CheckpointStore
 from .codec import check_text
-from .db import Database, RootScope
 from .engine import EngineHub, JobEngine
 from .errors import (
     GateRefused,

@@ -37,8 +37,8 @@ from jaren_jobs import (
     Store,
     open_store,
     rows,
-    sql,
 )
+from jaren_jobs.backends.sqlite import queries as sql
 from jaren_jobs.codec import encode_json
 from jaren_jobs.records import CorruptJson
 from tests.conftest import START, FakeClock, Sequence

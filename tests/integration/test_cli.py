@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from jaren_jobs import NewJob, Runtime, Store, open_store, sql
+from jaren_jobs import NewJob, Runtime, Store, open_store
+from jaren_jobs.backends.sqlite import queries as sql
 from tests.integration.test_schema_upgrade import build_pre_fence
 
 SUBPROCESS_TIMEOUT = 60.0

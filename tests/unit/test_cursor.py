@@ -23,6 +23,7 @@ from jaren_jobs import (
 )
 from jaren_jobs import cursor as cursor_module
 from jaren_jobs import pages as pages_module
+from jaren_jobs.backends.sqlite.errors import translating
 from jaren_jobs.cursor import gate_admission
 from jaren_jobs.errors import JobsError
 from jaren_jobs.gate import Gate
@@ -217,7 +218,8 @@ def test_a_mapper_stopiteration_is_an_error_not_the_end() -> None:
 def test_a_sqlite_error_in_the_source_is_a_storage_error_and_releases_once() -> None:
     driver_error = sqlite3.OperationalError("disk I/O error")
     source = Source([1, 2, 3], fail_at=1, error=driver_error)
-    cur, settles = row_cursor(source, what="test cursor")
+    # the SQLite backend hands every cursor its translation of sqlite3 errors
+    cur, settles = row_cursor(source, what="test cursor", wrap=translating("test cursor"))
     assert next(cur) == 1
     with pytest.raises(StorageError) as caught:
         next(cur)
@@ -236,7 +238,12 @@ def test_an_error_opening_the_source_has_nothing_to_release() -> None:
         raise sqlite3.OperationalError("no such table")
 
     released: list[object] = []
-    cur: Cursor[Any] = Cursor(open_rows=broken_open, release=released.append, on_settle=settles)
+    cur: Cursor[Any] = Cursor(
+        open_rows=broken_open,
+        release=released.append,
+        on_settle=settles,
+        wrap=translating("test cursor"),
+    )
     with pytest.raises(StorageError):
         next(cur)
     assert released == []
@@ -273,7 +280,7 @@ def test_a_failing_release_is_reported_once_and_never_retried() -> None:
         raise sqlite3.OperationalError("reset failed")
 
     source = Source([1, 2])
-    cur: Cursor[Any] = Cursor(open_rows=source.open, release=release)
+    cur: Cursor[Any] = Cursor(open_rows=source.open, release=release, wrap=translating("t"))
     next(cur)
     with pytest.raises(StorageError):
         cur.close()
@@ -652,7 +659,7 @@ def test_a_buffered_source_honours_abort_and_wraps_errors() -> None:
     def broken() -> list[int]:
         raise sqlite3.DatabaseError("malformed")
 
-    cur2: Cursor[int] = Cursor(materialize=broken, barrier=barrier)
+    cur2: Cursor[int] = Cursor(materialize=broken, barrier=barrier, wrap=translating("t"))
     with pytest.raises(StorageError):
         next(cur2)
     assert cur2.settled

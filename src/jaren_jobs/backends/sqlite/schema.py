@@ -9,9 +9,10 @@ goes through the very same steps (base tables, then every added column), so
 
 from __future__ import annotations
 
-from . import sql
-from .db import Database
-from .errors import JobsError, SchemaError
+from jaren_jobs.errors import JobsError, SchemaError
+
+from . import queries as sql
+from .connection import Database
 
 __all__ = ["ensure_schema", "require_schema", "schema_version"]
 

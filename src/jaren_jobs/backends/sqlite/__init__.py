@@ -1,0 +1,1 @@
+"""Everything SQLite: the connection and its scopes, every statement, the schema."""
