@@ -12,6 +12,7 @@ from typing import Any, Literal
 from .backends.sqlite import queries as sql
 from .backends.sqlite.apptx import Rows, run_app_statement
 from .backends.sqlite.connection import Connection, Database, RootScope, TxScope, open_database
+from .backends.sqlite.session import SqliteSession
 from .engine import EngineHub, JobEngine
 from .errors import GateRefused, JobsError, StorageError, TransactionAborted
 from .gate import Gate
@@ -56,7 +57,9 @@ class Transaction:
         self._outermost = self if outermost is None else outermost
         self._rolled_back = False  # read on the outermost only
         self.depth = depth
-        self.jobs = JobEngine(db, TxScope(db, self), hub)
+        self.jobs = JobEngine(
+            SqliteSession(db, TxScope(db, self), hub.runtime, hub.idle_claims), hub
+        )
 
     def check_active(self, what: str) -> None:
         if not self._active:
@@ -159,7 +162,7 @@ class Store:
         self.durability = durability
         self._stack: list[Transaction] = []
         self._close_lock = threading.Lock()
-        self.jobs = JobEngine(db, RootScope(db), hub)
+        self.jobs = JobEngine(SqliteSession(db, RootScope(db), hub.runtime, hub.idle_claims), hub)
         hub.worker_factory = self._create_worker
 
     # ------------------------------------------------------------ lifecycle

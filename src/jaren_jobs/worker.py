@@ -428,8 +428,8 @@ class Worker:
         # the worker's own engine views: root-gated and tracked, even when
         # the worker was created through tx.jobs (a worker never joins an
         # application transaction's fate)
-        self._claims = JobEngine(self._db, self._claims_scope, hub)
-        self._control = JobEngine(self._db, self._control_scope, hub)
+        self._claims = engine.rescoped(self._claims_scope)
+        self._control = engine.rescoped(self._control_scope)
         # settlements of concurrent loops share one transaction (group commit)
         self._settlements = SettlementBatcher(self._control)
         self._claim_request = self._control.claim_request(

@@ -22,7 +22,7 @@ from jaren_jobs import (
     drain_page,
 )
 from jaren_jobs import cursor as cursor_module
-from jaren_jobs import pages as pages_module
+from jaren_jobs.backends.sqlite import pages as pages_module
 from jaren_jobs.backends.sqlite.errors import translating
 from jaren_jobs.cursor import gate_admission
 from jaren_jobs.errors import JobsError

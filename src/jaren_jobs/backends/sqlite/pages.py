@@ -22,15 +22,16 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from .backends.sqlite import queries as sql
-from .backends.sqlite.connection import Database, RootScope, TxScope
-from .backends.sqlite.errors import translating
-from .codec import check_text
-from .cursor import Admit, Cursor
-from .records import STATES, Job
-from .rows import job_from_row
-from .runtime import ResolvedRuntime
-from .signals import SignalLike, check_deadline_arg, check_signal_arg
+from jaren_jobs.codec import check_text
+from jaren_jobs.cursor import Admit, Cursor
+from jaren_jobs.records import STATES, Job
+from jaren_jobs.rows import job_from_row
+from jaren_jobs.runtime import ResolvedRuntime
+from jaren_jobs.signals import SignalLike, check_deadline_arg, check_signal_arg
+
+from . import queries as sql
+from .connection import Database, RootScope, TxScope
+from .errors import translating
 
 __all__ = ["page_jobs"]
 

@@ -1,0 +1,116 @@
+"""The seam between the engine and a database (internal; users pick one via ``open_store``).
+
+Every engine operation is *prepare (pure, ``core.commands``) → one session
+call → interpret (pure, ``core.fence``)*. A session is one scope of one
+store — the root (each call its own transaction, behind the store's gate)
+or an application transaction (each call a savepoint inside it) — and each
+of its unit-of-work calls is whole or not at all. A session answers data,
+never a refusal: a fenced write that matched nothing answers :class:`Missed`
+with the job's fence row, and the engine names the refusal.
+
+The ``*_within`` calls are the same statements for a caller that is already
+inside one of the session's writes (group commit, a checkpoint store).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from .core.commands import ClaimRequest, Failure, PreparedJob
+from .core.fence import FenceRow
+from .records import ClaimedJob, Counts, Job, Lease
+from .signals import SignalLike
+
+if TYPE_CHECKING:
+    from .cursor import Cursor
+
+__all__ = ["JobsSession", "Missed"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Missed:
+    """A fenced write matched nothing; ``row`` is the job's fence row (``None``: no job)."""
+
+    row: FenceRow | None
+
+
+class JobsSession(Protocol):
+    """What the engine needs of a database, for one scope."""
+
+    def rescoped(self, scope: Any) -> JobsSession:
+        """The same store over another scope of it (a worker's tracked views)."""
+        ...
+
+    # ---- units of work: each call is one transaction (root) or savepoint (tx)
+
+    def write(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T: ...
+
+    def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T: ...
+
+    def after_commit(self, callback: Callable[[], None]) -> None: ...
+
+    def insert_jobs(
+        self, prepared: Sequence[PreparedJob], *, one_by_one: bool, what: str
+    ) -> list[Job]: ...
+
+    def get_job(self, job_id: str, what: str) -> Job | None: ...
+
+    def settled_by(self, lease: Lease, what: str) -> Job | None: ...
+
+    def count_jobs(self, what: str) -> Counts: ...
+
+    def claim(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]: ...
+
+    def renew(self, lease: Lease, lease_ms: int, what: str) -> Lease | Missed: ...
+
+    def complete(self, lease: Lease, result: str, what: str) -> bool | Missed: ...
+
+    def fail(self, failure: Failure, what: str) -> bool | Missed: ...
+
+    def cancel_queued(
+        self, job_id: str, what: str, signal: SignalLike | None
+    ) -> bool | FenceRow | None: ...
+
+    def cancel_leased(
+        self, lease: Lease, what: str, signal: SignalLike | None
+    ) -> bool | Missed: ...
+
+    def requeue(
+        self, job_id: str, *, drop_checkpoints: bool, what: str, signal: SignalLike | None
+    ) -> bool | FenceRow | None: ...
+
+    def sweep(
+        self, horizon_ms: int, limit: int | None, what: str, signal: SignalLike | None
+    ) -> int: ...
+
+    def page(
+        self,
+        *,
+        state: object,
+        kind: object,
+        after: object,
+        limit: object,
+        signal: SignalLike | None,
+        deadline: datetime | None,
+    ) -> Cursor[Job]: ...
+
+    # ---- the same statements, inside a write the caller holds
+
+    def claim_within(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]: ...
+
+    def complete_within(self, lease: Lease, result: str, now: int, what: str) -> bool | Missed: ...
+
+    def complete_many_within(
+        self, items: Sequence[tuple[Lease, str]], now: int, what: str
+    ) -> list[bool | Missed]: ...
+
+    def fail_within(self, failure: Failure, now: int, what: str) -> bool | Missed: ...
+
+    def release_within(self, leases: Sequence[Lease], now: int, what: str) -> int: ...
+
+    def fence_row_within(self, job_id: str, what: str) -> FenceRow | None: ...

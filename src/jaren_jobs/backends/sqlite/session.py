@@ -1,0 +1,561 @@
+"""The SQLite session: which statements run, in what order and batched how (see backend.py).
+
+Everything here is dialect: a taken id found by a multi-row INSERT that
+inserted fewer rows, a claim that probes ``PRAGMA data_version`` before it
+takes the write lock, a guarded write followed by a read of the fence row
+when it matched nothing. The engine sees only the answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from jaren_jobs.backend import Missed
+from jaren_jobs.codec import EPOCH, datetime_from_ms, decode_json
+from jaren_jobs.core.commands import ClaimRequest, Failure, PreparedJob
+from jaren_jobs.core.fence import FenceRow
+from jaren_jobs.core.policy import failure_transition, retry_at_ms
+from jaren_jobs.errors import DuplicateJob
+from jaren_jobs.records import STATES, ClaimedJob, Counts, Job, Lease, assemble
+from jaren_jobs.rows import claim_key, claimed_from_row, job_from_row, lease_from_row
+from jaren_jobs.runtime import ResolvedRuntime
+from jaren_jobs.signals import SignalLike
+
+from . import queries as sql
+from .connection import Database, RootScope, TxScope
+from .pages import page_jobs
+
+if TYPE_CHECKING:
+    from jaren_jobs.cursor import Cursor
+
+__all__ = ["IdleClaims", "SqliteSession"]
+
+T = TypeVar("T")
+
+# kinds -> (data_version, total_changes, next due ms) as of the last root
+# claim of those kinds that found nothing; read and written under the gate
+IdleClaims = dict[tuple[str, ...], tuple[int, int, int | None]]
+
+_ROW_PARAMS = 8  # the parameters of one row of sql.ENQUEUE / sql.enqueue_rows
+
+
+class _Skipped(Exception):
+    """A row of a batch insert was skipped: its id was taken."""
+
+
+class SqliteSession:
+    """The engine's statements over one scope of one SQLite store."""
+
+    def __init__(
+        self,
+        db: Database,
+        scope: RootScope | TxScope,
+        runtime: ResolvedRuntime,
+        idle_claims: IdleClaims,
+    ) -> None:
+        self._db = db
+        self._scope = scope
+        self._runtime = runtime
+        self._idle_claims = idle_claims
+
+    @property
+    def db(self) -> Database:
+        return self._db
+
+    @property
+    def scope(self) -> RootScope | TxScope:
+        return self._scope
+
+    def rescoped(self, scope: RootScope | TxScope) -> SqliteSession:
+        """The same store's statements over another scope (a worker's tracked views)."""
+        return SqliteSession(self._db, scope, self._runtime, self._idle_claims)
+
+    # ------------------------------------------------------------ units of work
+
+    def write(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
+        return self._scope.write(fn, what, signal)
+
+    def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
+        return self._scope.read(fn, what, signal)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        self._scope.after_commit(callback)
+
+    def insert_jobs(
+        self, prepared: Sequence[PreparedJob], *, one_by_one: bool, what: str
+    ) -> list[Job]:
+        now_ms = self._runtime.now_ms
+        if len(prepared) == 1:
+            job = prepared[0]
+            return [self._scope.write(lambda: self._insert(job, now_ms(), what), what)]
+
+        def work() -> list[Job]:
+            now = now_ms()
+            if one_by_one:
+                return [self._insert(p, now, what) for p in prepared]
+            return self._insert_batch(prepared, now, what)
+
+        return self._scope.write(work, what)
+
+    def get_job(self, job_id: str, what: str) -> Job | None:
+        row = self._scope.read(lambda: self._db.one(sql.GET_JOB, (job_id,), doing=what), what)
+        return None if row is None else job_from_row(row, self._db.text_codec)
+
+    def settled_by(self, lease: Lease, what: str) -> Job | None:
+        params = {"id": lease.job_id, "generation": lease.generation, "claim_key": lease.claim_key}
+        row = self._scope.read(lambda: self._db.one(sql.GET_SETTLED_BY, params, doing=what), what)
+        return None if row is None else job_from_row(row, self._db.text_codec)
+
+    def count_jobs(self, what: str) -> Counts:
+        def work() -> Counts:
+            by_state = dict(self._db.all(sql.COUNT_BY_STATE, doing=what))
+            leased = self._db.one(sql.COUNT_LEASED, doing=what)
+            by_state["leased"] = 0 if leased is None else leased[0]
+            kinds = dict(self._db.all(sql.COUNT_PENDING_KINDS, doing=what))
+            known = {s: int(by_state.get(s, 0)) for s in STATES}
+            return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds.items()})
+
+        return self._scope.read_consistent(work, what)
+
+    def claim(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
+        if self._nothing_claimable(request.kinds, what):
+            return []
+        return self._scope.write(lambda: self.claim_within(request, limit, what), what)
+
+    def renew(self, lease: Lease, lease_ms: int, what: str) -> Lease | Missed:
+        def work() -> Lease | Missed:
+            now = self._runtime.now_ms()
+            params = {
+                "until": now + lease_ms,
+                "new_token": self._runtime.uuid(),
+                "now": now,
+                "id": lease.job_id,
+                "token": lease.token,
+            }
+            row = self._db.one(sql.RENEW, params, doing=what)
+            if row is not None:
+                return lease_from_row(row, lease.claim_key)  # the same attempt
+            return Missed(self.fence_row_within(lease.job_id, what))
+
+        return self._scope.write(work, what)
+
+    def complete(self, lease: Lease, result: str, what: str) -> bool | Missed:
+        now_ms = self._runtime.now_ms
+        return self._scope.write(lambda: self.complete_within(lease, result, now_ms(), what), what)
+
+    def fail(self, failure: Failure, what: str) -> bool | Missed:
+        now_ms = self._runtime.now_ms
+        return self._scope.write(lambda: self.fail_within(failure, now_ms(), what), what)
+
+    def cancel_queued(
+        self, job_id: str, what: str, signal: SignalLike | None
+    ) -> bool | FenceRow | None:
+        def work() -> bool | FenceRow | None:
+            now = self._runtime.now_ms()
+            if self._db.changes(sql.CANCEL_QUEUED, {"id": job_id, "now": now}, doing=what):
+                return True
+            return self.fence_row_within(job_id, what)
+
+        return self._scope.write(work, what, signal)
+
+    def cancel_leased(self, lease: Lease, what: str, signal: SignalLike | None) -> bool | Missed:
+        def work() -> bool | Missed:
+            now = self._runtime.now_ms()
+            params = {"id": lease.job_id, "token": lease.token, "now": now}
+            if self._db.changes(sql.CANCEL_LEASED, params, doing=what):
+                return True
+            return Missed(self.fence_row_within(lease.job_id, what))
+
+        return self._scope.write(work, what, signal)
+
+    def requeue(
+        self, job_id: str, *, drop_checkpoints: bool, what: str, signal: SignalLike | None
+    ) -> bool | FenceRow | None:
+        def drop() -> None:
+            # no attempt holds the job now (requeue refuses a live lease), so
+            # no attempt's run can be writing these rows
+            if drop_checkpoints:
+                self._db.run(sql.CHECKPOINT_DROP_RUN, {"run_id": job_id}, doing=what)
+
+        def work() -> bool | FenceRow | None:
+            now = self._runtime.now_ms()
+            if self._db.changes(sql.REQUEUE, {"id": job_id, "now": now}, doing=what):
+                drop()
+                return True
+            row = self.fence_row_within(job_id, what)
+            if row is not None and row.state == "pending":
+                drop()
+            return row
+
+        return self._scope.write(work, what, signal)
+
+    def sweep(
+        self, horizon_ms: int, limit: int | None, what: str, signal: SignalLike | None
+    ) -> int:
+        params = {"horizon": horizon_ms, "limit": -1 if limit is None else limit}
+
+        def work() -> int:
+            self._db.run(sql.SWEEP_CHECKPOINTS, params, doing=what)
+            return self._db.changes(sql.SWEEP_JOBS, params, doing=what)
+
+        return self._scope.write(work, what, signal)
+
+    def page(
+        self,
+        *,
+        state: object,
+        kind: object,
+        after: object,
+        limit: object,
+        signal: SignalLike | None,
+        deadline: datetime | None,
+    ) -> Cursor[Job]:
+        return page_jobs(
+            self._db,
+            self._scope,
+            self._runtime,
+            state=state,  # type: ignore[arg-type]
+            kind=kind,  # type: ignore[arg-type]
+            after=after,  # type: ignore[arg-type]
+            limit=limit,  # type: ignore[arg-type]
+            signal=signal,
+            deadline=deadline,
+        )
+
+    # ------------------------------------------------------------ inserts
+
+    def _insert(self, prepared: PreparedJob, now: int, what: str) -> Job:
+        job_id = prepared.id if prepared.id is not None else self._runtime.uuid()
+        run_at = prepared.run_at(now)
+        # one statement: a taken id inserts nothing
+        inserted = self._db.changes(
+            sql.ENQUEUE,
+            (
+                job_id,
+                prepared.kind,
+                prepared.payload,
+                prepared.priority,
+                run_at,
+                prepared.max_attempts,
+                now,
+                now,
+            ),
+            doing=what,
+        )
+        if not inserted:
+            raise DuplicateJob(
+                f"{what}: a job with id {job_id!r} already exists; ids are unique for a "
+                "job's whole life (until it is swept)",
+                job_id=job_id,
+            )
+        return _new_job(job_id, prepared, run_at, now, _instant(now))
+
+    def _insert_batch(self, prepared: Sequence[PreparedJob], now: int, what: str) -> list[Job]:
+        """Insert a batch with multi-row statements (inside the caller's write); all or none.
+
+        The batch goes in under a savepoint. If any row was skipped (a taken
+        id), the savepoint is rolled back and the batch replayed one job at a
+        time from the same state, which raises exactly what one-by-one
+        inserts raise: :class:`DuplicateJob` for the first taken id, in order.
+        """
+        minted = iter(self._runtime.uuids(sum(1 for p in prepared if p.id is None)))
+        ids = [next(minted) if p.id is None else p.id for p in prepared]
+        run_ats = [p.run_at(now) for p in prepared]
+        params: list[Any] = []
+        add = params.extend
+        for job_id, p, run_at in zip(ids, prepared, run_ats, strict=True):
+            add((job_id, p.kind, p.payload, p.priority, run_at, p.max_attempts, now, now))
+        db = self._db
+        # statements of a few fixed sizes (powers of two), each kept prepared
+        largest = self._largest_rows(0, _ROW_PARAMS)
+
+        def insert() -> None:
+            inserted = start = 0
+            size = largest
+            while start < len(ids):
+                while size > len(ids) - start:
+                    size //= 2
+                chunk = params[start * _ROW_PARAMS : (start + size) * _ROW_PARAMS]
+                inserted += db.run(sql.enqueue_rows(size), chunk, doing=what).rowcount
+                start += size
+            if inserted != len(ids):
+                raise _Skipped
+
+        try:
+            db.savepoint(insert, doing=what)
+        except _Skipped:
+            replay = zip(ids, prepared, strict=True)
+            return [self._insert(p._replace(id=job_id), now, what) for job_id, p in replay]
+        created = _instant(now)
+        return [
+            _new_job(job_id, p, run_at, now, created)
+            for job_id, p, run_at in zip(ids, prepared, run_ats, strict=True)
+        ]
+
+    # ------------------------------------------------------------ claims
+
+    def _claim_params(
+        self, kinds: tuple[str, ...], owner: str, lease_ms: int, *, token: bool = True
+    ) -> dict[str, Any]:
+        now = self._runtime.now_ms()
+        params: dict[str, Any] = {"owner": owner, "until": now + lease_ms, "now": now}
+        if token:
+            params["token"] = minted = self._runtime.uuid()
+            params["claim_key"] = claim_key(minted)
+        for index, kind in enumerate(kinds):
+            params[f"k{index}"] = kind
+        return params
+
+    # An empty root claim records the connection's `PRAGMA data_version`
+    # (moves when another connection commits), its total_changes (moves when
+    # this connection writes) and the earliest time anything of those kinds
+    # can come due without a write (a delayed run_at, a lease expiring). Until
+    # one of the three moves, the next claim of those kinds would find nothing
+    # too: it answers None without taking the write lock.
+
+    def _nothing_claimable(self, kinds: tuple[str, ...], what: str) -> bool:
+        if not isinstance(self._scope, RootScope) or kinds not in self._idle_claims:
+            return False
+
+        def probe() -> bool:
+            known = self._idle_claims.get(kinds)
+            if known is None:
+                return False
+            row = self._db.one(sql.DATA_VERSION, doing=what)
+            version, changes, due = known
+            if (
+                row is not None
+                and int(row[0]) == version
+                and self._db.connection.total_changes == changes
+                and (due is None or self._runtime.now_ms() < due)
+            ):
+                return True
+            # stale: forget it, so busy claims do not pay for a probe each time
+            del self._idle_claims[kinds]
+            return False
+
+        return self._scope.read(probe, what)
+
+    def _remember_empty(self, kinds: tuple[str, ...], params: dict[str, Any], what: str) -> None:
+        """Inside the empty claim's transaction: when could these kinds next be claimable?"""
+        if not isinstance(self._scope, RootScope):
+            return
+        ready = self._db.one(sql.next_ready_at(len(kinds)), params, doing=what)
+        lease = self._db.one(sql.NEXT_LEASE_EXPIRY, doing=what)
+        dues = [int(r[0]) for r in (ready, lease) if r is not None and r[0] is not None]
+        version = self._db.one(sql.DATA_VERSION, doing=what)
+        assert version is not None
+        self._idle_claims[kinds] = (
+            int(version[0]),
+            self._db.connection.total_changes,
+            min(dues) if dues else None,
+        )
+
+    def claim_within(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
+        """The claim statements alone, for callers already inside a write: up to ``limit``.
+
+        Jobs come back in claim order, each with its own lease (a fresh token
+        from the runtime, generation + 1, attempts + 1). Past one job this is
+        two statements, not one per job: the candidates in claim order, then
+        one update minting every lease (one more per 256 jobs).
+        """
+        if limit > 1 and sql.MULTI_ROW_UPDATES:
+            return self._claim_batch(request, limit, what)
+        statement = sql.claim_next(len(request.kinds))
+        claimed: list[ClaimedJob] = []
+        for _ in range(limit):
+            params = self._claim_params(request.kinds, request.owner, request.lease_ms)
+            row = self._db.one(statement, params, doing=what)
+            if row is None:
+                if not claimed:
+                    self._remember_empty(request.kinds, params, what)
+                break
+            claimed.append(claimed_from_row(row, params["claim_key"], self._db.text_codec))
+        return claimed
+
+    def _claim_batch(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
+        kinds = request.kinds
+        params = self._claim_params(kinds, request.owner, request.lease_ms, token=False)
+        params["limit"] = limit
+        candidates = self._db.all(sql.claim_candidates(len(kinds)), params, doing=what)
+        if not candidates:
+            self._remember_empty(kinds, params, what)
+            return []
+        # one fresh token per lease, as many uuid() calls would give
+        tokens = self._runtime.uuids(len(candidates))
+        keys = {token: claim_key(token) for token in tokens}
+        picked = [
+            (rowid, token, keys[token])
+            for (rowid, _), token in zip(candidates, tokens, strict=True)
+        ]
+        head = (request.owner, params["until"], params["now"])
+        rows: list[tuple[Any, ...]] = []
+        for statement, batch in self._batches(sql.claim_rows, head, picked):
+            rows += self._db.all(statement, batch, doing=what)
+        # RETURNING follows no promised order: put the rows back in claim order
+        place = {job_id: index for index, (_, job_id) in enumerate(candidates)}
+        rows.sort(key=lambda row: place[row[0]])
+        codec = self._db.text_codec
+        return [claimed_from_row(row, keys[row[15]], codec) for row in rows]
+
+    # ------------------------------------------------------------ fenced writes
+
+    def fence_row_within(self, job_id: str, what: str) -> FenceRow | None:
+        """The job's fence row as it stands (``None``: no such job)."""
+        row = self._db.one(sql.FENCE_ROW, (job_id,), doing=what)
+        return None if row is None else FenceRow.from_row(row)
+
+    def complete_within(self, lease: Lease, result: str, now: int, what: str) -> bool | Missed:
+        params = {"result": result, "now": now, "id": lease.job_id, "token": lease.token}
+        if self._db.changes(sql.SETTLE_DONE, params, doing=what):
+            return True
+        return Missed(self.fence_row_within(lease.job_id, what))
+
+    def complete_many_within(
+        self, items: Sequence[tuple[Lease, str]], now: int, what: str
+    ) -> list[bool | Missed]:
+        """Many completions at once: per item, ``True`` (written) or :class:`Missed`.
+
+        Items naming the same job act as if applied one after another. From
+        four jobs up, one statement settles every fenced item and only the
+        rest are read back, one by one.
+        """
+        answers: list[bool | Missed] = [True] * len(items)
+        first: dict[str, int] = {}  # job id -> index of its first item
+        repeats: list[int] = []
+        for index, (lease, _) in enumerate(items):
+            if lease.job_id in first:
+                repeats.append(index)
+            else:
+                first[lease.job_id] = index
+        if len(first) >= sql.SETTLE_MANY_MIN and sql.MULTI_ROW_UPDATES:
+            firsts = [items[index] for index in first.values()]
+            fenced = [(lease.job_id, lease.token, text) for lease, text in firsts]
+            settled: set[str] = set()
+            for statement, batch in self._batches(sql.settle_done_rows, (now,), fenced):
+                settled.update(row[0] for row in self._db.all(statement, batch, doing=what))
+            for job_id, index in first.items():
+                if job_id not in settled:
+                    answers[index] = Missed(self.fence_row_within(job_id, what))
+        else:
+            repeats = list(range(len(items)))  # one by one, in input order
+        # a repeat meets the row its earlier items left: strictly after them
+        for index in repeats:
+            lease, text = items[index]
+            answers[index] = self.complete_within(lease, text, now, what)
+        return answers
+
+    def fail_within(self, failure: Failure, now: int, what: str) -> bool | Missed:
+        current = failure.lease
+        fenced = {"id": current.job_id, "token": current.token, "now": now}
+        row = self._db.one(sql.READ_ATTEMPTS, fenced, doing=what)
+        if row is None:
+            return Missed(self.fence_row_within(current.job_id, what))
+        attempts, max_attempts = int(row[0]), int(row[1])
+        if failure_transition(attempts, max_attempts, retry=failure.retry) == "dead":
+            self._db.run(sql.SETTLE_DEAD, {**fenced, "error": failure.message}, doing=what)
+        else:
+            draw = self._runtime.random()
+            run_at = retry_at_ms(now, attempts, failure.base, failure.cap, draw)
+            self._db.run(
+                sql.SETTLE_RETRY,
+                {**fenced, "error": failure.message, "run_at": run_at},
+                doing=what,
+            )
+        return True
+
+    def release_within(self, leases: Sequence[Lease], now: int, what: str) -> int:
+        """Hand back leases whose attempts never started; how many jobs were released.
+
+        Each job still held by exactly that lease (leased, same token, not
+        expired at ``now``) is pending again at once: its lease cleared, the
+        claim's attempt undone (``attempts - 1``), ``run_at`` and the
+        generation kept, so the released lease stays superseded and settles
+        nothing. Leases no longer held are skipped.
+        """
+        held = list(dict.fromkeys((lease.job_id, lease.token) for lease in leases))
+        released = 0
+        if len(held) >= sql.SETTLE_MANY_MIN and sql.MULTI_ROW_UPDATES:
+            for statement, batch in self._batches(sql.release_rows, (now,), held):
+                released += self._db.changes(statement, batch, doing=what)
+            return released
+        for job_id, token in held:
+            params = {"id": job_id, "token": token, "now": now}
+            released += self._db.changes(sql.RELEASE_LEASE, params, doing=what)
+        return released
+
+    # ------------------------------------------------------------ statement sizes
+
+    def _batches(
+        self,
+        statement: Callable[[int], str],
+        head: tuple[Any, ...],
+        rows: Sequence[tuple[Any, ...]],
+    ) -> Iterator[tuple[str, list[Any]]]:
+        """A batched statement (``sql.*_rows``) and its parameters, per chunk of ``rows``.
+
+        Chunks fill the largest statement size the connection's parameter
+        limit allows; the last is padded with NULL rows up to its size.
+        """
+        width = len(rows[0])
+        largest = self._largest_rows(len(head), width)
+        for start in range(0, len(rows), largest):
+            chunk = rows[start : start + largest]
+            size = sql.batch_size(len(chunk))
+            params = list(head)
+            for row in chunk:
+                params += row
+            params += [None] * ((size - len(chunk)) * width)
+            yield statement(size), params
+
+    def _largest_rows(self, head: int, width: int) -> int:
+        """The most rows (a power of two, at most ``sql.BATCH_ROWS``) one statement may bind.
+
+        ``head`` parameters come first, then ``width`` per row, within the
+        connection's parameter limit.
+        """
+        largest = sql.BATCH_ROWS
+        while largest > 1 and head + largest * width > self._db.max_variables:
+            largest //= 2
+        return largest
+
+
+def _instant(ms: int) -> datetime:
+    # one instant remembered (calls a few hundred microseconds apart share
+    # their ms), as one tuple: a thread never sees one call's ms with another's time
+    last_ms, last = _LAST_INSTANT[0]
+    if last_ms == ms:
+        return last
+    moment = datetime_from_ms(ms)
+    assert moment is not None
+    _LAST_INSTANT[0] = (ms, moment)
+    return moment
+
+
+_LAST_INSTANT: list[tuple[int, datetime]] = [(0, EPOCH)]
+
+
+def _new_job(job_id: str, prepared: PreparedJob, run_at: int, now: int, created: datetime) -> Job:
+    """The record of a row just inserted at ``now``: exactly what was bound, never read back."""
+    return assemble(
+        Job,
+        {
+            "id": job_id,
+            "kind": prepared.kind,
+            "payload": decode_json(prepared.payload),
+            "state": "pending",
+            "priority": prepared.priority,
+            "attempts": 0,
+            "max_attempts": prepared.max_attempts,
+            "run_at": created if run_at == now else _instant(run_at),
+            "lease_until": None,
+            "lease_owner": None,
+            "lease_generation": 0,
+            "last_error": None,
+            "result": None,
+            "created_at": created,
+            "updated_at": created,
+        },
+    )
