@@ -29,6 +29,7 @@ Each attempt has exactly one :class:`~jaren_jobs.records.Outcome`:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import logging
@@ -476,6 +477,7 @@ class Worker:
         self._io = 0  # tracked database operations under way
         self._wake_generation = 0
         self._interrupted: BaseException | None = None
+        self._local = threading.local()  # an observer's interrupt, for run_once() to re-raise
         self._counts = dict.fromkeys(
             (
                 "claims",
@@ -510,7 +512,7 @@ class Worker:
 
     @property
     def interrupted(self) -> BaseException | None:
-        """The ``KeyboardInterrupt``/``SystemExit`` a handler raised, which halted the worker."""
+        """The ``KeyboardInterrupt``/``SystemExit`` that halted the worker (handler or observer)."""
         return self._interrupted
 
     def stats(self) -> WorkerStats:
@@ -581,7 +583,12 @@ class Worker:
             return False
         self._db.check_open("run_once()")
         self._activate()
-        return self._step()
+        ran = self._step()
+        interrupt: BaseException | None = getattr(self._local, "interrupt", None)
+        if interrupt is not None:  # an observer's, met in this thread: every outcome is out
+            self._local.interrupt = None
+            raise interrupt
+        return ran
 
     def stop(self, grace_seconds: float | None = None) -> StopOutcome:
         """Stop claiming, drain for up to ``grace_seconds``, then quiesce.
@@ -998,10 +1005,12 @@ class Worker:
                 reason="the worker stopped before this attempt could run; its lease will "
                 "expire and the job will be re-claimed",
             )
-        ctx = JobContext(attempt, self._control, attempt.scope.signal, self.owner)
-        handler = self._handlers[claimed.kind]
         started = time.perf_counter()
         try:
+            # inside the try: a lookup that raises fails this attempt, it is
+            # not an interrupt of the worker
+            handler = self._handlers[claimed.kind]
+            ctx = JobContext(attempt, self._control, attempt.scope.signal, self.owner)
             if isinstance(claimed.payload, CorruptJson):
                 # a row written outside the library: the handler could only
                 # misread it, so the attempt fails (and dead-letters after
@@ -1400,6 +1409,27 @@ class Worker:
             _log.exception(
                 "jaren_jobs: worker %r: the %s observer raised; ignored", self.owner, name
             )
+        except BaseException as exc:
+            # never out of this thread: it may be the settling thread, whose
+            # death would leave every posted attempt without an outcome
+            self._observer_interrupted(name, exc)
+
+    def _observer_interrupted(self, name: str, exc: BaseException) -> None:
+        """An observer raised KeyboardInterrupt/SystemExit (or another BaseException): halt."""
+        if self._interrupted is None:
+            self._interrupted = exc
+        _log.error(
+            "jaren_jobs: worker %r: the %s observer raised %s; the worker stops claiming, "
+            "and every attempt under way still settles and gets its outcome. Call stop() or "
+            "close the store to finish shutting down.",
+            self.owner,
+            name,
+            type(exc).__name__,
+            exc_info=exc,
+        )
+        self._halt_for(self._stopping_reason(f"the {name} observer raised {type(exc).__name__}"))
+        # run_once() re-raises it in its caller's thread once its step is done
+        self._local.interrupt = exc
 
 
 def _interrupted(worker: Worker, attempt: _Attempt) -> Outcome:
@@ -1437,8 +1467,42 @@ def _check_handlers(handlers: object) -> dict[str, Handler]:
                 f"create_worker(): the handler for kind {kind!r} must be callable as "
                 f"handler(payload, ctx), got {type(handler).__name__}"
             )
+        _check_handler_shape(kind, handler)
         checked[kind] = handler
     return checked
+
+
+def _check_handler_shape(kind: str, handler: Callable[..., Any]) -> None:
+    """Refuse a handler that can only fail at run time: ``async def``, or the wrong arity."""
+    if _is_async(handler):
+        raise TypeError(
+            f"create_worker(): the handler for kind {kind!r} is an async def function; this "
+            "worker calls handlers on threads as plain functions, handler(payload, ctx) "
+            "(run the coroutine with asyncio.run() inside a plain handler)"
+        )
+    try:
+        signature = inspect.signature(handler)
+    except Exception:  # some builtins cannot be inspected: take them on trust
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError as exc:
+        raise TypeError(
+            f"create_worker(): the handler for kind {kind!r} cannot be called as "
+            f"handler(payload, ctx): its signature is {signature} ({exc})"
+        ) from None
+
+
+def _is_async(handler: object) -> bool:
+    """Whether calling ``handler`` gives a coroutine or async generator, not a result."""
+    while isinstance(handler, functools.partial):
+        handler = handler.func
+    if inspect.iscoroutinefunction(handler) or inspect.isasyncgenfunction(handler):
+        return True
+    if inspect.isroutine(handler) or inspect.isclass(handler):
+        return False
+    call = type(handler).__call__  # a callable object
+    return inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
 
 
 def _check_callable(value: object, what: str) -> Any:
