@@ -192,6 +192,14 @@ class SettlementBatcher:
             what, lambda now: engine.settle_fail(failure, now, what), job_id=failure.lease.job_id
         )
 
+    def again(self, item: Settlement) -> Settlement:
+        """A fresh, unsubmitted copy of a settlement whose write failed, to submit once more.
+
+        Its checks already passed; the fence runs again when it is written. A
+        carrier's claim and release are not copied.
+        """
+        return Settlement(item.what, item.apply, done=item.done, job_id=item.job_id)
+
     def submit(self, group: list[Settlement]) -> list[Settlement]:
         """Write ``group`` in one transaction (shared with whatever else is queued).
 

@@ -881,6 +881,84 @@ def test_a_storage_error_during_renewal_keeps_the_lease_and_retries(
         worker.stop()
 
 
+def test_a_completion_that_meets_a_locked_database_is_retried_not_failed(
+    db_path: Path, runtime: Any, log_events: Callable[[str], LogEvents]
+) -> None:
+    logs = log_events("completing job")
+    outcomes = Outcomes()
+    started, release = threading.Event(), threading.Event()
+
+    def handler(payload: Any, ctx: JobContext) -> Any:
+        started.set()
+        assert release.wait(WAIT)
+        return {"kept": payload}
+
+    with open_store(db_path, runtime=runtime, busy_timeout_seconds=0.01) as store:
+        worker = store.jobs.create_worker({"k": handler}, poll_seconds=3600, on_outcome=outcomes)
+        job = store.jobs.enqueue("k", 1, max_attempts=1)
+        worker.start()
+        assert started.wait(WAIT)
+        blocker = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            blocker.execute("BEGIN IMMEDIATE")  # another connection holds the write lock
+            release.set()
+            assert logs.seen.wait(WAIT)  # the completion met "database is locked"
+            assert outcomes.events == []  # no outcome yet: it is being retried
+            blocker.execute("ROLLBACK")
+        finally:
+            blocker.close()
+        event = outcomes.wait_for(1)[0]
+        assert (event.outcome, event.job_id) == ("completed", job.id)
+        stored = store.jobs.get(job.id)
+        assert stored is not None
+        assert (stored.state, stored.result, stored.attempts) == ("done", {"kept": 1}, 1)
+        stats = worker.stats()
+        assert (stats.completions, stats.failures, stats.lost_settlements) == (1, 0, 0)
+        assert worker.stop() == StopOutcome(drained=True, in_flight=0)
+
+
+def test_a_completion_stuck_behind_an_application_transaction_is_retried_not_failed(
+    db_path: Path, runtime: Any, log_events: Callable[[str], LogEvents]
+) -> None:
+    logs = log_events("completing job")
+    outcomes = Outcomes()
+    started, release = threading.Event(), threading.Event()
+    holding, end = threading.Event(), threading.Event()
+
+    def handler(payload: Any, ctx: JobContext) -> Any:
+        started.set()
+        assert release.wait(WAIT)
+        return "kept"
+
+    with open_store(db_path, runtime=runtime, gate_timeout_seconds=0.05) as store:
+
+        def long_transaction() -> None:
+            with store.transaction() as tx:  # holds the store's gate until told
+                tx.execute("SELECT 1")
+                holding.set()
+                assert end.wait(WAIT)
+
+        worker = store.jobs.create_worker({"k": handler}, poll_seconds=3600, on_outcome=outcomes)
+        job = store.jobs.enqueue("k", max_attempts=1)
+        worker.start()
+        assert started.wait(WAIT)
+        application = threading.Thread(target=long_transaction)
+        application.start()
+        try:
+            assert holding.wait(WAIT)
+            release.set()
+            assert logs.seen.wait(WAIT)  # the completion's wait for the gate timed out
+            assert outcomes.events == []
+        finally:
+            end.set()
+            application.join(WAIT)
+        assert outcomes.wait_for(1)[0].outcome == "completed"
+        stored = store.jobs.get(job.id)
+        assert stored is not None
+        assert (stored.state, stored.result, stored.attempts) == ("done", "kept", 1)
+        assert worker.stop() == StopOutcome(drained=True, in_flight=0)
+
+
 def test_leases_are_listed_newest_first(store: Store) -> None:
     started = {"a": threading.Event(), "b": threading.Event()}
     release = threading.Event()
