@@ -365,3 +365,35 @@ def test_a_cancelled_unstarted_job_is_not_handed_back_by_a_stop(store: Store) ->
         assert row is not None
         assert row.state == "cancelled"
     assert worker.stats().claims == len(outcomes.events) == len(started)
+
+
+def test_jobs_handed_back_wake_an_idle_worker(store: Store) -> None:
+    gate, reached = threading.Event(), threading.Event()
+    first_outcomes, second_outcomes = Outcomes(), Outcomes()
+    first = store.jobs.create_worker(
+        {"k": fast_then(-1, gate, reached)},
+        poll_seconds=3600,
+        lease_seconds=3.0,  # its renewal thread looks for stalled queues every 0.25 s
+        on_outcome=first_outcomes,
+    )
+    with first:
+        store.jobs.enqueue_many([NewJob("k", n) for n in range(10)])
+        first_outcomes.wait_for(10)  # fast jobs: it now holds jobs ahead
+        # one claim leases the slow job and every job behind it: none is pending
+        store.jobs.enqueue_many([NewJob("k", -1)] + [NewJob("k", n) for n in range(8)])
+        assert reached.wait(WAIT)
+        idle = threading.Event()
+        second = store.jobs.create_worker(
+            {"k": noop}, poll_seconds=3600, on_outcome=second_outcomes, on_idle=idle.set
+        )
+        with second:
+            assert idle.wait(WAIT)  # found nothing: an hour until its next poll
+            assert leased_ahead(first), "the first worker handed its jobs back too early"
+            # the stall check hands them back; only a wake can bring them to it
+            events = second_outcomes.wait_for(1)
+            gate.set()
+    assert events[0].outcome == "completed"
+
+
+def noop(payload: Any, ctx: JobContext) -> Any:
+    return payload
