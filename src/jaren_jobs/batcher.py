@@ -192,6 +192,14 @@ class SettlementBatcher:
             what, lambda now: engine.settle_fail(failure, now, what), job_id=failure.lease.job_id
         )
 
+    def again(self, item: Settlement) -> Settlement:
+        """A fresh, unsubmitted copy of a settlement whose write failed, to submit once more.
+
+        Its checks already passed; the fence runs again when it is written. A
+        carrier's claim and release are not copied.
+        """
+        return Settlement(item.what, item.apply, done=item.done, job_id=item.job_id)
+
     def submit(self, group: list[Settlement]) -> list[Settlement]:
         """Write ``group`` in one transaction (shared with whatever else is queued).
 
@@ -240,21 +248,22 @@ class SettlementBatcher:
 
     def _write(self, batch: list[Settlement]) -> None:
         """One transaction for the batch; on failure, each settlement alone."""
+        # a failed transaction rolled its claims back: never hand those jobs out
         try:
             self._transaction(batch)
         except Exception as exc:
             if len(batch) == 1:
-                batch[0].error = exc
+                batch[0].error, batch[0].handed = exc, []
                 return
             for item in batch:  # what each would have met alone
                 self.retried_alone += 1
                 try:
                     self._transaction([item])
                 except Exception as alone:
-                    item.error = alone
+                    item.error, item.handed = alone, []
         except BaseException as exc:  # an interrupt: nobody's settlement is known
             for item in batch:
-                item.error = exc
+                item.error, item.handed = exc, []
             raise
 
     def _transaction(self, batch: list[Settlement]) -> None:

@@ -2,15 +2,19 @@
 
 Shape of one worker:
 
-* ``concurrency`` loop threads, each leasing a batch of jobs, running their
-  handlers one after another, and sleeping on a condition variable between
-  empty claims until the poll interval passes or an in-process enqueue wakes
-  it. A batch is sized from the handlers' measured running time, so that
-  every job of it starts within a short horizon (see ``_batch_size``);
+* ``concurrency`` loop threads, each running a queue of leased jobs one
+  after another, and sleeping on a condition variable between empty claims
+  until the poll interval passes or an in-process enqueue wakes it. A loop
+  holds at most a few jobs beyond the one it runs: as many as the handlers'
+  measured running time lets it start within a short horizon, never more
+  than ``_MAX_AHEAD`` (see ``_ahead``), since each is a lease no other
+  worker can take and an attempt a SIGKILL spends;
 * ONE settling thread: each returned attempt is posted to it, and it commits
   whatever was posted while it wrote last, in one transaction (through a
   :class:`~jaren_jobs.batcher.SettlementBatcher`, so each settlement is
-  fenced on its own and answered only after the commit);
+  fenced on its own and answered only after the commit). The same
+  transaction tops up the loops' queues, and writes again a settlement
+  whose last write only timed out waiting, while its lease holds;
 * ONE renewal thread, which wakes every quarter of the renewal period while
   attempts are in flight and renews the leases that have fallen due;
 * every database operation the worker itself starts (claims, renewals,
@@ -21,7 +25,8 @@ Shape of one worker:
 
 Jobs a loop leased and did not start (the worker is stopping, or a slow job
 overran the batch's time budget) are handed back with a fenced release that
-spends no attempt. :meth:`Worker.run_once` works on one job, synchronously.
+spends no attempt; one cancelled with its lease before it started never
+starts. :meth:`Worker.run_once` works on one job, synchronously.
 
 Each attempt has exactly one :class:`~jaren_jobs.records.Outcome`:
 ``completed``, ``failed``, ``cancelled`` or ``lost``.
@@ -29,13 +34,14 @@ Each attempt has exactly one :class:`~jaren_jobs.records.Outcome`:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -43,7 +49,7 @@ from typing import Any, Literal, TypeVar
 from .backends.sqlite.connection import Database, RootScope
 from .batcher import Settlement, SettlementBatcher
 from .checkpoints import CheckpointStore
-from .codec import check_text
+from .codec import check_text, ms_from_datetime
 from .engine import EngineHub, JobEngine
 from .errors import (
     GateRefused,
@@ -76,13 +82,18 @@ Phase = Literal["completion", "failure"]
 _log = logging.getLogger("jaren_jobs")
 _worker_numbers = itertools.count(1)
 
-# the most jobs one loop leases at once
-_MAX_BATCH = 64
+# the most jobs a loop holds leased beyond the one it runs: a SIGKILL spends
+# the attempt of each (their leases expire; the claim counted them)
+_MAX_AHEAD = 8
 # the most returned attempts waiting for the settling thread; past it, loops wait
 _POSTED_LIMIT = 256
 # how long a leased job may wait for its loop, at most (and never more than a
 # tenth of the lease): a loop's batch is what it can start within this
 _HORIZON_SECONDS = 0.02
+# the pause before a settlement that met a transient error is written again
+# (doubling from the first, up to the last), for as long as its lease holds
+_RETRY_FIRST_SECONDS = 0.01
+_RETRY_MOST_SECONDS = 1.0
 
 _COUNTERS = {
     "completed": "completions",
@@ -188,44 +199,114 @@ class _Attempt:
 _Ran = tuple[_Attempt, Exception | None, Any]
 
 
-class _Batch:
-    """A loop's leased jobs, taken one at a time; the renewal thread may take the rest back."""
+class _Held:
+    """A job leased for a loop and not started yet; a cancel with its lease reaches it here."""
 
-    __slots__ = ("jobs", "lock", "stalled", "started", "taken")
+    __slots__ = ("abort", "at", "attempt", "cancelled", "job", "seq")
+
+    def __init__(self, job: ClaimedJob, seq: int, at: float) -> None:
+        self.job = job
+        self.seq = seq  # order of the lease's issue, for leases()
+        self.at = at  # time.monotonic() of the claim
+        self.cancelled = False  # cancel(id, lease=...) committed before it started
+        self.attempt: _Attempt | None = None  # once started
+        self.abort: Callable[[Any], None] | None = None  # what the hub holds for it
+
+
+class _Batch:
+    """A loop's queue of leased, unstarted jobs.
+
+    The loop takes them one at a time; the settling thread tops the queue up
+    (in its next transaction) while the loop runs the current job; the
+    renewal thread may take the rest back when the current job runs long.
+    """
+
+    __slots__ = ("cond", "jobs", "refill", "running", "stalled", "started", "want")
 
     def __init__(self, jobs: list[ClaimedJob]) -> None:
-        self.jobs = jobs
-        self.lock = threading.Lock()
+        self.jobs: deque[ClaimedJob] = deque(jobs)
+        self.cond = threading.Condition()
         self.stalled = False  # the renewal thread took the rest back
-        self.taken = 0
+        self.running = False  # one of its jobs is running now
         self.started = time.monotonic()  # when the job running now started
+        self.refill = False  # a top-up is on its way from the settling thread
+        self.want = 0  # the top-up fills the queue up to this many unstarted jobs
 
     def take(self) -> ClaimedJob | None:
-        with self.lock:
-            if self.taken >= len(self.jobs):
+        with self.cond:
+            if not self.jobs:
                 return None
-            job = self.jobs[self.taken]
-            self.taken += 1
+            self.running = True
             self.started = time.monotonic()
-            return job
+            return self.jobs.popleft()
+
+    def returned(self) -> None:
+        with self.cond:
+            self.running = False
 
     def take_rest(self) -> list[ClaimedJob]:
-        with self.lock:
-            rest = self.jobs[self.taken :]
-            self.taken = len(self.jobs)
+        with self.cond:
+            rest = list(self.jobs)
+            self.jobs.clear()
+            return rest
+
+    def take_stalled(self, now: float, budget: float) -> list[ClaimedJob]:
+        """The unstarted jobs, if the running one has overrun ``budget``; else nothing."""
+        with self.cond:
+            if not (self.jobs and self.running and now - self.started > budget):
+                return []
+            self.stalled = True
+            rest = list(self.jobs)
+            self.jobs.clear()
+            return rest
+
+    def unstarted(self) -> int:
+        with self.cond:
+            return len(self.jobs)
+
+    def ask(self, want: int) -> bool:
+        """Mark a top-up to ``want`` unstarted jobs as asked for; False if one is under way."""
+        with self.cond:
+            if self.refill or self.stalled:
+                return False
+            self.refill, self.want = True, want
+            return True
+
+    def topped_up(self, jobs: list[ClaimedJob]) -> None:
+        with self.cond:
+            self.jobs.extend(jobs)
+            self.refill = False
+            self.cond.notify_all()
+
+    def wait_refill(self) -> bool:
+        """Wait for the top-up under way (if any); whether the queue has a job now."""
+        with self.cond:
+            while self.refill and not self.jobs:
+                self.cond.wait()
+            return bool(self.jobs)
+
+    def close(self) -> list[ClaimedJob]:
+        """The loop leaves: wait out any top-up under way, and take what is left."""
+        with self.cond:
+            while self.refill:
+                self.cond.wait()
+            rest = list(self.jobs)
+            self.jobs.clear()
             return rest
 
 
 class _Entry:
     """One returned attempt on its way to an outcome: its settlement, or the outcome at once."""
 
-    __slots__ = ("attempt", "error", "item", "outcome")
+    __slots__ = ("attempt", "error", "item", "outcome", "retry_at", "tries")
 
     def __init__(self, attempt: _Attempt, error: Exception | None) -> None:
         self.attempt = attempt
         self.error = error  # what the attempt is failed with (None: it completes)
         self.item: Settlement | None = None
         self.outcome: Outcome | None = None  # decided without a write (cancelled, lost)
+        self.tries = 0  # writes of its settlement that met a transient error
+        self.retry_at = 0.0  # time.monotonic() of its next write, once one failed
 
 
 class _AttemptCheckpoints(CheckpointStore):
@@ -449,23 +530,22 @@ class Worker:
         self._lease_seqs = itertools.count(1)
         self._attempt_keys = itertools.count(1)
         self._attempts: dict[int, _Attempt] = {}
-        self._claim_lock = threading.Lock()
-        self._claimed: deque[ClaimedJob] = deque()  # leased for loops waiting on the lock
-        # leased and not started yet, by id(job): (lease order, time.monotonic() of the claim, job)
-        self._held: dict[int, tuple[int, float, ClaimedJob]] = {}
+        # leased and not started yet, by id(job)
+        self._held: dict[int, _Held] = {}
         self._horizon = min(lease_seconds / 10, _HORIZON_SECONDS)
         self._budget = 4 * self._horizon  # past it, a batch hands back what it has not started
         self._spent: float | None = None  # moving average of a handler's running time
-        self._ramp = 1  # the batch size grows by doubling, up to _MAX_BATCH
-        self._batches: set[_Batch] = set()  # the loops' batches of more than one job
+        self._ramp = 0  # the jobs held ahead grow by doubling, up to _MAX_AHEAD
+        self._batches: set[_Batch] = set()  # each looping loop's queue
         # returned attempts the loops posted for the settling thread
         self._posted: list[_Entry] = []
+        self._refills: list[_Batch] = []  # queues to top up in the settling thread's next write
+        self._retrying: list[_Entry] = []  # posted settlements that met a transient error
         self._posting = threading.Condition(self._lock)
         self._room = threading.Condition(self._lock)  # loops waiting for the settling thread
         self._settler: threading.Thread | None = None
         self._settler_waiting = False
         self._settler_done = False
-        self._wanting = 0  # loops inside _claim()
         self._threads: list[threading.Thread] = []
         self._stepping: set[int] = set()  # ident of each thread inside a step
         self._active = False
@@ -476,6 +556,7 @@ class Worker:
         self._io = 0  # tracked database operations under way
         self._wake_generation = 0
         self._interrupted: BaseException | None = None
+        self._local = threading.local()  # an observer's interrupt, for run_once() to re-raise
         self._counts = dict.fromkeys(
             (
                 "claims",
@@ -510,7 +591,7 @@ class Worker:
 
     @property
     def interrupted(self) -> BaseException | None:
-        """The ``KeyboardInterrupt``/``SystemExit`` a handler raised, which halted the worker."""
+        """The ``KeyboardInterrupt``/``SystemExit`` that halted the worker (handler or observer)."""
         return self._interrupted
 
     def stats(self) -> WorkerStats:
@@ -532,7 +613,7 @@ class Worker:
         with self._lock:
             held = [(a.lease_seq, a.lease) for a in self._attempts.values()]
             # leased with a loop's batch and not started yet: held all the same
-            held.extend((seq, job.lease) for seq, _, job in self._held.values())
+            held.extend((h.seq, h.job.lease) for h in self._held.values() if not h.cancelled)
         held.sort(key=lambda entry: entry[0], reverse=True)
         return [lease for _, lease in held]
 
@@ -581,7 +662,12 @@ class Worker:
             return False
         self._db.check_open("run_once()")
         self._activate()
-        return self._step()
+        ran = self._step()
+        interrupt: BaseException | None = getattr(self._local, "interrupt", None)
+        if interrupt is not None:  # an observer's, met in this thread: every outcome is out
+            self._local.interrupt = None
+            raise interrupt
+        return ran
 
     def stop(self, grace_seconds: float | None = None) -> StopOutcome:
         """Stop claiming, drain for up to ``grace_seconds``, then quiesce.
@@ -689,29 +775,43 @@ class Worker:
         )
 
     def _release_unstarted(self) -> None:
-        """Hand back the jobs leased for loops that will not start them: no attempt is spent."""
+        """Hand back every loop's unstarted jobs (a loop stuck in a handler cannot)."""
         with self._lock:
-            jobs = list(self._claimed)
-            self._claimed.clear()
-        self._hand_back(jobs)
+            batches = list(self._batches)
+        self._hand_back([job for batch in batches for job in batch.take_rest()])
 
     def _hand_back(self, jobs: list[ClaimedJob]) -> None:
-        """Release leased, never-started jobs in a transaction of their own."""
+        """Release leased, never-started jobs in a transaction of their own: no attempt spent."""
         if not jobs:
             return
         with self._lock:
-            for job in jobs:
-                self._held.pop(id(job), None)
-        carrier = Settlement("releasing unstarted jobs", None, release=[j.lease for j in jobs])
-        self._settlements.submit([carrier])
-        if carrier.error is not None:  # their leases expire instead
-            _log.warning(
-                "jaren_jobs: worker %r: handing back %d unstarted job(s) failed; their leases "
-                "will expire: %s",
-                self.owner,
-                len(jobs),
-                carrier.error,
-            )
+            helds = [self._held.pop(id(job), None) for job in jobs]
+        # a job cancelled with its lease is not leased any more: nothing to release
+        leases = [job.lease for job, held in zip(jobs, helds, strict=True) if not _gone(held)]
+        if leases:
+            carrier = Settlement("releasing unstarted jobs", None, release=leases)
+            self._settlements.submit([carrier])
+            if carrier.error is not None:  # their leases expire instead
+                _log.warning(
+                    "jaren_jobs: worker %r: handing back %d unstarted job(s) failed; their "
+                    "leases will expire: %s",
+                    self.owner,
+                    len(leases),
+                    carrier.error,
+                )
+            else:
+                # claimable again: a loop (of this worker or another) that went
+                # idle while they were held must not sleep through them
+                self._hub.wake()
+        # only now: a cancel that committed before the release must still find them
+        self._forget(helds)
+
+    def _forget(self, helds: list[_Held | None]) -> None:
+        with self._hub.lock:
+            local = self._hub.local_attempts
+            for held in helds:
+                if held is not None and local.get(held.job.id) is held.abort:
+                    del local[held.job.id]
 
     def _quiesce(self) -> None:
         # 1. bar: no new worker-started operation; abandon queued ones
@@ -840,14 +940,14 @@ class Worker:
             self._busy += 1
             self._stepping.add(me)
         try:
-            jobs = self._claim(self._batch_size() if chain else 1)
+            looping = chain and self._settler is not None
+            jobs = self._claim(1 + self._ahead() if looping else 1)
             if not jobs:
                 return False
-            # jobs handed back by a settlement were claimed while this step was
-            # under way: the first runs here, still counted busy, even if
-            # stop() began (the rest of a batch is handed back unstarted)
-            while jobs:
-                jobs = self._run_batch(jobs, chain=chain)
+            if looping:
+                self._run_queue(jobs)
+            else:
+                self._run_one(jobs[0])
             return True
         finally:
             with self._cond:
@@ -855,44 +955,26 @@ class Worker:
                 self._stepping.discard(me)
                 self._cond.notify_all()
 
-    def _batch_size(self) -> int:
-        """How many jobs a loop leases at once: as many as it can start within the horizon.
+    def _ahead(self) -> int:
+        """How many leased jobs a loop holds beyond the one it runs.
 
-        Sized from the handlers' measured running time (a moving average),
-        and grown by doubling, so that a queue of slow jobs is never leased
-        in bulk by one loop while other workers could run them.
+        As many as it can start within the horizon, by the handlers' measured
+        running time (a moving average), grown by doubling, and never more
+        than ``_MAX_AHEAD``: a job held ahead is a lease no other worker can
+        take, and one a SIGKILL spends an attempt of.
         """
         spent = self._spent
         if spent is None:
-            return 1
+            return 0
         fits = int(self._horizon / max(spent, 1e-6))
-        return max(1, min(_MAX_BATCH, fits, self._ramp))
+        return max(0, min(_MAX_AHEAD, fits, self._ramp))
 
     def _claim(self, limit: int) -> list[ClaimedJob]:
-        # Loops that want jobs at the same time share one claim transaction:
-        # whoever holds the claim lock leases a batch for every loop waiting
-        # for one, keeps its own and leaves the rest to the waiting loops.
-        with self._lock:
-            self._wanting += 1
+        """A step's first claim, in a transaction of its own (the idle check may answer it)."""
         try:
-            with self._claim_lock:
-                with self._lock:
-                    if self._claimed:
-                        count = min(limit, len(self._claimed))
-                        return [self._claimed.popleft() for _ in range(count)]
-                    wanted = self._wanting
-                batch = self._claims.claim_many(
-                    self._kinds,
-                    owner=self.owner,
-                    limit=min(wanted * limit, _MAX_BATCH * 2),
-                    lease_seconds=self.lease_seconds,
-                )
-                if not batch:
-                    return []
-                self._hold(batch)
-                with self._lock:
-                    self._claimed.extend(batch[limit:])
-                return batch[:limit]
+            jobs = self._claims.claim_many(
+                self._kinds, owner=self.owner, limit=limit, lease_seconds=self.lease_seconds
+            )
         except WorkerStopped:
             return []  # the stop abandoned it: not an error
         except StoreClosed as exc:
@@ -908,82 +990,153 @@ class Worker:
                 exc,
             )
             return []
-        finally:
-            with self._lock:
-                self._wanting -= 1
+        self._hold(jobs)
+        return jobs
 
     def _hold(self, jobs: list[ClaimedJob]) -> None:
-        """Record leases taken but not yet started: leases() lists them."""
+        """Record leases taken but not started: leases() lists them, a cancel reaches them."""
+        if not jobs:
+            return
         at = time.monotonic()
+        aborts: list[tuple[str, Callable[[Any], None]]] = []
         with self._lock:
             for job in jobs:
-                self._held[id(job)] = (next(self._lease_seqs), at, job)
+                held = _Held(job, next(self._lease_seqs), at)
+                held.abort = abort = functools.partial(self._cancel_unstarted, held)
+                self._held[id(job)] = held
+                aborts.append((job.id, abort))
+        with self._hub.lock:
+            self._hub.local_attempts.update(aborts)
+
+    def _cancel_unstarted(self, held: _Held, reason: Any) -> None:
+        """cancel(id, lease=...) committed for a job leased with a batch."""
+        with self._lock:
+            attempt = held.attempt
+            if attempt is None:
+                held.cancelled = True  # its handler never starts
+                return
+        attempt.cancel(reason)  # it started meanwhile: its signal aborts
 
     # ------------------------------------------------------------ attempts
 
-    def _run_batch(self, jobs: list[ClaimedJob], *, chain: bool) -> list[ClaimedJob]:
-        """Run a loop's leased jobs one after another.
+    def _run_one(self, claimed: ClaimedJob) -> None:
+        """run_once(): one job, run and settled in this thread."""
+        attempt = self._begin(claimed)
+        if attempt is None:
+            return  # cancelled before it started
+        ran: list[_Ran] = []
+        try:
+            outcome = self._call(attempt, ran)
+        except BaseException as exc:
+            # only a handler's KeyboardInterrupt/SystemExit gets here
+            self._end(attempt, self._abandon(attempt, exc))
+            raise
+        if outcome is not None:
+            self._end(attempt, outcome)
+        else:
+            self._settle_all(ran)
 
-        On a started worker's loop each returned attempt goes to the settling
-        thread at once, which commits it (with whatever else is ready) while
-        the loop runs the next job; under :meth:`run_once` the attempts are
-        settled here. Returns the jobs claimed for the loop's next batch. A
-        job of the batch that has not started when the worker halts, or when
-        the batch has overrun its time budget (a job far slower than the
-        average), is released unstarted: no attempt is spent.
+    def _run_queue(self, jobs: list[ClaimedJob]) -> None:
+        """A started worker's loop: run its queue of leased jobs one after another.
+
+        Each returned attempt goes to the settling thread at once, which
+        commits it (with whatever else is ready) while the loop runs the next
+        job, and tops the queue up in the same transaction. The first job
+        runs even if the worker is stopping (its claim was under way); a job
+        not started when the worker halts, or that has waited past the time
+        budget (it sat behind a job far slower than the average), is handed
+        back unstarted, with the rest: no attempt is spent.
         """
         ran: list[_Ran] = []
         rest: list[ClaimedJob] = []
         batch = _Batch(jobs)
-        deadline = time.monotonic() + self._budget
-        overran = False
-        if len(jobs) > 1:
-            with self._lock:
-                self._batches.add(batch)
+        with self._lock:
+            self._batches.add(batch)
+        first = True
         try:
             while True:
-                if batch.taken and (self._halt.aborted or time.monotonic() > deadline):
-                    rest = batch.take_rest()
-                    overran = not self._halt.aborted
+                if not first and self._halt.aborted:
                     break
                 claimed = batch.take()
                 if claimed is None:
-                    overran = batch.stalled  # the renewal thread took the rest back
+                    if batch.stalled or self._halt.aborted:
+                        break
+                    # nothing ahead and nothing on its way: ask for the next
+                    # job, in the transaction of the last one's settlement
+                    if not batch.refill and not self._top_up(batch, idle=True):
+                        break
+                    if batch.wait_refill():
+                        continue
                     break
+                if not first and self._waited_too_long(claimed):
+                    rest.append(claimed)
+                    self._ramp = 0  # a slow job hid among fast ones: start small again
+                    break
+                first = False
                 attempt = self._begin(claimed)
+                if attempt is None:
+                    continue  # cancelled before it started
+                self._top_up(batch)  # the next jobs come while this one runs
                 try:
                     outcome = self._call(attempt, ran)
                 except BaseException as exc:
                     # only a handler's KeyboardInterrupt/SystemExit gets here
-                    rest = batch.take_rest()
                     self._end(attempt, self._abandon(attempt, exc))
                     raise
+                finally:
+                    batch.returned()
                 if outcome is not None:
                     self._end(attempt, outcome)
-                elif chain and self._settler is not None:
-                    # the settling thread commits it while this loop runs the next job
+                else:
                     self._post(ran.pop())
-            if chain:
-                # a slow job hid among fast ones: start small again
-                self._ramp = 1 if overran else min(self._ramp * 2, _MAX_BATCH)
+            if batch.stalled:
+                self._ramp = 0
         finally:
-            if len(jobs) > 1:
-                with self._lock:
-                    self._batches.discard(batch)
-            handed = self._settle_all(ran, rest, chain=chain)
-        return handed
+            # a top-up still on its way is handed back with the rest
+            rest += batch.close()
+            with self._lock:
+                self._batches.discard(batch)
+            self._hand_back(rest)
+
+    def _top_up(self, batch: _Batch, *, idle: bool = False) -> bool:
+        """Ask the settling thread to lease more jobs for ``batch`` in its next write.
+
+        While a job runs, the queue is topped up to ``_ahead()`` unstarted
+        jobs; a loop that ran its queue dry (``idle``) asks for one more, to
+        run at once. Whether a top-up is now on its way.
+        """
+        ahead = self._ahead()
+        want = ahead + 1 if idle else ahead
+        if want == 0 or (not idle and batch.unstarted() >= want):
+            return False
+        if not batch.ask(want):
+            return False
+        with self._lock:
+            refused = self._settler_done or self._halt.aborted
+            if not refused:
+                self._refills.append(batch)
+                if self._settler_waiting:
+                    self._posting.notify()
+        if refused:
+            batch.topped_up([])
+            return False
+        # each top-up that was not overrun lets the loop hold one more ahead
+        self._ramp = min(max(1, self._ramp * 2), _MAX_AHEAD)
+        return True
+
+    def _waited_too_long(self, job: ClaimedJob) -> bool:
+        with self._lock:
+            held = self._held.get(id(job))
+        return held is not None and time.monotonic() - held.at > self._budget
 
     def _take_back_stalled(self, now: float) -> None:
         """The renewal thread: hand back the unstarted jobs of batches stuck behind a slow job."""
         with self._lock:
-            stalled = [b for b in self._batches if now - b.started > self._budget]
-        rest: list[ClaimedJob] = []
-        for batch in stalled:
-            taken = batch.take_rest()
-            if taken:
-                batch.stalled = True
-                rest.extend(taken)
-        self._hand_back(rest)
+            batches = list(self._batches)
+        rest = [job for batch in batches for job in batch.take_stalled(now, self._budget)]
+        if rest:
+            self._ramp = 0
+            self._hand_back(rest)
 
     def _call(self, attempt: _Attempt, ran: list[_Ran]) -> Outcome | None:
         """Run the handler; its result joins ``ran``. An outcome when it cannot run at all."""
@@ -998,10 +1151,15 @@ class Worker:
                 reason="the worker stopped before this attempt could run; its lease will "
                 "expire and the job will be re-claimed",
             )
-        ctx = JobContext(attempt, self._control, attempt.scope.signal, self.owner)
-        handler = self._handlers[claimed.kind]
+        if attempt.cancelled:
+            # cancel(id, lease=...) committed between the take and now
+            return self._outcome(attempt, "cancelled", reason="cancelled before its handler ran")
         started = time.perf_counter()
         try:
+            # inside the try: a lookup that raises fails this attempt, it is
+            # not an interrupt of the worker
+            handler = self._handlers[claimed.kind]
+            ctx = JobContext(attempt, self._control, attempt.scope.signal, self.owner)
             if isinstance(claimed.payload, CorruptJson):
                 # a row written outside the library: the handler could only
                 # misread it, so the attempt fails (and dead-letters after
@@ -1023,13 +1181,22 @@ class Worker:
             self._spent = spent if previous is None else previous + (spent - previous) / 4
         return None
 
-    def _begin(self, claimed: ClaimedJob) -> _Attempt:
+    def _begin(self, claimed: ClaimedJob) -> _Attempt | None:
+        """Start the attempt of a held job; None if a cancel with its lease came first."""
         with self._lock:
             held = self._held.pop(id(claimed), None)
-            self._counts["claims"] += 1
-            attempt = _Attempt(claimed, next(self._attempt_keys), next(self._lease_seqs))
-            first = not self._attempts
-            self._attempts[attempt.key] = attempt
+            if held is not None and held.cancelled:
+                attempt = None  # never started: no attempt, no outcome
+            else:
+                self._counts["claims"] += 1
+                attempt = _Attempt(claimed, next(self._attempt_keys), next(self._lease_seqs))
+                first = not self._attempts
+                self._attempts[attempt.key] = attempt
+                if held is not None:
+                    held.attempt = attempt  # a cancel arriving through held.abort reaches it
+        if attempt is None:
+            self._forget([held])
+            return None
         with self._hub.lock:
             self._hub.local_attempts[claimed.id] = attempt.cancel
         halt = self._halt.signal
@@ -1037,7 +1204,7 @@ class Worker:
             attempt.scope.abort(halt.reason)
         if self.renew:
             # a lease taken with a batch has been running since the claim
-            attempt.renew_at = (time.monotonic() if held is None else held[1]) + self._renew_every
+            attempt.renew_at = (time.monotonic() if held is None else held.at) + self._renew_every
             if first:
                 self._renewals.wake()
         return attempt
@@ -1086,10 +1253,8 @@ class Worker:
 
     # ------------------------------------------------------------ settling
 
-    def _settle_all(
-        self, ran: list[_Ran], rest: list[ClaimedJob], *, chain: bool
-    ) -> list[ClaimedJob]:
-        """Settle ``ran`` in one group, release ``rest`` and claim the loop's next batch."""
+    def _settle_all(self, ran: list[_Ran]) -> None:
+        """Settle ``ran`` in one group, in this thread (run_once)."""
         entries: list[_Entry] = []
         try:
             for attempt, error, result in ran:
@@ -1097,44 +1262,103 @@ class Worker:
         finally:
             for attempt, _, _ in ran[len(entries) :]:  # interrupted while preparing
                 self._end(attempt, _interrupted(self, attempt))
-        claim = self._claim_request if chain and not self._halt.aborted else None
-        carrier = None
-        if rest:
-            with self._lock:
-                for job in rest:
-                    self._held.pop(id(job), None)
-        if claim is not None or rest:
-            carrier = Settlement("claim()", None, release=[job.lease for job in rest])
-            if claim is not None:
-                carrier.claim, carrier.claim_count = claim, self._batch_size()
-        self._settle_entries(entries, carrier)
-        handed = carrier.handed if carrier is not None and claim is not None else []
-        if handed:
-            self._hold(handed)
-        return handed
+        self._settle_entries(entries)
 
-    def _settle_entries(self, entries: list[_Entry], carrier: Settlement | None) -> None:
-        """One group for the entries' settlements (and ``carrier``); then each outcome.
+    def _settle_entries(
+        self,
+        entries: list[_Entry],
+        carriers: Sequence[Settlement] = (),
+        *,
+        defer: list[_Entry] | None = None,
+        committed: Callable[[], None] | None = None,
+    ) -> None:
+        """One group for the entries' settlements (and ``carriers``); then each outcome.
 
         Each attempt gets exactly one outcome, reported only after the commit
-        that made its settlement durable.
+        that made its settlement durable. ``committed`` runs once the group's
+        write is over, before any outcome is reported. A settlement that met
+        a transient error (not a fence refusal: a locked database, a gate
+        timeout) is written again while its lease holds: joined to ``defer``
+        (the settling thread writes it with a later group), or, without
+        ``defer``, retried here.
         """
-        ended = 0
+        settled: set[int] = set()  # id() of the entries ended (or deferred)
         try:
             group = [entry.item for entry in entries if entry.item is not None]
-            if carrier is not None:
-                group.append(carrier)
-            if group:
-                self._settlements.submit(group)
-            for entry in entries:
-                outcome = entry.outcome or self._finish(entry)
-                ended += 1
-                self._end(entry.attempt, outcome)
+            group.extend(carriers)
+            try:
+                if group:
+                    self._settlements.submit(group)
+            finally:
+                if committed is not None:
+                    committed()
+            pending = entries
+            while pending:
+                again: list[_Entry] = []
+                for entry in pending:
+                    if entry.outcome is None and self._to_retry(entry):
+                        if defer is None:
+                            again.append(entry)
+                        else:
+                            settled.add(id(entry))
+                            defer.append(entry)
+                        continue
+                    outcome = entry.outcome or self._finish(entry)
+                    settled.add(id(entry))
+                    self._end(entry.attempt, outcome)
+                if again:
+                    # run_once(), or a handler that outlived stop(): wait here
+                    pause = min(e.retry_at for e in again) - time.monotonic()
+                    self._bar.signal.wait(max(0.0, pause))
+                    self._settlements.submit(self._again(again))
+                pending = again
         finally:
             # interrupted inside the worker's own bookkeeping: every attempt
             # still ends exactly once
-            for entry in entries[ended:]:
-                self._end(entry.attempt, _interrupted(self, entry.attempt))
+            for entry in entries:
+                if id(entry) not in settled:
+                    self._end(entry.attempt, _interrupted(self, entry.attempt))
+
+    def _to_retry(self, entry: _Entry) -> bool:
+        """Whether the entry's settlement only met a wait, and its lease still holds.
+
+        A write that timed out waiting (for the gate, behind a long
+        application transaction; for SQLite's write lock, held by another
+        connection) says nothing about the settlement: it is written again
+        for as long as the lease would let it land, rather than turning a
+        success into a failure. Any other error keeps its meaning (see
+        :meth:`_finish`). Schedules the next write.
+        """
+        item = entry.item
+        exc = None if item is None else item.error
+        if exc is None or not _is_wait(exc):
+            return False
+        attempt = entry.attempt
+        if ms_from_datetime(attempt.lease.expires_at) <= self._hub.runtime.now_ms():
+            return False  # too late: the fence would refuse it anyway
+        if entry.tries == 0:
+            assert item is not None
+            doing = "completing" if item.done is not None else "recording the failure of"
+            _log.warning(
+                "jaren_jobs: worker %r: %s job %r failed (%s); retrying while its lease holds",
+                self.owner,
+                doing,
+                attempt.job_id,
+                exc,
+            )
+        pause = min(_RETRY_FIRST_SECONDS * 2**entry.tries, _RETRY_MOST_SECONDS)
+        entry.tries += 1
+        entry.retry_at = time.monotonic() + pause
+        return True
+
+    def _again(self, entries: list[_Entry]) -> list[Settlement]:
+        """Fresh copies of the entries' settlements, to write once more."""
+        items = []
+        for entry in entries:
+            assert entry.item is not None
+            entry.item = self._settlements.again(entry.item)
+            items.append(entry.item)
+        return items
 
     # ------------------------------------------------------------ the settling thread
 
@@ -1150,32 +1374,98 @@ class Worker:
                 # back-pressure: loops that outrun the settling thread wait for
                 # it, so the attempts that ran but are not settled stay bounded
                 # (and none waits long enough for its lease to run out)
-                while len(self._posted) >= _POSTED_LIMIT and not self._settler_done:
+                while (
+                    len(self._posted) + len(self._retrying) >= _POSTED_LIMIT
+                    and not self._settler_done
+                ):
                     self._room.wait()
                 return
         # a handler that outlived stop(): its settlement is refused here, by name
-        self._settle_entries([entry], None)
+        self._settle_entries([entry])
 
     def _settle_posted(self) -> None:
-        """The settling thread: commit what the loops posted, as one group each time."""
+        """The settling thread: commit what the loops posted, as one group each time.
+
+        The same transaction leases the jobs that top up the loops' queues,
+        and writes again the settlements whose last write met a transient
+        error, once their pause is over.
+        """
         while True:
             with self._lock:
-                while not self._posted:
-                    if self._settler_done:
+                while True:
+                    now = time.monotonic()
+                    # once stop() is quiescing, no pause: the bar refuses them at once
+                    due = [e for e in self._retrying if self._settler_done or e.retry_at <= now]
+                    if self._posted or self._refills or due:
+                        break
+                    if self._settler_done and not self._retrying:
                         return
+                    wait = min((e.retry_at for e in self._retrying), default=None)
                     self._settler_waiting = True
-                    self._posting.wait()
+                    self._posting.wait(None if wait is None else max(0.0, wait - now))
                     self._settler_waiting = False
                 entries, self._posted = self._posted, []
+                refills, self._refills = self._refills, []
+                if due:
+                    self._retrying = [e for e in self._retrying if e not in due]
                 self._room.notify_all()
+            self._again(due)
+            settling = due + entries
+            deferred: list[_Entry] = []
             try:
-                self._settle_entries(entries, None)
+                self._settle_cycle(settling, refills, deferred)
             except Exception:  # a worker bug must not end the settling thread silently
                 _log.exception("jaren_jobs: worker %r: settling raised", self.owner)
             finally:
                 with self._cond:
-                    self._busy -= len(entries)
+                    self._retrying.extend(deferred)
+                    self._busy -= len(settling) - len(deferred)
                     self._cond.notify_all()
+
+    def _settle_cycle(
+        self, entries: list[_Entry], refills: list[_Batch], deferred: list[_Entry]
+    ) -> None:
+        """One write of the settling thread: the entries, and the loops' top-ups."""
+        asked: list[tuple[_Batch, Settlement]] = []
+        waiting = list(refills)  # loops not answered yet
+
+        def answer(batch: _Batch, jobs: list[ClaimedJob]) -> None:
+            self._hold(jobs)
+            waiting.remove(batch)
+            batch.topped_up(jobs)
+
+        def deliver() -> None:
+            # before any outcome is reported: the loops wait for these
+            back: list[ClaimedJob] = []
+            for batch, carrier in asked:
+                if carrier.error is not None:
+                    with self._lock:
+                        self._counts["claim_errors"] += 1
+                    _log.warning(
+                        "jaren_jobs: worker %r: claim failed, retrying later: %s",
+                        self.owner,
+                        carrier.error,
+                    )
+                jobs = carrier.handed if carrier.error is None else []
+                if jobs and self._halt.aborted:  # stopping: back to the queue
+                    back, jobs = back + jobs, []
+                answer(batch, jobs)
+            self._hand_back(back)
+
+        try:
+            for batch in refills:
+                count = batch.want - batch.unstarted()
+                if count <= 0 or self._halt.aborted:
+                    answer(batch, [])
+                    continue
+                carrier = Settlement("claim()", None, self._claim_request, claim_count=count)
+                asked.append((batch, carrier))
+            self._settle_entries(entries, [c for _, c in asked], defer=deferred, committed=deliver)
+        finally:
+            # a loop waiting for its top-up must never wait forever
+            for batch in list(waiting):
+                waiting.remove(batch)
+                batch.topped_up([])
 
     def _prepare(self, attempt: _Attempt, error: Exception | None, result: Any) -> _Entry:
         """The attempt's settlement, checked in this thread; or its outcome if none is due."""
@@ -1400,10 +1690,45 @@ class Worker:
             _log.exception(
                 "jaren_jobs: worker %r: the %s observer raised; ignored", self.owner, name
             )
+        except BaseException as exc:
+            # never out of this thread: it may be the settling thread, whose
+            # death would leave every posted attempt without an outcome
+            self._observer_interrupted(name, exc)
+
+    def _observer_interrupted(self, name: str, exc: BaseException) -> None:
+        """An observer raised KeyboardInterrupt/SystemExit (or another BaseException): halt."""
+        if self._interrupted is None:
+            self._interrupted = exc
+        _log.error(
+            "jaren_jobs: worker %r: the %s observer raised %s; the worker stops claiming, "
+            "and every attempt under way still settles and gets its outcome. Call stop() or "
+            "close the store to finish shutting down.",
+            self.owner,
+            name,
+            type(exc).__name__,
+            exc_info=exc,
+        )
+        self._halt_for(self._stopping_reason(f"the {name} observer raised {type(exc).__name__}"))
+        # run_once() re-raises it in its caller's thread once its step is done
+        self._local.interrupt = exc
 
 
 def _interrupted(worker: Worker, attempt: _Attempt) -> Outcome:
     return worker._outcome(attempt, "lost", phase="failure", reason="the attempt was interrupted")
+
+
+def _is_wait(exc: BaseException) -> bool:
+    """A write that gave up waiting: for the store's gate, or for SQLite's lock."""
+    if isinstance(exc, GateRefused):
+        return exc.details.get("reason") == "timeout"
+    if isinstance(exc, StorageError):
+        return str(exc.details.get("sqlite_error", "")).startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
+    return False
+
+
+def _gone(held: _Held | None) -> bool:
+    """A held job a cancel with its lease settled: its lease is nothing to hand back."""
+    return held is not None and held.cancelled
 
 
 def _retryable(error: BaseException) -> bool:
@@ -1437,8 +1762,42 @@ def _check_handlers(handlers: object) -> dict[str, Handler]:
                 f"create_worker(): the handler for kind {kind!r} must be callable as "
                 f"handler(payload, ctx), got {type(handler).__name__}"
             )
+        _check_handler_shape(kind, handler)
         checked[kind] = handler
     return checked
+
+
+def _check_handler_shape(kind: str, handler: Callable[..., Any]) -> None:
+    """Refuse a handler that can only fail at run time: ``async def``, or the wrong arity."""
+    if _is_async(handler):
+        raise TypeError(
+            f"create_worker(): the handler for kind {kind!r} is an async def function; this "
+            "worker calls handlers on threads as plain functions, handler(payload, ctx) "
+            "(run the coroutine with asyncio.run() inside a plain handler)"
+        )
+    try:
+        signature = inspect.signature(handler)
+    except Exception:  # some builtins cannot be inspected: take them on trust
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError as exc:
+        raise TypeError(
+            f"create_worker(): the handler for kind {kind!r} cannot be called as "
+            f"handler(payload, ctx): its signature is {signature} ({exc})"
+        ) from None
+
+
+def _is_async(handler: object) -> bool:
+    """Whether calling ``handler`` gives a coroutine or async generator, not a result."""
+    while isinstance(handler, functools.partial):
+        handler = handler.func
+    if inspect.iscoroutinefunction(handler) or inspect.isasyncgenfunction(handler):
+        return True
+    if inspect.isroutine(handler) or inspect.isclass(handler):
+        return False
+    call = type(handler).__call__  # a callable object
+    return inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
 
 
 def _check_callable(value: object, what: str) -> Any:

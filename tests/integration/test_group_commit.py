@@ -37,7 +37,7 @@ from jaren_jobs import (
     Store,
     open_store,
 )
-from jaren_jobs.batcher import SettlementBatcher
+from jaren_jobs.batcher import Settlement, SettlementBatcher
 from tests.conftest import FakeClock, Sequence
 
 THREADS = 12
@@ -331,3 +331,32 @@ def test_mistakes_are_refused_before_anything_queues(store: Store) -> None:
     after = store.jobs.get(claimed.id)
     assert after is not None
     assert (after.state, after.last_error) == ("failed", "RuntimeError: x")
+
+
+def test_a_claim_whose_transaction_fails_hands_out_no_job(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.jobs.enqueue_many([NewJob("k", n) for n in range(3)])
+    engine = store.jobs
+    batcher = SettlementBatcher(engine)
+    request = engine.claim_request(["k"], owner="w")
+    scope = engine.scope
+    real_write = scope.write
+
+    def write(fn: Callable[[], Any], what: str, signal: Any = None) -> Any:
+        def then_fail() -> Any:
+            fn()  # the claim statements ran...
+            raise StorageError(f"{what}: COMMIT failed (simulated)")  # ...and rolled back
+
+        return real_write(then_fail, what, signal)
+
+    monkeypatch.setattr(scope, "write", write)
+    carrier = Settlement("claim()", None, request, claim_count=2)
+    lone = Settlement("claim()", None, request, claim_count=1)
+    batcher.submit([carrier, lone])  # the group fails, then each alone
+    assert isinstance(carrier.error, StorageError)
+    assert isinstance(lone.error, StorageError)
+    # jobs whose claim was rolled back are nobody's to run
+    assert (carrier.handed, lone.handed) == ([], [])
+    monkeypatch.undo()
+    assert store.jobs.counts().pending == 3

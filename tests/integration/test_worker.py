@@ -8,6 +8,7 @@ tests use a short ``lease_seconds`` and wait on the ``on_renewal`` hook.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -25,6 +26,7 @@ from jaren_jobs import (
     JobContext,
     JobSettled,
     Lease,
+    NewJob,
     Outcome,
     RunMismatch,
     StopOutcome,
@@ -168,6 +170,87 @@ def test_options_are_validated(
 ) -> None:
     with pytest.raises(error):
         store.jobs.create_worker(handlers, **options)
+
+
+async def async_handler(payload: Any, ctx: JobContext) -> Any:
+    return payload  # pragma: no cover - never called
+
+
+async def async_generator_handler(payload: Any, ctx: JobContext) -> Any:
+    yield payload  # pragma: no cover - never called
+
+
+class AsyncCallable:
+    async def __call__(self, payload: Any, ctx: JobContext) -> Any:
+        return payload  # pragma: no cover - never called
+
+
+def three_arguments(prefix: str, payload: Any, ctx: JobContext) -> Any:
+    return prefix
+
+
+@pytest.mark.parametrize(
+    "handler",
+    [
+        async_handler,
+        async_generator_handler,
+        functools.partial(async_handler),
+        functools.partial(functools.partial(async_handler), 1),
+        AsyncCallable(),
+        functools.partial(AsyncCallable()),
+    ],
+    ids=["async-def", "async-generator", "partial", "nested-partial", "object", "partial-object"],
+)
+def test_an_async_handler_is_refused(store: Store, handler: Any) -> None:
+    with pytest.raises(TypeError, match=r"kind 'k'.*async"):
+        store.jobs.create_worker({"other": noop, "k": handler})
+
+
+@pytest.mark.parametrize(
+    "handler",
+    [
+        lambda payload: payload,
+        lambda: None,
+        three_arguments,
+        lambda payload, ctx, *, required: None,
+        len,  # a builtin whose signature says it takes one argument
+    ],
+    ids=["one-argument", "no-argument", "three-arguments", "required-keyword", "builtin"],
+)
+def test_a_handler_that_cannot_take_payload_and_ctx_is_refused(store: Store, handler: Any) -> None:
+    with pytest.raises(TypeError, match=r"kind 'k'.*handler\(payload, ctx\)"):
+        store.jobs.create_worker({"k": handler})
+
+
+class PlainCallable:
+    def __call__(self, payload: Any, ctx: JobContext) -> Any:
+        return ("object", payload)
+
+
+@pytest.mark.parametrize(
+    ("handler", "result"),
+    [
+        (lambda *args: "varargs", "varargs"),
+        (lambda payload, ctx, extra=1: extra, 1),
+        (functools.partial(three_arguments, "partial"), "partial"),
+        (PlainCallable(), ["object", 7]),
+        (min, 7),  # no signature to inspect: accepted, and min(7, ctx) is its own business
+    ],
+    ids=["varargs", "defaulted-extra", "partial", "object", "uninspectable-builtin"],
+)
+def test_a_handler_that_can_take_payload_and_ctx_is_accepted(
+    store: Store, handler: Any, result: Any
+) -> None:
+    worker = store.jobs.create_worker({"k": handler})
+    job = store.jobs.enqueue("k", 7)
+    assert worker.run_once() is True
+    stored = store.jobs.get(job.id)
+    assert stored is not None
+    if handler is min:  # min(7, ctx) raises TypeError at run time: a failed attempt
+        assert stored.state in ("failed", "dead")
+    else:
+        assert (stored.state, stored.result) == ("done", result)
+    worker.stop()
 
 
 def test_defaults_come_from_the_store(db_path: Path, runtime: Any) -> None:
@@ -370,11 +453,18 @@ def test_a_result_with_a_lone_surrogate_fails_the_attempt(store: Store) -> None:
     worker.stop()
 
 
-def test_an_async_handler_is_a_clear_failure_without_a_warning(store: Store) -> None:
+def test_a_handler_that_returns_a_coroutine_is_a_clear_failure_without_a_warning(
+    store: Store,
+) -> None:
+    # an async def handler is refused by create_worker; a plain function can
+    # still hand back a coroutine object, which fails the attempt
     outcomes = Outcomes()
 
-    async def handler(payload: Any, ctx: JobContext) -> Any:
+    async def later(payload: Any) -> Any:
         return 1  # pragma: no cover - never awaited
+
+    def handler(payload: Any, ctx: JobContext) -> Any:
+        return later(payload)
 
     worker = store.jobs.create_worker({"a": handler}, on_outcome=outcomes)
     job = store.jobs.enqueue("a")
@@ -385,6 +475,49 @@ def test_an_async_handler_is_a_clear_failure_without_a_warning(store: Store) -> 
     assert "coroutine" in (stored.last_error or "")
     assert outcomes.names() == ["failed"]
     worker.stop()
+
+
+class RaisingLookup(dict[str, Any]):
+    """Handlers whose lookup of one kind raises (``[]`` and ``get`` alike)."""
+
+    def __getitem__(self, kind: str) -> Any:
+        if kind == "broken":
+            raise RuntimeError("the registry is broken for this kind")
+        return super().__getitem__(kind)
+
+    def get(self, kind: str, default: Any = None) -> Any:
+        return self[kind]
+
+
+def test_a_handler_lookup_that_raises_fails_the_attempt_not_the_worker(store: Store) -> None:
+    outcomes = Outcomes()
+    worker = store.jobs.create_worker(
+        {"broken": noop, "k": noop}, poll_seconds=3600, on_outcome=outcomes
+    )
+    # the worker copies the mapping it is given; stand in a lookup that raises
+    worker._handlers = RaisingLookup(worker._handlers)
+    broken = store.jobs.enqueue("broken", max_attempts=1)
+    fine = store.jobs.enqueue("k", "ok")
+    assert worker.run_once() is True
+    assert worker.run_once() is True
+    assert worker.interrupted is None
+    assert [(e.job_id, e.outcome) for e in outcomes.events] == [
+        (broken.id, "failed"),
+        (fine.id, "completed"),
+    ]
+    assert "registry is broken" in (outcomes.events[0].reason or "")
+    assert job_state(store, broken.id) == "dead"
+    # and on a started worker's loop: the loop goes on to the next job
+    again = store.jobs.enqueue("broken", max_attempts=1)
+    worker.start()
+    later = store.jobs.enqueue("k", "later")
+    events = outcomes.wait_for(4)
+    assert {(e.job_id, e.outcome) for e in events[2:]} == {
+        (again.id, "failed"),
+        (later.id, "completed"),
+    }
+    assert worker.running
+    assert worker.stop() == StopOutcome(drained=True, in_flight=0)
 
 
 def test_a_raising_observer_never_affects_the_worker(
@@ -409,6 +542,125 @@ def test_a_raising_observer_never_affects_the_worker(
     assert any(r.exc_info and r.levelno == logging.ERROR for r in logs.records)
     assert worker.stats().completions == 3
     assert worker.stop() == StopOutcome(drained=True, in_flight=0)
+
+
+class ObserverBug(BaseException):
+    """Neither an Exception nor an interrupt: still must not kill a worker thread."""
+
+
+@pytest.mark.parametrize("interrupt", [SystemExit, KeyboardInterrupt, ObserverBug])
+def test_an_outcome_observer_that_raises_an_interrupt_halts_the_worker_cleanly(
+    store: Store, interrupt: type[BaseException], log_events: Callable[[str], LogEvents]
+) -> None:
+    logs = log_events("observer raised")
+    count = 300
+    jobs = store.jobs.enqueue_many([NewJob("k", n) for n in range(count)])
+    seen = Outcomes()
+
+    def observer(event: Outcome) -> None:
+        seen(event)
+        raise interrupt("from the observer")
+
+    worker = store.jobs.create_worker(
+        {"k": noop}, concurrency=2, poll_seconds=3600, on_outcome=observer
+    )
+    worker.start()
+    seen.wait_for(1)
+    # the first raise halts the worker; it stops cleanly, within the grace period
+    assert worker.stop(grace_seconds=WAIT) == StopOutcome(drained=True, in_flight=0)
+    assert isinstance(worker.interrupted, interrupt)
+    assert worker.running is False
+    assert logs.seen.is_set()
+    assert any(r.levelno == logging.ERROR for r in logs.records)
+    join_threads(worker)
+    stats = worker.stats()
+    # every attempt that began got exactly one outcome, each reported once
+    assert len(seen.events) == stats.claims
+    assert len({(e.job_id, e.generation) for e in seen.events}) == stats.claims
+    assert stats.in_flight == 0
+    assert stats.completions == stats.claims
+    ran = {e.job_id for e in seen.events}
+    counts = store.jobs.counts()
+    assert counts.leased == 0  # nothing left to wait out a lease
+    for job in jobs:
+        row = store.jobs.get(job.id)
+        assert row is not None
+        if job.id in ran:
+            assert (row.state, row.attempts) == ("done", 1)
+        else:
+            assert (row.state, row.attempts) == ("pending", 0)
+
+
+def test_an_outcome_observer_interrupt_in_run_once_reaches_the_caller_after_settling(
+    store: Store,
+) -> None:
+    seen = Outcomes()
+
+    def observer(event: Outcome) -> None:
+        seen(event)
+        raise KeyboardInterrupt
+
+    worker = store.jobs.create_worker({"k": noop}, on_outcome=observer)
+    job = store.jobs.enqueue("k", 1)
+    other = store.jobs.enqueue("k", 2)
+    with pytest.raises(KeyboardInterrupt):
+        worker.run_once()
+    assert seen.names() == ["completed"]
+    assert job_state(store, job.id) == "done"
+    assert isinstance(worker.interrupted, KeyboardInterrupt)
+    assert worker.run_once() is False  # halted
+    assert job_state(store, other.id) == "pending"
+    assert worker.stop() == StopOutcome(drained=True, in_flight=0)
+
+
+def test_an_idle_observer_that_raises_system_exit_halts_the_worker(store: Store) -> None:
+    called = threading.Event()
+
+    def on_idle() -> None:
+        called.set()
+        raise SystemExit(2)
+
+    worker = store.jobs.create_worker(
+        {"k": noop}, concurrency=2, poll_seconds=0.01, on_idle=on_idle
+    )
+    worker.start()
+    assert called.wait(WAIT)
+    for thread in worker_threads(worker):
+        if "-loop-" in thread.name:
+            thread.join(WAIT)  # the loops end: the worker stopped claiming
+    assert [t for t in worker_threads(worker) if "-loop-" in t.name] == []
+    assert isinstance(worker.interrupted, SystemExit)
+    job = store.jobs.enqueue("k")
+    assert worker.stop() == StopOutcome(drained=True, in_flight=0)
+    assert job_state(store, job.id) == "pending"
+    join_threads(worker)
+
+
+def test_a_renewal_observer_that_raises_an_interrupt_halts_and_still_settles(
+    store: Store,
+) -> None:
+    outcomes = Outcomes()
+    started = threading.Event()
+
+    def waits(payload: Any, ctx: JobContext) -> Any:
+        started.set()
+        assert ctx.signal.wait(WAIT)  # the halt aborts it
+        return "wound up"
+
+    def on_renewal(lease: Lease) -> None:
+        raise KeyboardInterrupt
+
+    worker = store.jobs.create_worker(
+        {"k": waits}, lease_seconds=0.3, on_outcome=outcomes, on_renewal=on_renewal
+    )
+    job = store.jobs.enqueue("k")
+    worker.start()
+    assert started.wait(WAIT)
+    assert outcomes.wait_for(1)[0].outcome == "completed"
+    assert isinstance(worker.interrupted, KeyboardInterrupt)
+    assert worker.stop() == StopOutcome(drained=True, in_flight=0)
+    assert job_state(store, job.id) == "done"
+    join_threads(worker)
 
 
 def test_a_handler_that_settles_through_its_own_checkpoints_completes_once(store: Store) -> None:
@@ -721,6 +973,84 @@ def test_a_storage_error_during_renewal_keeps_the_lease_and_retries(
         assert any("locked" in r.getMessage() for r in logs.records)
         assert worker.stats().lost_settlements == 0
         worker.stop()
+
+
+def test_a_completion_that_meets_a_locked_database_is_retried_not_failed(
+    db_path: Path, runtime: Any, log_events: Callable[[str], LogEvents]
+) -> None:
+    logs = log_events("completing job")
+    outcomes = Outcomes()
+    started, release = threading.Event(), threading.Event()
+
+    def handler(payload: Any, ctx: JobContext) -> Any:
+        started.set()
+        assert release.wait(WAIT)
+        return {"kept": payload}
+
+    with open_store(db_path, runtime=runtime, busy_timeout_seconds=0.01) as store:
+        worker = store.jobs.create_worker({"k": handler}, poll_seconds=3600, on_outcome=outcomes)
+        job = store.jobs.enqueue("k", 1, max_attempts=1)
+        worker.start()
+        assert started.wait(WAIT)
+        blocker = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            blocker.execute("BEGIN IMMEDIATE")  # another connection holds the write lock
+            release.set()
+            assert logs.seen.wait(WAIT)  # the completion met "database is locked"
+            assert outcomes.events == []  # no outcome yet: it is being retried
+            blocker.execute("ROLLBACK")
+        finally:
+            blocker.close()
+        event = outcomes.wait_for(1)[0]
+        assert (event.outcome, event.job_id) == ("completed", job.id)
+        stored = store.jobs.get(job.id)
+        assert stored is not None
+        assert (stored.state, stored.result, stored.attempts) == ("done", {"kept": 1}, 1)
+        stats = worker.stats()
+        assert (stats.completions, stats.failures, stats.lost_settlements) == (1, 0, 0)
+        assert worker.stop() == StopOutcome(drained=True, in_flight=0)
+
+
+def test_a_completion_stuck_behind_an_application_transaction_is_retried_not_failed(
+    db_path: Path, runtime: Any, log_events: Callable[[str], LogEvents]
+) -> None:
+    logs = log_events("completing job")
+    outcomes = Outcomes()
+    started, release = threading.Event(), threading.Event()
+    holding, end = threading.Event(), threading.Event()
+
+    def handler(payload: Any, ctx: JobContext) -> Any:
+        started.set()
+        assert release.wait(WAIT)
+        return "kept"
+
+    with open_store(db_path, runtime=runtime, gate_timeout_seconds=0.05) as store:
+
+        def long_transaction() -> None:
+            with store.transaction() as tx:  # holds the store's gate until told
+                tx.execute("SELECT 1")
+                holding.set()
+                assert end.wait(WAIT)
+
+        worker = store.jobs.create_worker({"k": handler}, poll_seconds=3600, on_outcome=outcomes)
+        job = store.jobs.enqueue("k", max_attempts=1)
+        worker.start()
+        assert started.wait(WAIT)
+        application = threading.Thread(target=long_transaction)
+        application.start()
+        try:
+            assert holding.wait(WAIT)
+            release.set()
+            assert logs.seen.wait(WAIT)  # the completion's wait for the gate timed out
+            assert outcomes.events == []
+        finally:
+            end.set()
+            application.join(WAIT)
+        assert outcomes.wait_for(1)[0].outcome == "completed"
+        stored = store.jobs.get(job.id)
+        assert stored is not None
+        assert (stored.state, stored.result, stored.attempts) == ("done", "kept", 1)
+        assert worker.stop() == StopOutcome(drained=True, in_flight=0)
 
 
 def test_leases_are_listed_newest_first(store: Store) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from jaren_jobs import Job, JobContext, NewJob, Outcome, Store
@@ -80,6 +82,22 @@ def test_a_stopping_worker_settles_without_leasing_another_job(store: Store) -> 
     assert (left.state, left.attempts) == ("pending", 0)  # never leased
 
 
+def wait_until(condition: Callable[[], bool], timeout: float = WAIT) -> bool:
+    """Poll ``condition`` (a worker state with no event of its own) until it holds."""
+    end = time.monotonic() + timeout
+    pause = threading.Event()  # never set: a short bounded wait between looks
+    while not condition():
+        if time.monotonic() > end:
+            return False
+        pause.wait(0.002)
+    return True
+
+
+def leased_ahead(worker: Any) -> bool:
+    """Whether the worker holds a lease for a job it has not started."""
+    return len(worker.leases()) > worker.stats().in_flight
+
+
 def fast_then(block_at: int, gate: threading.Event, reached: threading.Event) -> Any:
     """A handler: instant, except that job number ``block_at`` waits for ``gate``."""
 
@@ -126,6 +144,8 @@ def test_stop_hands_back_the_leased_jobs_a_loop_had_not_started(store: Store) ->
     worker.start()
     try:
         assert reached.wait(WAIT)
+        # the loop tops its queue up while job 100 runs: wait for that lease
+        assert wait_until(lambda: leased_ahead(worker))
         held = worker.leases()
         in_flight = worker.stats().in_flight
     finally:
@@ -256,8 +276,124 @@ def test_loops_never_run_far_ahead_of_the_settling_thread(store: Store) -> None:
     worker._on_outcome = observe
     with worker:
         outcomes.wait_for(count, timeout=120)
-    # at most 256 posted attempts (the settling thread's backlog) beside each
-    # loop's batch of at most 64
-    assert worker_module._MAX_BATCH == 64
-    assert 0 < peak[0] <= 256 + loops * 64
+    # started attempts without an outcome: each loop's running one, the
+    # posted backlog (at most 256, plus one per loop that posted as it filled)
+    # and the group the settling thread is writing (at most as many again)
+    limit = worker_module._POSTED_LIMIT
+    assert limit == 256
+    assert 0 < peak[0] <= 2 * (limit + loops) + loops
     assert store.jobs.counts().done == count
+
+
+def test_a_job_cancelled_while_leased_with_a_batch_never_starts(store: Store) -> None:
+    count = 200
+    jobs = store.jobs.enqueue_many([NewJob("k", n) for n in range(count)])
+    payload_of = {job.id: n for n, job in enumerate(jobs)}
+    started: set[int] = set()
+    cancelled: set[str] = set()
+    holder: list[Any] = []
+    outcomes = Outcomes()
+
+    def handler(payload: Any, ctx: JobContext) -> Any:
+        started.add(payload)
+        if payload % 10 == 0:
+            # cancel, with its lease, one job this worker holds and has not started
+            for lease in holder[0].leases():
+                if payload_of[lease.job_id] not in started and lease.job_id not in cancelled:
+                    assert store.jobs.cancel(lease.job_id, lease=lease) is True
+                    cancelled.add(lease.job_id)
+                    break
+        return payload
+
+    worker = store.jobs.create_worker({"k": handler}, poll_seconds=3600, on_outcome=outcomes)
+    holder.append(worker)
+    with worker:
+        # every job either ran to its outcome or was cancelled before it started
+        assert wait_until(lambda: len(outcomes.events) + len(cancelled) >= count)
+        assert worker.stop(grace_seconds=WAIT).drained
+    assert cancelled, "no job was ever leased ahead of its loop: the test proved nothing"
+    # a cancelled job's handler never ran; it was never started, so it has no outcome
+    assert not {payload_of[job_id] for job_id in cancelled} & started
+    assert len(started) == count - len(cancelled)
+    assert {e.job_id for e in outcomes.events} == {j.id for j in jobs} - cancelled
+    assert {e.outcome for e in outcomes.events} == {"completed"}
+    stats = worker.stats()
+    assert stats.claims == stats.completions == count - len(cancelled)
+    assert stats.cancellations == 0
+    for job_id in cancelled:
+        row = store.jobs.get(job_id)
+        assert row is not None
+        assert (row.state, row.result) == ("cancelled", None)
+
+
+def test_a_cancelled_unstarted_job_is_not_handed_back_by_a_stop(store: Store) -> None:
+    count = 200
+    jobs = store.jobs.enqueue_many([NewJob("k", n) for n in range(count)])
+    payload_of = {job.id: n for n, job in enumerate(jobs)}
+    gate, reached = threading.Event(), threading.Event()
+    started: list[int] = []
+    slow = fast_then(100, gate, reached)
+
+    def handler(payload: Any, ctx: JobContext) -> Any:
+        started.append(payload)
+        return slow(payload, ctx)
+
+    outcomes = Outcomes()
+    # no renewal thread: nothing hands the rest of the batch back while job 100 runs
+    worker = store.jobs.create_worker(
+        {"k": handler}, poll_seconds=3600, renew=False, on_outcome=outcomes
+    )
+    worker.start()
+    try:
+        assert reached.wait(WAIT)
+        assert wait_until(lambda: leased_ahead(worker))
+        ahead = [lease for lease in worker.leases() if payload_of[lease.job_id] > 100]
+        for lease in ahead:
+            assert store.jobs.cancel(lease.job_id, lease=lease) is True
+        # a cancelled lease is no longer the worker's to list
+        listed = {(lease.job_id, lease.generation) for lease in worker.leases()}
+        assert not listed & {(lease.job_id, lease.generation) for lease in ahead}
+    finally:
+        stopping = threading.Thread(target=worker.stop, kwargs={"grace_seconds": WAIT})
+        stopping.start()
+        gate.set()
+        stopping.join(WAIT)
+    assert ahead, "no job was leased ahead of job 100: the test proved nothing"
+    assert max(started) == 100
+    for lease in ahead:
+        row = store.jobs.get(lease.job_id)
+        assert row is not None
+        assert row.state == "cancelled"
+    assert worker.stats().claims == len(outcomes.events) == len(started)
+
+
+def test_jobs_handed_back_wake_an_idle_worker(store: Store) -> None:
+    gate, reached = threading.Event(), threading.Event()
+    first_outcomes, second_outcomes = Outcomes(), Outcomes()
+    first = store.jobs.create_worker(
+        {"k": fast_then(-1, gate, reached)},
+        poll_seconds=3600,
+        lease_seconds=3.0,  # its renewal thread looks for stalled queues every 0.25 s
+        on_outcome=first_outcomes,
+    )
+    with first:
+        store.jobs.enqueue_many([NewJob("k", n) for n in range(10)])
+        first_outcomes.wait_for(10)  # fast jobs: it now holds jobs ahead
+        # one claim leases the slow job and every job behind it: none is pending
+        store.jobs.enqueue_many([NewJob("k", -1)] + [NewJob("k", n) for n in range(8)])
+        assert reached.wait(WAIT)
+        idle = threading.Event()
+        second = store.jobs.create_worker(
+            {"k": noop}, poll_seconds=3600, on_outcome=second_outcomes, on_idle=idle.set
+        )
+        with second:
+            assert idle.wait(WAIT)  # found nothing: an hour until its next poll
+            assert leased_ahead(first), "the first worker handed its jobs back too early"
+            # the stall check hands them back; only a wake can bring them to it
+            events = second_outcomes.wait_for(1)
+            gate.set()
+    assert events[0].outcome == "completed"
+
+
+def noop(payload: Any, ctx: JobContext) -> Any:
+    return payload

@@ -57,3 +57,49 @@ def drain_with_worker(settings: dict[str, Any], go: Event, reports: Queue[dict[s
     except BaseException as exc:
         report["error"] = repr(exc)
     reports.put(report)
+
+
+def record_executions(settings: dict[str, Any], busy: Event, done: Event) -> None:
+    """Run one worker whose handler appends ``<job id> <generation>`` to a file as it starts.
+
+    Each line is one ``os.write`` on an ``O_APPEND`` descriptor, so a SIGKILL
+    loses no execution the handler recorded. ``busy`` is set once this
+    process has executed ``settings["busy_after"]`` jobs (the parent kills it
+    then, mid-stream); with ``settings["drain"]`` the worker instead runs
+    until nothing is pending, failed or leased, stops, and sets ``done``.
+    """
+    import os
+
+    fd = os.open(settings["executions"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    busy_after: int = settings["busy_after"]
+    executed = [0]
+    lock = threading.Lock()
+
+    def handler(payload: Any, ctx: JobContext) -> Any:
+        os.write(fd, f"{ctx.job.id} {ctx.lease.generation}\n".encode())
+        with lock:
+            executed[0] += 1
+            if executed[0] == busy_after:
+                busy.set()
+        return None
+
+    with open_store(settings["db_path"], durability="normal") as store:
+        worker = store.jobs.create_worker(
+            {settings["kind"]: handler},
+            concurrency=settings["concurrency"],
+            lease_seconds=settings["lease_seconds"],
+            poll_seconds=0.02,
+        )
+        worker.start()
+        pause = threading.Event()  # never set: a bounded wait between checks
+        while True:
+            if not settings["drain"]:
+                pause.wait(1.0)  # the parent SIGKILLs this process
+                continue
+            counts = store.jobs.counts()
+            if counts.pending + counts.failed + counts.leased == 0:
+                break
+            pause.wait(0.05)
+        worker.stop(10.0)
+    os.close(fd)
+    done.set()
