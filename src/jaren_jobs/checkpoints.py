@@ -16,13 +16,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .backends.sqlite import queries as sql
+from .backend import Missed
 from .codec import check_text, decode_json, encode_json, encode_result
+from .core import fence
 from .errors import JobSettled, StorageError
 from .records import Lease
 
 if TYPE_CHECKING:
+    from .backend import JobsSession
     from .engine import JobEngine
+
+
+def session_of(engine: JobEngine) -> JobsSession:
+    """The session under an engine view (the checkpoint store's one way in)."""
+    return engine._session
+
 
 __all__ = ["CheckpointStore"]
 
@@ -32,6 +40,8 @@ class CheckpointStore:
 
     def __init__(self, engine: JobEngine, job_id: str, lease: Callable[[], Lease]) -> None:
         self._engine = engine
+        self._session = session_of(engine)
+        self._now_ms = engine.runtime.now_ms
         self._job_id = job_id
         # a callable, so a worker's store follows the attempt's CURRENT lease
         # across renewals (the generation never changes within an attempt)
@@ -60,13 +70,7 @@ class CheckpointStore:
         what = "checkpoint load()"
         self._check_run(run_id, what)
         generation = self.generation
-        db = self._engine.db
-        rows = self._engine.scope.read(
-            lambda: db.all(
-                sql.CHECKPOINT_LOAD, {"run_id": run_id, "generation": generation}, doing=what
-            ),
-            what,
-        )
+        rows = self._session.load_checkpoints(run_id, generation, what)
         if not rows:
             return None
         values: dict[str, Any] = {}
@@ -92,31 +96,14 @@ class CheckpointStore:
         check_text(node_id, f"{what}: node_id")
         text = encode_json(value, f"{what}: value")
         lease = self._lease()
-        engine = self._engine
-        db = engine.db
-
-        def work() -> None:
-            now = engine.runtime.now_ms()
-            fenced = {"id": lease.job_id, "token": lease.token, "now": now}
-            if db.one(sql.CHECKPOINT_FENCE, fenced, doing=what) is None:
-                # a checkpoint is not a settlement: after the job is settled
-                # (even by this attempt) there is nothing left to checkpoint
-                raise engine.refusal(lease, now, what) or JobSettled(
-                    f"{what} refused: job {lease.job_id!r} is already settled",
-                    job_id=lease.job_id,
-                )
-            db.run(
-                sql.CHECKPOINT_SAVE,
-                {
-                    "run_id": run_id,
-                    "node_id": node_id,
-                    "value": text,
-                    "generation": lease.generation,
-                },
-                doing=what,
+        answer = self._session.save_checkpoint(lease, run_id, node_id, text, what)
+        if isinstance(answer, Missed):
+            # a checkpoint is not a settlement: after the job is settled
+            # (even by this attempt) there is nothing left to checkpoint
+            raise fence.refusal(answer.row, lease, self._now_ms(), what) or JobSettled(
+                f"{what} refused: job {lease.job_id!r} is already settled",
+                job_id=lease.job_id,
             )
-
-        engine.scope.write(work, what)
 
     def complete(self, run_id: str, result: Any = None) -> bool:
         """Complete the job and prune this run's rows (generation ≤ its own): ONE transaction."""
@@ -124,21 +111,9 @@ class CheckpointStore:
         self._check_run(run_id, what)
         text = encode_result(result, what)
         lease = self._lease()
-        engine = self._engine
-        db = engine.db
-
-        def work() -> bool:
-            settled = engine.settle_done(lease, text, engine.runtime.now_ms(), what)
-            # an attempt that already settled its job another way (fail,
-            # cancel) is answered True like any repeated settlement, but its
-            # checkpoints are what a retry resumes from: prune only a done job
-            row = db.one(sql.FENCE_ROW, (lease.job_id,), doing=what)
-            if row is not None and row[0] == "done":
-                db.run(
-                    sql.CHECKPOINT_PRUNE,
-                    {"run_id": run_id, "generation": lease.generation},
-                    doing=what,
-                )
-            return settled
-
-        return engine.scope.write(work, what)
+        answer = self._session.complete_run(lease, run_id, text, what)
+        if isinstance(answer, Missed):
+            refusal = fence.refusal(answer.row, lease, self._now_ms(), what)
+            if refusal is not None:
+                raise refusal
+        return True

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from jaren_jobs.backend import Missed
 from jaren_jobs.codec import EPOCH, datetime_from_ms, decode_json
 from jaren_jobs.core.commands import ClaimRequest, Failure, PreparedJob
-from jaren_jobs.core.fence import FenceRow
+from jaren_jobs.core.fence import FenceRow, Verdict, classify
 from jaren_jobs.core.policy import failure_transition, retry_at_ms
 from jaren_jobs.errors import DuplicateJob
 from jaren_jobs.records import STATES, ClaimedJob, Counts, Job, Lease, assemble
@@ -520,6 +520,63 @@ class SqliteSession:
         while largest > 1 and head + largest * width > self._db.max_variables:
             largest //= 2
         return largest
+
+    # ------------------------------------------------------------ checkpoints (SPEC §6)
+
+    def load_checkpoints(self, run_id: str, generation: int, what: str) -> list[tuple[str, str]]:
+        """``(node id, value text)`` of the run's rows of generation ≤ ``generation``."""
+        params = {"run_id": run_id, "generation": generation}
+        rows = self._scope.read(lambda: self._db.all(sql.CHECKPOINT_LOAD, params, doing=what), what)
+        return [(str(node_id), text) for node_id, text in rows]
+
+    def save_checkpoint(
+        self, lease: Lease, run_id: str, node_id: str, value: str, what: str
+    ) -> bool | Missed:
+        """Record one node's value under the attempt's fence; ``Missed`` when it no longer holds."""
+
+        def work() -> bool | Missed:
+            now = self._runtime.now_ms()
+            fenced = {"id": lease.job_id, "token": lease.token, "now": now}
+            if self._db.one(sql.CHECKPOINT_FENCE, fenced, doing=what) is None:
+                return Missed(self.fence_row_within(lease.job_id, what))
+            params = {
+                "run_id": run_id,
+                "node_id": node_id,
+                "value": value,
+                "generation": lease.generation,
+            }
+            self._db.run(sql.CHECKPOINT_SAVE, params, doing=what)
+            return True
+
+        return self._scope.write(work, what)
+
+    def complete_run(self, lease: Lease, run_id: str, result: str, what: str) -> bool | Missed:
+        """Complete the job and prune the run's rows of generation ≤ the lease's: one write.
+
+        The rows are pruned only when the job ends ``done``: an attempt that
+        already settled its job another way (fail, cancel) is answered like
+        any repeated settlement, but its checkpoints are what a retry
+        resumes from.
+        """
+
+        def work() -> bool | Missed:
+            now = self._runtime.now_ms()
+            answer = self.complete_within(lease, result, now, what)
+            if not isinstance(answer, Missed):
+                self._prune(run_id, lease.generation, what)
+            elif (
+                answer.row is not None
+                and answer.row.state == "done"
+                and classify(answer.row, lease, now, what) is Verdict.SETTLED_BY_THIS_ATTEMPT
+            ):
+                self._prune(run_id, lease.generation, what)  # its own repeat: prune as then
+            return answer
+
+        return self._scope.write(work, what)
+
+    def _prune(self, run_id: str, generation: int, what: str) -> None:
+        params = {"run_id": run_id, "generation": generation}
+        self._db.run(sql.CHECKPOINT_PRUNE, params, doing=what)
 
 
 def _instant(ms: int) -> datetime:
