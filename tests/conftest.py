@@ -1,4 +1,13 @@
-"""Shared fixtures: a fake clock, deterministic runtimes, stores on temporary files."""
+"""Shared fixtures: a fake clock, deterministic runtimes, and stores on every backend.
+
+``backend`` is parametrised over the harnesses of :mod:`tests.harness` (an
+SQLite file the store opens itself, and an application-owned
+``sqlite3.Connection``); ``store`` and ``real_store`` are built from it, so
+every test that takes a store runs once per backend. A test that needs a
+capability not every backend has declares it with
+``@pytest.mark.requires(...)``: it is collected only for the backends that
+have it, and the summary says how many were left out and why.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +15,13 @@ import itertools
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import jaren_jobs
-from jaren_jobs import Runtime, Store, open_store
+from jaren_jobs import Runtime, Store
+from tests.harness import CAPABILITIES, HARNESSES, Harness
 
 START = 1_800_000_000.0  # 2027-01-15, a fixed epoch for every fake clock
 
@@ -73,23 +84,113 @@ def db_path(tmp_path: Path) -> Path:
     return tmp_path / "jobs.db"
 
 
-@pytest.fixture
-def store(db_path: Path, runtime: Runtime) -> Iterator[Store]:
-    s = open_store(db_path, runtime=runtime)
+def required_capabilities(node: pytest.Item | pytest.Function) -> frozenset[str]:
+    """What a test declared with ``@pytest.mark.requires`` (its own, its class's, its params')."""
+    found: set[str] = set()
+    for mark in node.iter_markers("requires"):
+        found.update(mark.args)
+    unknown = found - set(CAPABILITIES)
+    if unknown:
+        raise pytest.UsageError(
+            f"{node.nodeid}: unknown capabilities {sorted(unknown)} in @pytest.mark.requires "
+            f"(known: {sorted(CAPABILITIES)})"
+        )
+    return frozenset(found)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "requires(*capabilities): the test runs only on backends that have them "
+        f"({', '.join(sorted(CAPABILITIES))}; see tests/harness.py)",
+    )
+
+
+_LEFT_OUT: list[tuple[str, str, frozenset[str]]] = []  # (test, backend, what it lacks)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    kept: list[pytest.Item] = []
+    left_out: list[pytest.Item] = []
+    runs: dict[str, int] = {}  # each test (and param): on how many backends it still runs
+    for item in items:
+        needs = required_capabilities(item)
+        uses_backend = "backend" in getattr(item, "fixturenames", ())
+        if needs and not uses_backend:
+            raise pytest.UsageError(
+                f"{item.nodeid}: @pytest.mark.requires names a backend capability, "
+                "but the test takes no backend (nor a store built from one)"
+            )
+        harness = _harness_of(item)
+        base = item.nodeid  # the test with the backend taken out of its id
+        if harness is not None:
+            for shown in (f"[{harness.name}]", f"{harness.name}-", f"-{harness.name}"):
+                base = base.replace(shown, "")
+        runs.setdefault(base, 0)
+        if harness is not None and not needs <= harness.capabilities:
+            left_out.append(item)
+            _LEFT_OUT.append((item.nodeid, harness.name, needs - harness.capabilities))
+            continue
+        runs[base] += 1
+        kept.append(item)
+    orphans = sorted(base for base, count in runs.items() if count == 0)
+    if orphans and left_out:
+        raise pytest.UsageError(
+            "no backend has what these tests require, so they would never run: "
+            + ", ".join(orphans)
+        )
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
+
+
+def _harness_of(item: pytest.Item) -> type[Harness] | None:
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return None
+    param: Any = callspec.params.get("backend")
+    return param if isinstance(param, type) and issubclass(param, Harness) else None
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _LEFT_OUT:
+        return
+    counts: dict[tuple[str, frozenset[str]], int] = {}
+    for _, name, lacking in _LEFT_OUT:
+        counts[(name, lacking)] = counts.get((name, lacking), 0) + 1
+    terminalreporter.section("backends")
+    for (name, lacking), count in sorted(counts.items(), key=lambda kv: kv[0][0]):
+        terminalreporter.line(
+            f"{count} test{'' if count == 1 else 's'} not run on {name}: "
+            f"it lacks {', '.join(sorted(lacking))}"
+        )
+
+
+@pytest.fixture(params=HARNESSES, ids=[harness.name for harness in HARNESSES])
+def backend(request: pytest.FixtureRequest, db_path: Path) -> Iterator[Harness]:
+    """The database under test, reached through its harness (see tests/harness.py)."""
+    harness_class: type[Harness] = request.param
+    needs = required_capabilities(request.node)
+    missing = needs - harness_class.capabilities
+    if missing:  # collection leaves these out; reaching here is a wiring mistake
+        pytest.fail(f"{harness_class.name} lacks {sorted(missing)}, which this test requires")
+    harness = harness_class(db_path, declared=needs)
     try:
-        yield s
+        yield harness
     finally:
-        s.close()
+        harness.close()
 
 
 @pytest.fixture
-def real_store(db_path: Path) -> Iterator[Store]:
+def store(backend: Harness, runtime: Runtime) -> Store:
+    """A store on the backend under test, on the fake clock (closed by the harness)."""
+    return backend.open(runtime=runtime)
+
+
+@pytest.fixture
+def real_store(backend: Harness) -> Store:
     """A store on the platform clock, for tests about real threads and time."""
-    s = open_store(db_path)
-    try:
-        yield s
-    finally:
-        s.close()
+    return backend.open()
 
 
 __all__ = ["START", "FakeClock", "Sequence", "jaren_jobs"]

@@ -28,7 +28,7 @@ import pytest
 
 from jaren_jobs import NewJob, Runtime, Store, open_store
 from jaren_jobs.backends.sqlite import queries as sql
-from tests.integration.test_schema_upgrade import build_pre_fence
+from tests.backends.sqlite.test_schema_upgrade import build_pre_fence
 
 SUBPROCESS_TIMEOUT = 60.0
 STATES = ("pending", "leased", "done", "failed", "dead", "cancelled")

@@ -15,12 +15,10 @@ connection (committed).
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,10 +33,10 @@ from jaren_jobs import (
     Runtime,
     StorageError,
     Store,
-    open_store,
 )
 from jaren_jobs.batcher import Settlement, SettlementBatcher
 from tests.conftest import FakeClock, Sequence
+from tests.harness import Harness
 
 THREADS = 12
 WAIT = 30.0
@@ -54,10 +52,10 @@ class Call:
     kwargs: tuple[tuple[str, Any], ...] = ()
 
 
-def open_twin(path: Path) -> tuple[Store, FakeClock]:
+def open_twin(backend: Harness) -> tuple[Store, FakeClock]:
     clock = FakeClock()
     ids = Sequence()
-    return open_store(path, runtime=Runtime(now=clock.now, random=ids.random, uuid=ids.uuid)), clock
+    return backend.open(runtime=Runtime(now=clock.now, random=ids.random, uuid=ids.uuid)), clock
 
 
 def build(store: Store, clock: FakeClock) -> list[list[Call]]:
@@ -144,18 +142,14 @@ def table(store: Store) -> list[tuple[Any, ...]]:
         return tx.execute('SELECT * FROM "_jaren_jobs" ORDER BY id').fetchall()
 
 
-def committed_state(path: Path, job_id: str) -> str | None:
-    conn = sqlite3.connect(path)
-    try:
-        row = conn.execute('SELECT state FROM "_jaren_jobs" WHERE id = ?', (job_id,)).fetchone()
-    finally:
-        conn.close()
-    return None if row is None else str(row[0])
+def committed_state(backend: Harness, job_id: str) -> str | None:
+    row = backend.raw_row(job_id)
+    return None if row is None else str(row["state"])
 
 
-def test_concurrent_settlements_answer_exactly_as_lone_calls(tmp_path: Path) -> None:
-    control, control_clock = open_twin(tmp_path / "control.db")
-    batched, batched_clock = open_twin(tmp_path / "batched.db")
+def test_concurrent_settlements_answer_exactly_as_lone_calls(backend: Harness) -> None:
+    control, control_clock = open_twin(backend.sibling("control"))
+    batched, batched_clock = open_twin(backend)
     try:
         control_calls = build(control, control_clock)
         calls = build(batched, batched_clock)
@@ -177,7 +171,7 @@ def test_concurrent_settlements_answer_exactly_as_lone_calls(tmp_path: Path) -> 
                 answer = run_call(batcher, call)
                 answers[t].append(answer)
                 if answer == ("value", True):
-                    state = committed_state(tmp_path / "batched.db", call.lease.job_id)
+                    state = committed_state(backend, call.lease.job_id)
                     if state == "leased":
                         not_durable.append(call.lease.job_id)
 
@@ -209,6 +203,7 @@ def test_concurrent_settlements_answer_exactly_as_lone_calls(tmp_path: Path) -> 
         batched.close()
 
 
+@pytest.mark.requires("sqlite")
 def test_a_lone_settlement_waits_for_nobody(store: Store) -> None:
     store.jobs.enqueue("k")
     claimed = store.jobs.claim(["k"], owner="w")
@@ -230,7 +225,7 @@ def test_a_lone_settlement_waits_for_nobody(store: Store) -> None:
 
 
 def test_a_failing_batch_is_retried_one_settlement_at_a_time(
-    store: Store, db_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: Store, backend: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store.jobs.enqueue_many([NewJob("k", n) for n in range(4)])
     claims = store.jobs.claim_many(["k"], owner="w", limit=4)
@@ -285,13 +280,13 @@ def test_a_failing_batch_is_retried_one_settlement_at_a_time(
     assert answers[poisoned] == ("StorageError", "JD2099: complete(): disk I/O error (simulated)")
     for claimed in claims:
         expected = "leased" if claimed.id == poisoned else "done"
-        assert committed_state(db_path, claimed.id) == expected
+        assert committed_state(backend, claimed.id) == expected
         if claimed.id != poisoned:
             assert answers[claimed.id] == ("value", True)
 
 
 def test_an_error_text_with_lone_surrogates_never_fails_its_batch(
-    store: Store, db_path: Path
+    store: Store, backend: Harness
 ) -> None:
     """One failure whose error text cannot be encoded as it is must not roll back the
     settlements it shares a transaction with (and make them replay one by one)."""
@@ -306,7 +301,7 @@ def test_an_error_text_with_lone_surrogates_never_fails_its_batch(
     batcher.submit(group)
     assert [item.result() for item in group] == [True, True, True]
     assert (batcher.batches, batcher.retried_alone) == (1, 0)
-    assert [committed_state(db_path, f"j{n}") for n in range(3)] == ["dead", "dead", "done"]
+    assert [committed_state(backend, f"j{n}") for n in range(3)] == ["dead", "dead", "done"]
     bad = store.jobs.get("j1")
     assert bad is not None
     assert bad.last_error == "OSError: open caf\\udce9.txt"

@@ -295,9 +295,19 @@ def test_the_candidates_of_a_batch_claim_are_rechecked_in_the_update(store: Stor
     store.jobs.enqueue_many([NewJob("k", n) for n in range(2)])
     live = store.jobs.claim(["k"], owner="alive")
     assert live is not None
-    (rowid,) = store.connection.execute(f"SELECT rowid FROM {JOBS} WHERE id = ?", (live.id,))
-    params = ("thief", 0, store.jobs.runtime.now_ms(), rowid[0], "stolen", rows.claim_key("stolen"))
-    assert store.connection.execute(sql.claim_rows(1), params).fetchall() == []
+    # inside a transaction of the store's: on an application's connection in sqlite3's
+    # legacy mode, an UPDATE run bare would leave a transaction open behind the store
+    with store.transaction() as tx:
+        (rowid,) = tx.execute(f"SELECT rowid FROM {JOBS} WHERE id = ?", (live.id,))
+        params = (
+            "thief",
+            0,
+            store.jobs.runtime.now_ms(),
+            rowid[0],
+            "stolen",
+            rows.claim_key("stolen"),
+        )
+        assert tx.execute(sql.claim_rows(1), params).fetchall() == []
     assert store.jobs.complete(live.lease) is True
 
 

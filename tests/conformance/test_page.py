@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,10 +26,10 @@ from jaren_jobs import (
     Store,
     StoreClosed,
     drain_page,
-    open_store,
 )
 from jaren_jobs.records import STATES
 from tests.conftest import START, FakeClock
+from tests.harness import Harness
 
 WAIT = 5.0
 
@@ -232,8 +230,8 @@ def test_bad_filters_are_refused(store: Store) -> None:
         store.jobs.page(deadline=datetime(2030, 1, 1))
 
 
-def test_page_on_a_closed_store(db_path: Path, runtime: Runtime) -> None:
-    store = open_store(db_path, runtime=runtime)
+def test_page_on_a_closed_store(backend: Harness, runtime: Runtime) -> None:
+    store = backend.open(runtime=runtime)
     fill(store, 3)
     cursor = store.jobs.page()
     assert next(cursor).id == "j00"
@@ -293,16 +291,13 @@ def test_a_paused_consumer_blocks_no_transaction(real_store: Store) -> None:
     assert rest[2].state == "cancelled"
 
 
-def test_nothing_is_held_between_pulls(real_store: Store, db_path: Path) -> None:
+@pytest.mark.requires("sqlite")
+def test_nothing_is_held_between_pulls(real_store: Store, backend: Harness) -> None:
     made = fill(real_store, 5)
     cursor = real_store.jobs.page()
     assert next(cursor).id == made[0]
     # a held statement would pin a read snapshot and make this checkpoint busy
-    other = sqlite3.connect(db_path)
-    try:
-        busy, _, _ = other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-    finally:
-        other.close()
+    [(busy, _, _)] = backend.query("PRAGMA wal_checkpoint(TRUNCATE)")
     assert busy == 0
     assert ids(cursor) == made[1:]
 
@@ -351,9 +346,9 @@ def test_a_pull_during_a_transaction_that_rolls_back_reads_the_committed_state(
 
 
 def test_a_pull_that_waits_too_long_is_refused_and_the_cursor_lives_on(
-    db_path: Path,
+    backend: Harness,
 ) -> None:
-    store = open_store(db_path, gate_timeout_seconds=0.05)
+    store = backend.open(gate_timeout_seconds=0.05)
     try:
         made = fill(store, 3)
         cursor = store.jobs.page()

@@ -8,8 +8,11 @@ every step that the database holds exactly what the model
 what the model predicted, down to WHICH refusal. Every lease ever minted is
 kept, so stale, superseded, expired and foreign leases keep speaking.
 
-``JAREN_MODEL_EXAMPLES`` sets the number of runs (default 60 locally, 300
-when ``CI`` is set).
+It runs on every backend of :mod:`tests.harness`: one TestCase per backend
+(``TestQueueModel_sqlite_file``, ...), and the deterministic walk through
+the ``backend`` fixture. ``JAREN_MODEL_EXAMPLES`` sets the number of runs
+(default 60 locally, 300 when ``CI`` is set), shared out evenly between the
+backends, so that adding one does not add to the suite's time.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -39,8 +43,8 @@ from jaren_jobs import (
     LeaseSuperseded,
     NewJob,
     Runtime,
-    open_store,
 )
+from tests.harness import HARNESSES, Harness, SqliteFile
 
 from .queue_model import CODES, QUEUED, SETTLED, STATES, ModelJob, NewSpec, QueueModel, Refused
 
@@ -62,6 +66,8 @@ ADVANCE_MS = (1, 250, 999, 1000, 2000, 3000, 30_000)
 
 _EXAMPLES = os.environ.get("JAREN_MODEL_EXAMPLES")
 MAX_EXAMPLES = int(_EXAMPLES) if _EXAMPLES else (300 if os.environ.get("CI") else 60)
+# the runs are shared out between the backends (each gets at least one)
+EXAMPLES_PER_BACKEND = max(1, math.ceil(MAX_EXAMPLES / len(HARNESSES)))
 
 
 def to_ms(value: datetime | None) -> int | None:
@@ -113,17 +119,22 @@ lease_kinds = st.sampled_from(["live", "live", "live", "settled", "superseded", 
 
 
 class QueueMachine(RuleBasedStateMachine):
-    def __init__(self) -> None:
+    # the backend a run opens its store on (one subclass per backend, below)
+    harness: ClassVar[type[Harness]] = SqliteFile
+
+    def __init__(self, backend: Harness | None = None) -> None:
         super().__init__()
         self.directory = tempfile.mkdtemp(prefix="jaren-model-")
+        # Hypothesis makes each run's machine itself; the walk below hands it the fixture's
+        self.backend = backend or self.harness(Path(self.directory) / "jobs.db")
+        self._owns_backend = backend is None
         self.clock = MsClock(START_MS)
         self.draw = 0.5
         self.minted: list[str] = []
         runtime = Runtime(now=self.clock.now, random=lambda: self.draw, uuid=self._uuid)
         # durability="normal": WAL without an fsync per commit keeps 9,000 steps fast;
         # durability is not what this test is about
-        self.store = open_store(
-            os.path.join(self.directory, "jobs.db"),
+        self.store = self.backend.open(
             runtime=runtime,
             defaults=DEFAULTS,
             durability="normal",
@@ -143,6 +154,8 @@ class QueueMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         try:
             self.store.close()
+            if self._owns_backend:
+                self.backend.close()
         finally:
             shutil.rmtree(self.directory, ignore_errors=True)
 
@@ -603,13 +616,23 @@ class QueueMachine(RuleBasedStateMachine):
         assert dict(counts.pending_kinds) == kinds
 
 
-QueueMachine.TestCase.settings = settings(
-    max_examples=MAX_EXAMPLES,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-TestQueueModel = QueueMachine.TestCase
+def _model_test_for(harness: type[Harness]) -> Any:
+    """The state machine run as a TestCase on one backend."""
+    name = harness.name.replace("-", "_")
+    machine = type(f"QueueMachine_{name}", (QueueMachine,), {"harness": harness})
+    # TestCase is made (and cached) per machine class, so each gets its own settings
+    machine.TestCase.settings = settings(
+        max_examples=EXAMPLES_PER_BACKEND,
+        stateful_step_count=30,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    return machine.TestCase
+
+
+# TestQueueModel_sqlite_file, TestQueueModel_sqlite_connection, ...: one per backend
+for _harness in HARNESSES:
+    globals()[f"TestQueueModel_{_harness.name.replace('-', '_')}"] = _model_test_for(_harness)
 
 
 def _raw(job_id: str, **overrides: Any) -> dict[str, Any]:
@@ -625,14 +648,14 @@ def _raw(job_id: str, **overrides: Any) -> dict[str, Any]:
     return raw
 
 
-def test_fence_paths_walked_once() -> None:
+def test_fence_paths_walked_once(backend: Harness) -> None:
     """The fence paths that matter most, walked deterministically through the same machine.
 
     Random runs meet each of these many times; this walk guarantees every run
     of the suite meets each at least once, with the model and the database
     compared after every step exactly as in the random runs.
     """
-    machine = QueueMachine()
+    machine = QueueMachine(backend)
     try:
 
         def step(call: Callable[..., None], *args: Any, **kwargs: Any) -> Any:

@@ -4,13 +4,12 @@ JSON nested past the decoder's recursion limit."""
 from __future__ import annotations
 
 import json
-import sqlite3
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from jaren_jobs import CorruptJson, NewJob, Outcome, Store
+from tests.harness import Harness
 
 
 def corrupt(store: Store, job_id: str, text: str = "{not json") -> None:
@@ -78,29 +77,18 @@ def test_a_worker_fails_the_corrupt_job_without_calling_the_handler_and_goes_on(
 
 # ------------------------------------------------------------------ poison rows
 #
-# Written through a connection of the test's own, as another program would
+# Written through the harness's own connection, as another program would
 # leave them: text that is not UTF-8, and JSON nested deeper than Python's
-# decoder can recurse. Neither may wedge reads, claims or the kind.
+# decoder can recurse. Neither may wedge reads, claims or the kind. Only
+# SQLite keeps bytes that are not UTF-8 in a TEXT column.
 
 NOT_UTF8 = b'{"name": "caf\xe9"}'  # latin-1 bytes stored as TEXT
 DEEP = "[" * 100_000 + "]" * 100_000  # valid JSON, far past the recursion limit
 POISONS = {"not-utf8": NOT_UTF8, "deep": DEEP}
-
-
-def write_raw(db_path: Path, column: str, job_id: str, value: str | bytes) -> None:
-    conn = sqlite3.connect(db_path)
-    try:
-        # CAST keeps invalid bytes as TEXT, which sqlite3 would otherwise store as a BLOB
-        conn.execute(
-            f'UPDATE "_jaren_jobs" SET {column} = CAST(? AS TEXT) WHERE id = ?', (value, job_id)
-        )
-        conn.commit()
-        stored = conn.execute(
-            f'SELECT typeof({column}) FROM "_jaren_jobs" WHERE id = ?', (job_id,)
-        ).fetchone()
-        assert stored == ("text",)
-    finally:
-        conn.close()
+POISON_PARAMS = [
+    pytest.param("not-utf8", marks=pytest.mark.requires("sqlite")),
+    pytest.param("deep"),
+]
 
 
 def expect_marker(value: Any, poison: str) -> None:
@@ -115,17 +103,17 @@ def expect_marker(value: Any, poison: str) -> None:
         assert value.text == DEEP
 
 
-@pytest.mark.parametrize("poison", list(POISONS))
+@pytest.mark.parametrize("poison", POISON_PARAMS)
 @pytest.mark.parametrize("column", ["payload", "result"])
 def test_a_poison_text_reads_as_a_marker_from_get_and_page(
-    store: Store, db_path: Path, column: str, poison: str
+    store: Store, backend: Harness, column: str, poison: str
 ) -> None:
     for n in range(3):
         store.jobs.enqueue("k", {"n": n}, id=f"j{n}")
     if column == "result":
         for claimed in store.jobs.claim_many(["k"], owner="w", limit=3):
             assert store.jobs.complete(claimed.lease, {"n": claimed.payload["n"]})
-    write_raw(db_path, column, "j1", POISONS[poison])
+    backend.write_raw_row("j1", **{column: POISONS[poison]})
 
     got = store.jobs.get("j1")
     assert got is not None
@@ -138,12 +126,12 @@ def test_a_poison_text_reads_as_a_marker_from_get_and_page(
     expect_marker(getattr(jobs[1], column), poison)
 
 
-@pytest.mark.parametrize("poison", list(POISONS))
+@pytest.mark.parametrize("poison", POISON_PARAMS)
 def test_a_batch_claim_over_a_poison_row_claims_every_row(
-    store: Store, db_path: Path, poison: str
+    store: Store, backend: Harness, poison: str
 ) -> None:
     store.jobs.enqueue_many(NewJob("k", {"n": n}, id=f"j{n}") for n in range(8))
-    write_raw(db_path, "payload", "j3", POISONS[poison])
+    backend.write_raw_row("j3", payload=POISONS[poison])
     claimed = store.jobs.claim_many(["k"], owner="w", limit=8)
     assert [job.id for job in claimed] == [f"j{n}" for n in range(8)]
     expect_marker(claimed[3].payload, poison)
@@ -151,20 +139,20 @@ def test_a_batch_claim_over_a_poison_row_claims_every_row(
         assert store.jobs.complete(job.lease, "ok") is True
     # one by one, too
     store.jobs.enqueue("k", id="z")
-    write_raw(db_path, "payload", "z", POISONS[poison])
+    backend.write_raw_row("z", payload=POISONS[poison])
     lone = store.jobs.claim(["k"], owner="w")
     assert lone is not None
     expect_marker(lone.payload, poison)
 
 
-@pytest.mark.parametrize("poison", list(POISONS))
+@pytest.mark.parametrize("poison", POISON_PARAMS)
 def test_a_worker_fails_a_poison_row_and_its_kind_goes_on(
-    store: Store, db_path: Path, clock: Any, poison: str
+    store: Store, backend: Harness, clock: Any, poison: str
 ) -> None:
     store.jobs.enqueue_many(
         NewJob("k", {"n": n}, id=f"j{n}", max_attempts=1 if n == 2 else 5) for n in range(6)
     )
-    write_raw(db_path, "payload", "j2", POISONS[poison])
+    backend.write_raw_row("j2", payload=POISONS[poison])
     seen: list[Any] = []
     outcomes: list[Outcome] = []
 
@@ -194,14 +182,15 @@ def test_a_worker_fails_a_poison_row_and_its_kind_goes_on(
     )
 
 
+@pytest.mark.requires("sqlite")
 def test_a_last_error_that_is_not_utf8_is_shown_escaped_and_the_job_still_runs(
-    store: Store, db_path: Path
+    store: Store, backend: Harness
 ) -> None:
     store.jobs.enqueue("k", id="j")
     claimed = store.jobs.claim(["k"], owner="w")
     assert claimed is not None
     assert store.jobs.fail(claimed.lease, "first try")
-    write_raw(db_path, "last_error", "j", b"OSError: caf\xe9")
+    backend.write_raw_row("j", last_error=b"OSError: caf\xe9")
     assert store.jobs.requeue("j") is True
     got = store.jobs.get("j")
     assert got is not None

@@ -15,11 +15,9 @@ import copy
 import hashlib
 import json
 import logging
-import sqlite3
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -40,11 +38,11 @@ from jaren_jobs import (
     TaskContext,
     Worker,
     create_dag_job_runner,
-    open_store,
 )
 from jaren_jobs.dag import RUN_IDENTITY_NODE, DagJobs, document_revision
 from jaren_jobs.errors import describe_error
 from tests.conftest import FakeClock, Sequence
+from tests.harness import Harness
 
 WAIT = 10.0
 KIND = "chain"
@@ -200,27 +198,17 @@ def runner(
     return Runner(dag, worker, outcomes, raised)
 
 
-def rows(db_path: Path, job_id: str) -> list[tuple[str, Any, int]]:
+def rows(backend: Harness, job_id: str) -> list[tuple[str, Any, int]]:
     """The job's checkpoint rows, straight from the table: (node_id, value, generation)."""
-    connection = sqlite3.connect(db_path)
-    try:
-        found = connection.execute(
-            'SELECT node_id, value, generation FROM "_jaren_job_checkpoints" '
-            "WHERE run_id = ? ORDER BY node_id",
-            (job_id,),
-        ).fetchall()
-    finally:
-        connection.close()
-    return [(node, json.loads(value), generation) for node, value, generation in found]
+    return [
+        (node, json.loads(value), generation)
+        for run, node, value, generation in backend.checkpoint_rows()
+        if run == job_id
+    ]
 
 
-def raw(db_path: Path, statement: str, params: tuple[Any, ...]) -> None:
-    connection = sqlite3.connect(db_path)
-    try:
-        with connection:
-            connection.execute(statement, params)
-    finally:
-        connection.close()
+def raw(backend: Harness, statement: str, params: tuple[Any, ...]) -> None:
+    backend.execute(statement, params)
 
 
 def nodes_of(found: list[tuple[str, Any, int]]) -> list[str]:
@@ -237,7 +225,7 @@ def get(store: Store, job_id: str) -> Job:
     return job
 
 
-def fail_at_n3(store: Store, db_path: Path, calls: Calls) -> Job:
+def fail_at_n3(store: Store, backend: Harness, calls: Calls) -> Job:
     """Attempt 1 records n1 and n2, then n3 raises: the job waits for a retry."""
     job = enqueue(store)
     first = runner(store, calls, hooks={"n3": fail_first("n3")})
@@ -245,7 +233,7 @@ def fail_at_n3(store: Store, db_path: Path, calls: Calls) -> Job:
     assert [o.outcome for o in first.outcomes] == ["failed"]
     assert get(store, job.id).state == "failed"
     assert calls.snapshot() == ["n1", "n2", "n3"]
-    assert nodes_of(rows(db_path, job.id)) == [RUN_IDENTITY_NODE, "n1", "n2"]
+    assert nodes_of(rows(backend, job.id)) == [RUN_IDENTITY_NODE, "n1", "n2"]
     return job
 
 
@@ -253,7 +241,7 @@ def fail_at_n3(store: Store, db_path: Path, calls: Calls) -> Job:
 
 
 def test_a_run_completes_with_its_result_and_prunes_its_checkpoints(
-    store: Store, db_path: Path
+    store: Store, backend: Harness
 ) -> None:
     calls = Calls()
     outcomes: list[Outcome] = []
@@ -281,8 +269,8 @@ def test_a_run_completes_with_its_result_and_prunes_its_checkpoints(
         ("completed", job.id),
         ("completed", other.id),
     ]
-    assert rows(db_path, job.id) == []
-    assert rows(db_path, other.id) == []
+    assert rows(backend, job.id) == []
+    assert rows(backend, other.id) == []
 
 
 def test_tasks_get_the_input_exactly_their_needs_and_a_task_context(store: Store) -> None:
@@ -344,7 +332,7 @@ def test_ready_nodes_run_in_id_order(store: Store) -> None:
 
 
 def test_a_value_json_cannot_carry_fails_the_attempt_and_writes_nothing(
-    store: Store, db_path: Path
+    store: Store, backend: Harness
 ) -> None:
     calls = Calls()
 
@@ -363,7 +351,7 @@ def test_a_value_json_cannot_carry_fails_the_attempt_and_writes_nothing(
     failed = get(store, job.id)
     assert failed.state == "failed"
     assert "TypeError" in (failed.last_error or "")
-    assert nodes_of(rows(db_path, job.id)) == [RUN_IDENTITY_NODE]
+    assert nodes_of(rows(backend, job.id)) == [RUN_IDENTITY_NODE]
     assert calls.snapshot() == []
 
 
@@ -371,13 +359,13 @@ def test_a_value_json_cannot_carry_fails_the_attempt_and_writes_nothing(
 
 
 def test_a_retry_resumes_from_the_checkpoints_of_the_failed_attempt(
-    store: Store, db_path: Path, clock: FakeClock
+    store: Store, backend: Harness, clock: FakeClock
 ) -> None:
     calls = Calls()
-    job = fail_at_n3(store, db_path, calls)
+    job = fail_at_n3(store, backend, calls)
 
     # attempt 1 recorded its identity and the values of n1 and n2, stamped generation 1
-    found = {node: (value, generation) for node, value, generation in rows(db_path, job.id)}
+    found = {node: (value, generation) for node, value, generation in rows(backend, job.id)}
     assert found["n1"] == (3, 1)
     assert found["n2"] == (6, 1)
     identity, generation = found[RUN_IDENTITY_NODE]
@@ -401,7 +389,7 @@ def test_a_retry_resumes_from_the_checkpoints_of_the_failed_attempt(
     # n1 and n2 ran once, in attempt 1; n3 ran in both attempts
     assert calls.snapshot() == ["n1", "n2", "n3", "n3", "n4", "n5"]
     assert calls.inputs["n3"][1] == {"input": INPUT, "n1": 3, "n2": 6}
-    assert rows(db_path, job.id) == []
+    assert rows(backend, job.id) == []
 
 
 # ----------------------------------------------------------------- identity
@@ -431,11 +419,11 @@ def redescribed_document() -> dict[str, Any]:
     ],
 )
 def test_a_resume_that_is_not_the_same_run_dead_letters_at_once(
-    store: Store, db_path: Path, clock: FakeClock, change: str, expected: str
+    store: Store, backend: Harness, clock: FakeClock, change: str, expected: str
 ) -> None:
     calls = Calls()
-    job = fail_at_n3(store, db_path, calls)
-    before = rows(db_path, job.id)
+    job = fail_at_n3(store, backend, calls)
+    before = rows(backend, job.id)
 
     options: dict[str, Any] = {}
     if change == "document":
@@ -444,7 +432,7 @@ def test_a_resume_that_is_not_the_same_run_dead_letters_at_once(
         options["versions"] = {"double": 2}
     else:
         raw(
-            db_path,
+            backend,
             'UPDATE "_jaren_jobs" SET payload = ? WHERE id = ?',
             (json.dumps({"input": {"x": 4}}), job.id),
         )
@@ -475,16 +463,16 @@ def test_a_resume_that_is_not_the_same_run_dead_letters_at_once(
     assert expected in (dead.last_error or "")
     # the refused attempt ran nothing and recorded nothing
     assert calls.snapshot() == ["n1", "n2", "n3"]
-    assert rows(db_path, job.id) == before
+    assert rows(backend, job.id) == before
 
 
 def test_a_mismatch_names_everything_that_moved(
-    store: Store, db_path: Path, clock: FakeClock
+    store: Store, backend: Harness, clock: FakeClock
 ) -> None:
     calls = Calls()
-    job = fail_at_n3(store, db_path, calls)
+    job = fail_at_n3(store, backend, calls)
     raw(
-        db_path,
+        backend,
         'UPDATE "_jaren_jobs" SET payload = ? WHERE id = ?',
         (json.dumps({"input": {"x": 3, "y": 0}}), job.id),
     )
@@ -505,10 +493,10 @@ def test_a_mismatch_names_everything_that_moved(
 
 
 def test_a_task_the_document_adds_or_drops_is_named(
-    store: Store, db_path: Path, clock: FakeClock
+    store: Store, backend: Harness, clock: FakeClock
 ) -> None:
     calls = Calls()
-    job = fail_at_n3(store, db_path, calls)
+    job = fail_at_n3(store, backend, calls)
     document = copy.deepcopy(DOCUMENT)
     document["nodes"]["n1"]["task"] = "origin"  # "seed" is gone, "origin" is new
     dag = DagJobs(
@@ -533,10 +521,10 @@ def test_a_task_the_document_adds_or_drops_is_named(
 
 
 def test_requeued_once_the_deployment_is_fixed_the_run_resumes(
-    store: Store, db_path: Path, clock: FakeClock
+    store: Store, backend: Harness, clock: FakeClock
 ) -> None:
     calls = Calls()
-    job = fail_at_n3(store, db_path, calls)
+    job = fail_at_n3(store, backend, calls)
     clock.advance(5)
     # n2 was recorded by 'double' version 1: a deployment of version 2 cannot reuse it
     assert runner(store, calls, versions={"double": 2}).run_once() is True
@@ -548,18 +536,18 @@ def test_requeued_once_the_deployment_is_fixed_the_run_resumes(
     assert [o.outcome for o in fixed.outcomes] == ["completed"]
     assert get(store, job.id).result == RESULT
     assert calls.snapshot() == ["n1", "n2", "n3", "n3", "n4", "n5"]
-    assert rows(db_path, job.id) == []
+    assert rows(backend, job.id) == []
 
 
 def test_a_run_that_failed_on_a_bug_resumes_once_the_fix_ships_with_a_bumped_version(
-    store: Store, db_path: Path, clock: FakeClock
+    store: Store, backend: Harness, clock: FakeClock
 ) -> None:
     calls = Calls()
-    job = fail_at_n3(store, db_path, calls)  # 'add' broke in n3; n1 and n2 are recorded
+    job = fail_at_n3(store, backend, calls)  # 'add' broke in n3; n1 and n2 are recorded
     seen: list[dict[str, Any]] = []
 
     def look(inputs: dict[str, Any], ctx: Any) -> None:
-        seen.append({node: (v, g) for node, v, g in rows(db_path, job.id)})
+        seen.append({node: (v, g) for node, v, g in rows(backend, job.id)})
 
     # the fix ships as 'add' version 2: nothing recorded was computed by 'add'
     fixed = runner(store, calls, versions={"add": 2}, hooks={"n4": look})
@@ -577,20 +565,20 @@ def test_a_run_that_failed_on_a_bug_resumes_once_the_fix_ships_with_a_bumped_ver
         2,
     )
     assert (during["n1"], during["n2"], during["n3"]) == ((3, 1), (6, 1), (9, 2))
-    assert rows(db_path, job.id) == []
+    assert rows(backend, job.id) == []
 
 
 def test_a_value_recorded_under_the_new_deployment_is_not_reused_by_the_old_one(
-    store: Store, db_path: Path, clock: FakeClock
+    store: Store, backend: Harness, clock: FakeClock
 ) -> None:
     calls = Calls()
-    job = fail_at_n3(store, db_path, calls)
+    job = fail_at_n3(store, backend, calls)
     clock.advance(5)
     forward = runner(store, calls, versions={"add": 2}, hooks={"n4": fail_first("n4")})
     assert forward.run_once() is True  # n3 is recorded by 'add' version 2; n4 breaks
     assert [o.outcome for o in forward.outcomes] == ["failed"]
-    assert nodes_of(rows(db_path, job.id)) == [RUN_IDENTITY_NODE, "n1", "n2", "n3"]
-    before = rows(db_path, job.id)
+    assert nodes_of(rows(backend, job.id)) == [RUN_IDENTITY_NODE, "n1", "n2", "n3"]
+    before = rows(backend, job.id)
 
     clock.advance(60)
     back = runner(store, calls)  # rolled back to 'add' version 1
@@ -599,7 +587,7 @@ def test_a_value_recorded_under_the_new_deployment_is_not_reused_by_the_old_one(
     assert isinstance(error, RunMismatch)
     assert error.details["moved"] == ["the task versions ('add' moved from version 2 to 1)"]
     assert get(store, job.id).state == "dead"
-    assert rows(db_path, job.id) == before
+    assert rows(backend, job.id) == before
     assert calls.snapshot() == ["n1", "n2", "n3", "n3", "n4"]
 
 
@@ -658,15 +646,16 @@ def _add_n6(document: dict[str, Any]) -> None:
     ],
 )
 def test_a_resume_compares_only_what_the_recorded_values_depend_on(
-    store: Store, db_path: Path, clock: FakeClock, options: dict[str, Any], expected: Any
+    store: Store, backend: Harness, clock: FakeClock, options: dict[str, Any], expected: Any
 ) -> None:
     calls = Calls()
-    job = fail_at_n3(store, db_path, calls)  # n1 and n2 are recorded
-    before = rows(db_path, job.id)
+    job = fail_at_n3(store, backend, calls)  # n1 and n2 are recorded
+    before = rows(backend, job.id)
+    options = dict(options)  # the parameter's own dict is shared by every backend's run
     run_input = options.pop("input", None)
     if run_input is not None:
         raw(
-            db_path,
+            backend,
             'UPDATE "_jaren_jobs" SET payload = ? WHERE id = ?',
             (json.dumps({"input": run_input}), job.id),
         )
@@ -679,7 +668,7 @@ def test_a_resume_compares_only_what_the_recorded_values_depend_on(
         # n1 and n2 were not run again
         assert calls.snapshot()[:3] == ["n1", "n2", "n3"]
         assert not {"n1", "n2"} & set(calls.snapshot()[3:])
-        assert rows(db_path, job.id) == []
+        assert rows(backend, job.id) == []
         return
     [error] = second.raised
     assert isinstance(error, RunMismatch)
@@ -688,7 +677,7 @@ def test_a_resume_compares_only_what_the_recorded_values_depend_on(
     for needle, item in zip(expected, moved, strict=True):
         assert needle in item
     assert get(store, job.id).state == "dead"
-    assert rows(db_path, job.id) == before
+    assert rows(backend, job.id) == before
     assert calls.snapshot() == ["n1", "n2", "n3"]
 
 
@@ -701,16 +690,16 @@ def test_a_resume_compares_only_what_the_recorded_values_depend_on(
     ],
 )
 def test_a_run_that_recorded_no_value_resumes_whatever_moved(
-    store: Store, db_path: Path, clock: FakeClock, options: dict[str, Any]
+    store: Store, backend: Harness, clock: FakeClock, options: dict[str, Any]
 ) -> None:
     calls = Calls()
     job = enqueue(store)
     first = runner(store, calls, hooks={"n1": fail_first("n1")})
     assert first.run_once() is True
-    assert nodes_of(rows(db_path, job.id)) == [RUN_IDENTITY_NODE]  # no node value
+    assert nodes_of(rows(backend, job.id)) == [RUN_IDENTITY_NODE]  # no node value
     run_input = options.pop("input", INPUT)
     raw(
-        db_path,
+        backend,
         'UPDATE "_jaren_jobs" SET payload = ? WHERE id = ?',
         (json.dumps({"input": run_input}), job.id),
     )
@@ -728,10 +717,10 @@ def test_a_run_that_recorded_no_value_resumes_whatever_moved(
 
 
 def test_requeue_with_drop_checkpoints_starts_a_mismatched_run_over(
-    store: Store, db_path: Path, clock: FakeClock
+    store: Store, backend: Harness, clock: FakeClock
 ) -> None:
     calls = Calls()
-    job = fail_at_n3(store, db_path, calls)
+    job = fail_at_n3(store, backend, calls)
     clock.advance(5)
     new_deployment = runner(store, calls, versions={"double": 2})
     assert new_deployment.run_once() is True  # n2 was computed by 'double' version 1
@@ -739,7 +728,7 @@ def test_requeue_with_drop_checkpoints_starts_a_mismatched_run_over(
     assert get(store, job.id).state == "dead"
 
     assert store.jobs.requeue(job.id, drop_checkpoints=True) is True
-    assert rows(db_path, job.id) == []
+    assert rows(backend, job.id) == []
     requeued = get(store, job.id)
     assert (requeued.state, requeued.attempts) == ("pending", 2)  # history kept
     assert runner(store, calls, versions={"double": 2}).run_once() is True
@@ -750,41 +739,41 @@ def test_requeue_with_drop_checkpoints_starts_a_mismatched_run_over(
 
 
 def test_requeue_drops_checkpoints_only_when_asked_and_never_under_a_live_lease(
-    store: Store, db_path: Path, clock: FakeClock
+    store: Store, backend: Harness, clock: FakeClock
 ) -> None:
     calls = Calls()
-    job = fail_at_n3(store, db_path, calls)
-    kept = rows(db_path, job.id)
+    job = fail_at_n3(store, backend, calls)
+    kept = rows(backend, job.id)
     assert store.jobs.requeue(job.id) is True  # the default keeps them: a resume
-    assert rows(db_path, job.id) == kept
+    assert rows(backend, job.id) == kept
     # already pending: nothing moves, but no attempt holds the run, so they go
     assert store.jobs.requeue(job.id, drop_checkpoints=True) is False
-    assert rows(db_path, job.id) == []
+    assert rows(backend, job.id) == []
 
     claimed = store.jobs.claim([KIND], owner="holder")
     assert claimed is not None
     assert claimed.id == job.id
     store.jobs.checkpoints_for(claimed).save(job.id, "n1", 3)
-    held = rows(db_path, job.id)
+    held = rows(backend, job.id)
     assert held == [("n1", 3, 2)]
     with pytest.raises(LeaseRequired):
         store.jobs.requeue(job.id, drop_checkpoints=True)
-    assert rows(db_path, job.id) == held
+    assert rows(backend, job.id) == held
     for bad in ("yes", 1, None):
         with pytest.raises(TypeError, match="drop_checkpoints"):
             store.jobs.requeue(job.id, drop_checkpoints=bad)  # type: ignore[arg-type]
-    assert rows(db_path, job.id) == held
+    assert rows(backend, job.id) == held
     assert get(store, job.id).state == "leased"
 
 
 # ----------------------------------------------------------------- legacy identity rows
 
 
-def seed_rows(db_path: Path, job_id: str, values: dict[str, Any]) -> None:
+def seed_rows(backend: Harness, job_id: str, values: dict[str, Any]) -> None:
     """Checkpoint rows as an older release left them: generation 0 (pre-fence default)."""
     for node, value in values.items():
         raw(
-            db_path,
+            backend,
             'INSERT INTO "_jaren_job_checkpoints" (run_id, node_id, value, generation) '
             "VALUES (?, ?, ?, 0)",
             (job_id, node, json.dumps(value)),
@@ -822,16 +811,16 @@ def pre_shape_identity(
     ],
 )
 def test_a_legacy_identity_without_node_values_is_upgraded(
-    store: Store, db_path: Path, clock: FakeClock, seeded: dict[str, Any]
+    store: Store, backend: Harness, clock: FakeClock, seeded: dict[str, Any]
 ) -> None:
     calls = Calls()
     job = enqueue(store)
-    seed_rows(db_path, job.id, {RUN_IDENTITY_NODE: seeded})
+    seed_rows(backend, job.id, {RUN_IDENTITY_NODE: seeded})
     first = runner(store, calls, hooks={"n3": fail_first("n3")})
     assert first.run_once() is True
     assert [o.outcome for o in first.outcomes] == ["failed"]
     assert first.raised[0].args == ("n3 broke on its first run",)
-    found = {node: (value, generation) for node, value, generation in rows(db_path, job.id)}
+    found = {node: (value, generation) for node, value, generation in rows(backend, job.id)}
     # the identity row now names this deployment, written by attempt 1
     assert found[RUN_IDENTITY_NODE] == (
         {
@@ -875,12 +864,12 @@ def test_a_legacy_identity_without_node_values_is_upgraded(
     ],
 )
 def test_a_run_whose_checkpoints_cannot_be_confirmed_is_refused(
-    store: Store, db_path: Path, seeded: dict[str, Any], expected: str
+    store: Store, backend: Harness, seeded: dict[str, Any], expected: str
 ) -> None:
     calls = Calls()
     job = enqueue(store)
-    seed_rows(db_path, job.id, seeded)
-    before = rows(db_path, job.id)
+    seed_rows(backend, job.id, seeded)
+    before = rows(backend, job.id)
     first = runner(store, calls)
     assert first.run_once() is True
     [error] = first.raised
@@ -889,7 +878,7 @@ def test_a_run_whose_checkpoints_cannot_be_confirmed_is_refused(
     dead = get(store, job.id)
     assert (dead.state, dead.attempts) == ("dead", 1)
     assert calls.snapshot() == []
-    assert rows(db_path, job.id) == before
+    assert rows(backend, job.id) == before
 
 
 # ----------------------------------------------------------------- stale attempts and run keys
@@ -897,7 +886,7 @@ def test_a_run_whose_checkpoints_cannot_be_confirmed_is_refused(
 
 @pytest.mark.parametrize("superseded_in", ["n2", "n5"])
 def test_a_superseded_attempt_writes_nothing_more_and_the_newer_one_finishes(
-    store: Store, db_path: Path, clock: FakeClock, superseded_in: str
+    store: Store, backend: Harness, clock: FakeClock, superseded_in: str
 ) -> None:
     calls = Calls()
     job = enqueue(store)
@@ -926,8 +915,8 @@ def test_a_superseded_attempt_writes_nothing_more_and_the_newer_one_finishes(
     assert outcome.generation == 1
     assert stale_runner.worker.stats().lost_settlements == 1
     # no checkpoint of the superseded node or after it; the job is not completed
-    assert nodes_of(rows(db_path, job.id)) == [RUN_IDENTITY_NODE, *done_before]
-    assert {generation for _, _, generation in rows(db_path, job.id)} == {1}
+    assert nodes_of(rows(backend, job.id)) == [RUN_IDENTITY_NODE, *done_before]
+    assert {generation for _, _, generation in rows(backend, job.id)} == {1}
     held = get(store, job.id)
     assert (held.state, held.lease_owner, held.lease_generation) == ("leased", "newer", 2)
     assert held.result is None
@@ -943,12 +932,12 @@ def test_a_superseded_attempt_writes_nothing_more_and_the_newer_one_finishes(
     assert stale_runner.dag.handlers()[KIND](claimed.payload, ctx) == RESULT
     done = get(store, job.id)
     assert (done.state, done.result, done.lease_generation) == ("done", RESULT, 2)
-    assert rows(db_path, job.id) == []
+    assert rows(backend, job.id) == []
     assert calls.snapshot() == [*done_before, superseded_in, *list(VALUES)[len(done_before) :]]
 
 
 def test_a_stale_attempt_cannot_write_after_a_newer_worker_completed_the_job(
-    store: Store, db_path: Path, clock: FakeClock
+    store: Store, backend: Harness, clock: FakeClock
 ) -> None:
     calls = Calls()
     job = enqueue(store)
@@ -975,12 +964,12 @@ def test_a_stale_attempt_cannot_write_after_a_newer_worker_completed_the_job(
     assert (done.state, done.result, done.lease_generation) == ("done", RESULT, 2)
     # the newer attempt pruned everything of generation <= 2; a stale write
     # of n3 after that would have left a row behind
-    assert rows(db_path, job.id) == []
+    assert rows(backend, job.id) == []
     # n1 and n2 ran once; n3 in both attempts; n4 and n5 only in the newer one
     assert calls.snapshot() == ["n1", "n2", "n3", "n3", "n4", "n5"]
 
 
-def test_a_run_key_no_attempt_holds_is_a_run_mismatch(store: Store, db_path: Path) -> None:
+def test_a_run_key_no_attempt_holds_is_a_run_mismatch(store: Store, backend: Harness) -> None:
     calls = Calls()
     job = enqueue(store)
     seen: dict[str, Any] = {}
@@ -1015,7 +1004,7 @@ def test_a_run_key_no_attempt_holds_is_a_run_mismatch(store: Store, db_path: Pat
             call()
     done = get(store, job.id)
     assert (done.state, done.result) == ("done", RESULT)
-    assert rows(db_path, job.id) == []
+    assert rows(backend, job.id) == []
 
 
 # ----------------------------------------------------------------- parallel nodes
@@ -1038,7 +1027,7 @@ def meet(barrier: threading.Barrier) -> Hook:
     return hook
 
 
-def test_independent_nodes_overlap_with_max_parallel(store: Store, db_path: Path) -> None:
+def test_independent_nodes_overlap_with_max_parallel(store: Store, backend: Harness) -> None:
     barrier = threading.Barrier(2, timeout=WAIT)
     parallel_calls = Calls()
     parallel = runner(
@@ -1057,7 +1046,7 @@ def test_independent_nodes_overlap_with_max_parallel(store: Store, db_path: Path
     assert parallel_calls.threads["left"] != parallel_calls.threads["right"]
     assert parallel_calls.threads["left"].startswith("jaren-dag")
     assert parallel_calls.threads["right"].startswith("jaren-dag")
-    assert rows(db_path, job.id) == []
+    assert rows(backend, job.id) == []
 
     sequential_calls = Calls()
     sequential = runner(store, sequential_calls, document=FAN, max_parallel=1)
@@ -1104,7 +1093,7 @@ def test_wide_documents_give_the_same_result_at_any_parallelism(
 
 
 def test_a_failing_parallel_node_winds_up_its_siblings_and_keeps_their_values(
-    store: Store, db_path: Path, clock: FakeClock
+    store: Store, backend: Harness, clock: FakeClock
 ) -> None:
     barrier = threading.Barrier(2, timeout=WAIT)
     calls = Calls()
@@ -1132,7 +1121,7 @@ def test_a_failing_parallel_node_winds_up_its_siblings_and_keeps_their_values(
     assert isinstance(reason, OperationCancelled)
     assert reason.details["node_id"] == "left"
     # right returned after left failed: its value is kept for the retry
-    assert nodes_of(rows(db_path, job.id)) == [RUN_IDENTITY_NODE, "right", "root"]
+    assert nodes_of(rows(backend, job.id)) == [RUN_IDENTITY_NODE, "right", "root"]
 
     clock.advance(5)
     assert runner(store, calls, document=FAN, max_parallel=2).run_once() is True
@@ -1155,7 +1144,7 @@ def hand_built_attempt(store: Store) -> tuple[Any, CancelScope]:
 
 @pytest.mark.parametrize("reason", ["enough for today", ValueError("told to stop")])
 def test_an_aborted_signal_stops_the_run_before_the_next_node(
-    store: Store, db_path: Path, reason: Any
+    store: Store, backend: Harness, reason: Any
 ) -> None:
     calls = Calls()
     job = enqueue(store)
@@ -1176,11 +1165,11 @@ def test_an_aborted_signal_stops_the_run_before_the_next_node(
         assert caught.value is reason
     # n2 finished and was recorded; n3 never started
     assert calls.snapshot() == ["n1", "n2"]
-    assert nodes_of(rows(db_path, job.id)) == [RUN_IDENTITY_NODE, "n1", "n2"]
+    assert nodes_of(rows(backend, job.id)) == [RUN_IDENTITY_NODE, "n1", "n2"]
     assert get(store, job.id).state == "leased"
 
 
-def test_a_cancel_between_nodes_ends_the_run_as_cancelled(store: Store, db_path: Path) -> None:
+def test_a_cancel_between_nodes_ends_the_run_as_cancelled(store: Store, backend: Harness) -> None:
     calls = Calls()
     job = enqueue(store)
 
@@ -1195,11 +1184,11 @@ def test_a_cancel_between_nodes_ends_the_run_as_cancelled(store: Store, db_path:
     assert get(store, job.id).state == "cancelled"
     assert calls.snapshot() == ["n1", "n2"]
     # the cancel settled the job: n2's value had nowhere to go
-    assert nodes_of(rows(db_path, job.id)) == [RUN_IDENTITY_NODE, "n1"]
+    assert nodes_of(rows(backend, job.id)) == [RUN_IDENTITY_NODE, "n1"]
 
 
 def test_stop_between_nodes_leaves_a_run_the_next_worker_resumes(
-    store: Store, db_path: Path, clock: FakeClock
+    store: Store, backend: Harness, clock: FakeClock
 ) -> None:
     calls = Calls()
     job = enqueue(store)
@@ -1221,7 +1210,7 @@ def test_stop_between_nodes_leaves_a_run_the_next_worker_resumes(
     waiting = get(store, job.id)
     assert (waiting.state, waiting.attempts) == ("failed", 1)
     assert calls.snapshot() == ["n1", "n2"]
-    assert nodes_of(rows(db_path, job.id)) == [RUN_IDENTITY_NODE, "n1", "n2"]
+    assert nodes_of(rows(backend, job.id)) == [RUN_IDENTITY_NODE, "n1", "n2"]
 
     clock.advance(5)
     assert runner(store, calls).run_once() is True
@@ -1233,7 +1222,7 @@ def test_stop_between_nodes_leaves_a_run_the_next_worker_resumes(
 
 
 def test_no_lease_token_appears_in_any_repr_str_detail_or_log_line(
-    db_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
+    backend: Harness, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A token is the capability to settle a job: nothing anyone can print may carry it.
 
@@ -1271,7 +1260,7 @@ def test_no_lease_token_appears_in_any_repr_str_detail_or_log_line(
 
     thief: list[Any] = []
     document = {"nodes": {"a": {"task": "t"}, "b": {"task": "t", "needs": ["a"]}}, "output": "b"}
-    with open_store(db_path, runtime=tokens_runtime) as store:
+    with backend.open(runtime=tokens_runtime) as store:
         dag = DagJobs({KIND: document}, {"t": Task(careless, version=1)})
 
         def handle(payload: Any, ctx: Any) -> Any:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import sqlite3
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 
@@ -27,9 +25,9 @@ from jaren_jobs import (
     Runtime,
     Store,
     backoff_seconds,
-    open_store,
 )
 from tests.conftest import START, FakeClock, Sequence
+from tests.harness import Harness
 
 NOW_MS = int(START * 1000)
 
@@ -45,17 +43,6 @@ def ms(value: datetime | None) -> int | None:
     return round(value.timestamp() * 1000)
 
 
-def raw_row(db_path: Path, job_id: str) -> dict[str, object] | None:
-    """The stored row as SQLite holds it, read on a connection of its own."""
-    conn = sqlite3.connect(db_path)
-    conn.row_factory = sqlite3.Row
-    try:
-        row = conn.execute('SELECT * FROM "_jaren_jobs" WHERE id = ?', (job_id,)).fetchone()
-        return None if row is None else dict(row)
-    finally:
-        conn.close()
-
-
 def claim_one(store: Store, kind: str = "k", lease_seconds: float = 30.0) -> ClaimedJob:
     claimed = store.jobs.claim([kind], owner="w1", lease_seconds=lease_seconds)
     assert claimed is not None
@@ -65,7 +52,7 @@ def claim_one(store: Store, kind: str = "k", lease_seconds: float = 30.0) -> Cla
 # ----------------------------------------------------------------- enqueue
 
 
-def test_enqueue_defaults(store: Store, db_path: Path) -> None:
+def test_enqueue_defaults(store: Store, backend: Harness) -> None:
     job = store.jobs.enqueue("email")
     assert isinstance(job, Job)
     assert job.id == "id-000001"  # minted through the injected runtime
@@ -83,7 +70,7 @@ def test_enqueue_defaults(store: Store, db_path: Path) -> None:
     assert job.result is None
     assert job.created_at == job.updated_at == at(0)
     assert store.jobs.get(job.id) == job
-    row = raw_row(db_path, job.id)
+    row = backend.raw_row(job.id)
     assert row is not None
     assert row["run_at"] == row["created_at"] == NOW_MS
     assert row["lease_token"] is None
@@ -98,8 +85,8 @@ def test_enqueue_payload_round_trips(store: Store) -> None:
     assert again.payload == payload
 
 
-def test_enqueue_store_defaults_max_attempts(db_path: Path, runtime: Runtime) -> None:
-    with open_store(db_path, runtime=runtime, defaults={"max_attempts": 2}) as s:
+def test_enqueue_store_defaults_max_attempts(backend: Harness, runtime: Runtime) -> None:
+    with backend.open(runtime=runtime, defaults={"max_attempts": 2}) as s:
         assert s.jobs.enqueue("k").max_attempts == 2
         assert s.jobs.enqueue("k", max_attempts=7).max_attempts == 7
 
@@ -276,7 +263,7 @@ def test_counts(store: Store, clock: FakeClock) -> None:
 # ----------------------------------------------------------------- claim
 
 
-def test_claim_mints_a_lease(store: Store, db_path: Path) -> None:
+def test_claim_mints_a_lease(store: Store, backend: Harness) -> None:
     job = store.jobs.enqueue("k", {"x": 1})
     claimed = store.jobs.claim(["k"], owner="worker-1", lease_seconds=12.5)
     assert isinstance(claimed, ClaimedJob)
@@ -294,15 +281,15 @@ def test_claim_mints_a_lease(store: Store, db_path: Path) -> None:
     assert lease.attempt == 1
     assert lease.owner == "worker-1"
     assert lease.expires_at == at(12.5)
-    row = raw_row(db_path, job.id)
+    row = backend.raw_row(job.id)
     assert row is not None
     assert row["lease_token"] == lease.token
     assert row["state"] == "leased"
     assert row["lease_until"] == NOW_MS + 12_500
 
 
-def test_claim_uses_default_lease_seconds(db_path: Path, runtime: Runtime) -> None:
-    with open_store(db_path, runtime=runtime, defaults={"lease_seconds": 7}) as s:
+def test_claim_uses_default_lease_seconds(backend: Harness, runtime: Runtime) -> None:
+    with backend.open(runtime=runtime, defaults={"lease_seconds": 7}) as s:
         s.jobs.enqueue("k")
         claimed = s.jobs.claim(["k"], owner="w")
         assert claimed is not None
@@ -462,7 +449,7 @@ def test_claim_many_is_one_transaction(store: Store) -> None:
 # ----------------------------------------------------------------- renew
 
 
-def test_renew(store: Store, clock: FakeClock, db_path: Path) -> None:
+def test_renew(store: Store, clock: FakeClock, backend: Harness) -> None:
     store.jobs.enqueue("k", id="j")
     claimed = claim_one(store, lease_seconds=10)
     clock.advance(4)
@@ -473,7 +460,7 @@ def test_renew(store: Store, clock: FakeClock, db_path: Path) -> None:
     assert renewed.attempt == claimed.lease.attempt
     assert renewed.job_id == "j"
     assert renewed.owner == claimed.lease.owner
-    row = raw_row(db_path, "j")
+    row = backend.raw_row("j")
     assert row is not None
     assert row["lease_token"] == renewed.token
     assert row["lease_until"] == NOW_MS + 24_000
@@ -488,7 +475,7 @@ def test_renew(store: Store, clock: FakeClock, db_path: Path) -> None:
         with pytest.raises(LeaseSuperseded) as info:
             call()
         assert info.value.code == "JD2066"
-    assert raw_row(db_path, "j") == row
+    assert backend.raw_row("j") == row
     assert store.jobs.complete(renewed, "ok") is True
 
 
@@ -519,7 +506,7 @@ def test_renew_of_settled_job(store: Store) -> None:
 # ----------------------------------------------------------------- complete / fail and the fence
 
 
-def test_complete(store: Store, clock: FakeClock, db_path: Path) -> None:
+def test_complete(store: Store, clock: FakeClock, backend: Harness) -> None:
     store.jobs.enqueue("k", id="j")
     claimed = claim_one(store)
     clock.advance(2)
@@ -531,47 +518,47 @@ def test_complete(store: Store, clock: FakeClock, db_path: Path) -> None:
     assert job.lease_until is None
     assert job.updated_at == at(2)
     assert job.attempts == 1
-    row = raw_row(db_path, "j")
+    row = backend.raw_row("j")
     assert row is not None
     assert row["lease_token"] is None
     assert row["settled_generation"] == 1
 
 
-def test_complete_refusals(store: Store, clock: FakeClock, db_path: Path) -> None:
+def test_complete_refusals(store: Store, clock: FakeClock, backend: Harness) -> None:
     store.jobs.enqueue("k", id="j")
     first = claim_one(store, lease_seconds=10)
 
     # LeaseExpired: the token matches, the lease ran out, nobody re-claimed yet
     clock.advance(10)
-    before = raw_row(db_path, "j")
+    before = backend.raw_row("j")
     with pytest.raises(LeaseExpired) as expired:
         store.jobs.complete(first.lease, "late")
     assert expired.value.code == "JD2067"
     assert expired.value.details["job_id"] == "j"
     with pytest.raises(LeaseExpired):
         store.jobs.fail(first.lease, "late")
-    assert raw_row(db_path, "j") == before
+    assert backend.raw_row("j") == before
 
     # LeaseSuperseded: another attempt holds it now
     second = claim_one(store, lease_seconds=10)
-    before = raw_row(db_path, "j")
+    before = backend.raw_row("j")
     with pytest.raises(LeaseSuperseded) as superseded:
         store.jobs.complete(first.lease, "late")
     assert superseded.value.code == "JD2066"
     assert superseded.value.details["current_generation"] == 2
     with pytest.raises(LeaseSuperseded):
         store.jobs.fail(first.lease, "late")
-    assert raw_row(db_path, "j") == before
+    assert backend.raw_row("j") == before
 
     # JobSettled: the other attempt settled it
     assert store.jobs.complete(second.lease, "second") is True
-    before = raw_row(db_path, "j")
+    before = backend.raw_row("j")
     with pytest.raises(JobSettled) as settled:
         store.jobs.complete(first.lease, "late")
     assert settled.value.code == "JD2065"
     with pytest.raises(JobSettled):
         store.jobs.fail(first.lease, "late")
-    assert raw_row(db_path, "j") == before
+    assert backend.raw_row("j") == before
     assert store.jobs.get("j").result == "second"  # type: ignore[union-attr]
 
 
@@ -587,41 +574,43 @@ def test_complete_of_unknown_job(store: Store) -> None:
     assert store.jobs.get("ghost") is None
 
 
-def test_resettlement_by_same_attempt_is_idempotent(store: Store, db_path: Path) -> None:
+def test_resettlement_by_same_attempt_is_idempotent(store: Store, backend: Harness) -> None:
     store.jobs.enqueue("k", id="j")
     claimed = claim_one(store)
     assert store.jobs.complete(claimed.lease, "first") is True
-    row = raw_row(db_path, "j")
+    row = backend.raw_row("j")
     assert store.jobs.complete(claimed.lease, "second") is True
     assert store.jobs.fail(claimed.lease, "late") is True
     assert store.jobs.fail(claimed.lease, "late", retry=False) is True
-    assert raw_row(db_path, "j") == row  # wrote nothing
+    assert backend.raw_row("j") == row  # wrote nothing
     assert store.jobs.get("j").result == "first"  # type: ignore[union-attr]
 
 
-def test_resettlement_after_fail_is_idempotent(store: Store, db_path: Path) -> None:
+def test_resettlement_after_fail_is_idempotent(store: Store, backend: Harness) -> None:
     store.jobs.enqueue("k", id="j")
     claimed = claim_one(store)
     assert store.jobs.fail(claimed.lease, "boom") is True
-    row = raw_row(db_path, "j")
+    row = backend.raw_row("j")
     assert store.jobs.fail(claimed.lease, "boom again") is True
     assert store.jobs.complete(claimed.lease, "result") is True
-    assert raw_row(db_path, "j") == row
+    assert backend.raw_row("j") == row
 
 
-def test_resettlement_with_pre_renewal_lease(store: Store, clock: FakeClock, db_path: Path) -> None:
+def test_resettlement_with_pre_renewal_lease(
+    store: Store, clock: FakeClock, backend: Harness
+) -> None:
     store.jobs.enqueue("k", id="j")
     claimed = claim_one(store, lease_seconds=10)
     renewed = store.jobs.renew(claimed.lease)
     assert store.jobs.complete(renewed, "done") is True
-    row = raw_row(db_path, "j")
+    row = backend.raw_row("j")
     # the attempt's older lease counts too: same generation
     assert store.jobs.complete(claimed.lease, "other") is True
     assert store.jobs.fail(claimed.lease, "x") is True
     clock.advance(3600)  # long after both leases would have run out
     assert store.jobs.complete(renewed) is True
     assert store.jobs.complete(claimed.lease) is True
-    assert raw_row(db_path, "j") == row
+    assert backend.raw_row("j") == row
 
 
 def test_resettlement_is_per_attempt(store: Store, clock: FakeClock) -> None:
@@ -649,7 +638,7 @@ ENDINGS = {
 @pytest.mark.parametrize("second", ["complete", "retry", "cancel"])
 @pytest.mark.parametrize("first", ["complete", "dead", "cancel"])
 def test_resettlement_does_not_survive_a_sweep_and_reuse_of_the_id(
-    store: Store, clock: FakeClock, db_path: Path, first: str, second: str
+    store: Store, clock: FakeClock, backend: Harness, first: str, second: str
 ) -> None:
     store.jobs.enqueue("k", id="j")
     old = claim_one(store)
@@ -662,7 +651,7 @@ def test_resettlement_does_not_survive_a_sweep_and_reuse_of_the_id(
     assert new.lease.generation == old.lease.generation  # the generation starts again
     new_renewed = store.jobs.renew(new.lease)
     assert ENDINGS[second](store, new_renewed) is True
-    row = raw_row(db_path, "j")
+    row = backend.raw_row("j")
 
     # neither of the old attempt's leases settled this life of the job
     for stale in (old.lease, old_renewed):
@@ -676,20 +665,20 @@ def test_resettlement_does_not_survive_a_sweep_and_reuse_of_the_id(
             store.jobs.cancel("j", lease=stale)
         with pytest.raises(JobSettled):
             store.jobs.renew(stale)
-    assert raw_row(db_path, "j") == row
+    assert backend.raw_row("j") == row
     # the attempt that did settle it still answers idempotently, with either lease
     for own in (new.lease, new_renewed):
         assert store.jobs.complete(own, "again") is True
         assert store.jobs.fail(own, "again") is True
         assert store.jobs.cancel("j", lease=own) is False
-    assert raw_row(db_path, "j") == row
+    assert backend.raw_row("j") == row
 
 
-def test_the_settling_attempt_is_not_readable_from_the_job(store: Store, db_path: Path) -> None:
+def test_the_settling_attempt_is_not_readable_from_the_job(store: Store, backend: Harness) -> None:
     store.jobs.enqueue("k", id="j")
     claimed = claim_one(store)
     assert store.jobs.complete(claimed.lease) is True
-    stored = raw_row(db_path, "j")
+    stored = backend.raw_row("j")
     assert stored is not None
     # what names the settling attempt is a digest: no token, live or spent, is kept
     assert claimed.lease.token not in {str(value) for value in stored.values()}
@@ -715,13 +704,13 @@ def test_the_settling_attempt_is_not_readable_from_the_job(store: Store, db_path
     ids=["draw-half", "draw-zero", "draw-near-one", "third-retry", "capped"],
 )
 def test_fail_backoff_with_jitter(
-    db_path: Path, clock: FakeClock, case: tuple[float, float, float, int, float]
+    backend: Harness, clock: FakeClock, case: tuple[float, float, float, int, float]
 ) -> None:
     draw, base, cap, failures, last_delay = case
     ids = Sequence(draw=draw)
     runtime = Runtime(now=clock.now, random=ids.random, uuid=ids.uuid)
     defaults = {"backoff_base_seconds": base, "backoff_cap_seconds": cap, "max_attempts": 10}
-    with open_store(db_path, runtime=runtime, defaults=defaults) as s:
+    with backend.open(runtime=runtime, defaults=defaults) as s:
         s.jobs.enqueue("k", id="j")
         delay = 0.0
         for retry in range(1, failures + 1):
@@ -761,7 +750,7 @@ def test_fail_per_call_backoff_override(store: Store, clock: FakeClock) -> None:
     assert store.jobs.get("j").run_at == at(7.5)  # type: ignore[union-attr]
 
 
-def test_fail_dead_letters_at_max_attempts(store: Store, db_path: Path) -> None:
+def test_fail_dead_letters_at_max_attempts(store: Store, backend: Harness) -> None:
     store.jobs.enqueue("k", id="j", max_attempts=1)
     claimed = claim_one(store)
     assert store.jobs.fail(claimed.lease, RuntimeError("gone")) is True
@@ -770,7 +759,7 @@ def test_fail_dead_letters_at_max_attempts(store: Store, db_path: Path) -> None:
     assert job.state == "dead"
     assert job.last_error == "RuntimeError: gone"
     assert job.lease_until is None
-    row = raw_row(db_path, "j")
+    row = backend.raw_row("j")
     assert row is not None
     assert row["lease_token"] is None
     assert store.jobs.claim(["k"], owner="w1") is None
@@ -884,20 +873,20 @@ def test_cancel_queued(store: Store, clock: FakeClock) -> None:
     assert store.jobs.cancel("failed") is False
 
 
-def test_cancel_claimed_without_lease(store: Store, clock: FakeClock, db_path: Path) -> None:
+def test_cancel_claimed_without_lease(store: Store, clock: FakeClock, backend: Harness) -> None:
     store.jobs.enqueue("k", id="j")
     claim_one(store, lease_seconds=10)
-    row = raw_row(db_path, "j")
+    row = backend.raw_row("j")
     with pytest.raises(LeaseRequired) as info:
         store.jobs.cancel("j")
     assert info.value.code == "JD2068"
     clock.advance(60)  # even when the lease has expired
     with pytest.raises(LeaseRequired):
         store.jobs.cancel("j")
-    assert raw_row(db_path, "j") == row
+    assert backend.raw_row("j") == row
 
 
-def test_cancel_with_current_lease(store: Store, clock: FakeClock, db_path: Path) -> None:
+def test_cancel_with_current_lease(store: Store, clock: FakeClock, backend: Harness) -> None:
     store.jobs.enqueue("k", id="j")
     claimed = claim_one(store, lease_seconds=10)
     clock.advance(3)
@@ -907,7 +896,7 @@ def test_cancel_with_current_lease(store: Store, clock: FakeClock, db_path: Path
     assert job.state == "cancelled"
     assert job.lease_until is None
     assert job.updated_at == at(3)
-    row = raw_row(db_path, "j")
+    row = backend.raw_row("j")
     assert row is not None
     assert row["lease_token"] is None
     # the same attempt asking again: it already settled it
@@ -925,34 +914,34 @@ def test_cancel_with_renewed_lease(store: Store) -> None:
     assert store.jobs.cancel("j", lease=renewed) is True
 
 
-def test_cancel_with_stale_lease(store: Store, clock: FakeClock, db_path: Path) -> None:
+def test_cancel_with_stale_lease(store: Store, clock: FakeClock, backend: Harness) -> None:
     store.jobs.enqueue("k", id="j")
     first = claim_one(store, lease_seconds=10)
     clock.advance(10)
     with pytest.raises(LeaseExpired):
         store.jobs.cancel("j", lease=first.lease)
     second = claim_one(store, lease_seconds=10)
-    row = raw_row(db_path, "j")
+    row = backend.raw_row("j")
     with pytest.raises(LeaseSuperseded):
         store.jobs.cancel("j", lease=first.lease)
-    assert raw_row(db_path, "j") == row
+    assert backend.raw_row("j") == row
     assert store.jobs.complete(second.lease) is True
     with pytest.raises(JobSettled):
         store.jobs.cancel("j", lease=first.lease)
     assert store.jobs.get("j").state == "done"  # type: ignore[union-attr]
 
 
-def test_cancel_after_same_attempt_settled(store: Store, db_path: Path) -> None:
+def test_cancel_after_same_attempt_settled(store: Store, backend: Harness) -> None:
     store.jobs.enqueue("a", id="done")
     store.jobs.enqueue("b", id="dead", max_attempts=1)
     done = claim_one(store, "a")
     dead = claim_one(store, "b")
     assert store.jobs.complete(done.lease) is True
     assert store.jobs.fail(dead.lease, "x") is True
-    rows = (raw_row(db_path, "done"), raw_row(db_path, "dead"))
+    rows = (backend.raw_row("done"), backend.raw_row("dead"))
     assert store.jobs.cancel("done", lease=done.lease) is False
     assert store.jobs.cancel("dead", lease=dead.lease) is False
-    assert (raw_row(db_path, "done"), raw_row(db_path, "dead")) == rows
+    assert (backend.raw_row("done"), backend.raw_row("dead")) == rows
 
 
 def test_cancel_unknown_or_settled(store: Store) -> None:
@@ -1003,7 +992,7 @@ def test_requeue_failed_dead_cancelled(store: Store, clock: FakeClock) -> None:
     assert again.lease.generation == 2
 
 
-def test_requeue_lease_expired(store: Store, clock: FakeClock, db_path: Path) -> None:
+def test_requeue_lease_expired(store: Store, clock: FakeClock, backend: Harness) -> None:
     store.jobs.enqueue("k", id="j")
     claimed = claim_one(store, lease_seconds=10)
     clock.advance(10)
@@ -1013,7 +1002,7 @@ def test_requeue_lease_expired(store: Store, clock: FakeClock, db_path: Path) ->
     assert job.state == "pending"
     assert job.attempts == 1
     assert job.run_at == at(10)
-    row = raw_row(db_path, "j")
+    row = backend.raw_row("j")
     assert row is not None
     assert row["lease_token"] is None
     # the attempt whose lease ran out no longer speaks for the job
@@ -1023,18 +1012,18 @@ def test_requeue_lease_expired(store: Store, clock: FakeClock, db_path: Path) ->
         store.jobs.fail(claimed.lease, "x")
     with pytest.raises(JobSettled):
         store.jobs.renew(claimed.lease)
-    assert raw_row(db_path, "j") == row
+    assert backend.raw_row("j") == row
     assert claim_one(store).lease.generation == 2
 
 
-def test_requeue_live_lease(store: Store, db_path: Path) -> None:
+def test_requeue_live_lease(store: Store, backend: Harness) -> None:
     store.jobs.enqueue("k", id="j")
     claimed = claim_one(store)
-    row = raw_row(db_path, "j")
+    row = backend.raw_row("j")
     with pytest.raises(LeaseRequired) as info:
         store.jobs.requeue("j")
     assert info.value.code == "JD2068"
-    assert raw_row(db_path, "j") == row
+    assert backend.raw_row("j") == row
     assert store.jobs.complete(claimed.lease) is True
 
 
@@ -1069,18 +1058,11 @@ def _checkpoint(store: Store, run_id: str, node_id: str) -> None:
         )
 
 
-def _checkpoint_runs(db_path: Path) -> list[str]:
-    conn = sqlite3.connect(db_path)
-    try:
-        rows = conn.execute(
-            'SELECT DISTINCT run_id FROM "_jaren_job_checkpoints" ORDER BY run_id'
-        ).fetchall()
-    finally:
-        conn.close()
-    return [r[0] for r in rows]
+def _checkpoint_runs(backend: Harness) -> list[str]:
+    return sorted({run for run, _, _, _ in backend.checkpoint_rows()})
 
 
-def test_sweep(store: Store, clock: FakeClock, db_path: Path) -> None:
+def test_sweep(store: Store, clock: FakeClock, backend: Harness) -> None:
     # settled at t=0, 1, 2 (done, dead, cancelled), plus unsettled ones at t=0
     store.jobs.enqueue("k", id="s0-done")
     store.jobs.enqueue("k", id="s1-dead", max_attempts=1)
@@ -1107,14 +1089,14 @@ def test_sweep(store: Store, clock: FakeClock, db_path: Path) -> None:
     assert store.jobs.sweep(settled_before=at(2), limit=1) == 1
     assert store.jobs.get("s0-done") is None
     assert store.jobs.get("s1-dead") is not None
-    assert "s0-done" not in _checkpoint_runs(db_path)
+    assert "s0-done" not in _checkpoint_runs(backend)
     assert store.jobs.sweep(settled_before=at(2)) == 1
     assert store.jobs.get("s1-dead") is None
     assert store.jobs.get("s2-cancelled") is not None
     assert store.jobs.sweep(settled_before=at(100)) == 1
     assert store.jobs.sweep(settled_before=at(100)) == 0
     # unsettled jobs and their checkpoints stay
-    assert _checkpoint_runs(db_path) == ["leased", "pending"]
+    assert _checkpoint_runs(backend) == ["leased", "pending"]
     counts = store.jobs.counts()
     assert (counts.pending, counts.failed, counts.leased) == (1, 1, 1)
     assert (counts.done, counts.dead, counts.cancelled) == (0, 0, 0)
@@ -1147,14 +1129,14 @@ def _refusing_calls(store: Store, job_id: str) -> list[tuple[str, object]]:
 
 
 @pytest.mark.parametrize("call", ["cancel", "requeue", "sweep"])
-def test_aborted_signal_refuses(store: Store, db_path: Path, call: str) -> None:
+def test_aborted_signal_refuses(store: Store, backend: Harness, call: str) -> None:
     store.jobs.enqueue("q", id="queued")
     store.jobs.enqueue("f", id="failed")
     store.jobs.enqueue("d", id="done")
     assert store.jobs.fail(claim_one(store, "f").lease, "x")
     assert store.jobs.complete(claim_one(store, "d").lease)
     job_id = "failed" if call == "requeue" else "queued"
-    before = [raw_row(db_path, j) for j in ("queued", "failed", "done")]
+    before = [backend.raw_row(j) for j in ("queued", "failed", "done")]
     scope = CancelScope()
     scope.abort("shutting down")
     fn = dict(_refusing_calls(store, job_id))[call]
@@ -1162,13 +1144,15 @@ def test_aborted_signal_refuses(store: Store, db_path: Path, call: str) -> None:
         fn(signal=scope.signal)  # type: ignore[operator]
     assert info.value.code == "JD2081"
     assert "shutting down" in str(info.value)
-    assert [raw_row(db_path, j) for j in ("queued", "failed", "done")] == before
+    assert [backend.raw_row(j) for j in ("queued", "failed", "done")] == before
     # a live signal lets the call through
     assert fn(signal=CancelScope().signal)  # type: ignore[operator]
 
 
 @pytest.mark.parametrize("call", ["cancel", "requeue", "sweep"])
-def test_passed_deadline_refuses(store: Store, clock: FakeClock, db_path: Path, call: str) -> None:
+def test_passed_deadline_refuses(
+    store: Store, clock: FakeClock, backend: Harness, call: str
+) -> None:
     store.jobs.enqueue("q", id="queued")
     store.jobs.enqueue("f", id="failed")
     store.jobs.enqueue("d", id="done")
@@ -1176,13 +1160,13 @@ def test_passed_deadline_refuses(store: Store, clock: FakeClock, db_path: Path, 
     assert store.jobs.complete(claim_one(store, "d").lease)
     job_id = "failed" if call == "requeue" else "queued"
     clock.advance(5)
-    before = [raw_row(db_path, j) for j in ("queued", "failed", "done")]
+    before = [backend.raw_row(j) for j in ("queued", "failed", "done")]
     fn = dict(_refusing_calls(store, job_id))[call]
     for deadline in (at(5), at(4)):  # at the deadline counts as passed
         with pytest.raises(OperationCancelled) as info:
             fn(deadline=deadline)  # type: ignore[operator]
         assert info.value.code == "JD2081"
-    assert [raw_row(db_path, j) for j in ("queued", "failed", "done")] == before
+    assert [backend.raw_row(j) for j in ("queued", "failed", "done")] == before
     assert fn(deadline=at(6))  # type: ignore[operator]
 
 

@@ -1,7 +1,10 @@
-"""Opening a store, its transactions, and its gate (SPEC §1).
+"""A store's transactions, its close, and os.fork() (SPEC §1).
 
 Threads are ordered with events and by watching the gate's queue, never by
 sleeping: a thread counts as "waiting on the gate" once it is in the queue.
+Opening (pragmas, the application's connection, text factories) is in
+tests/backends/sqlite/test_open.py, lock waits in .../test_busy.py, the gate's
+own order in .../test_gate.py.
 """
 
 from __future__ import annotations
@@ -10,18 +13,15 @@ import json
 import os
 import select
 import signal
-import sqlite3
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from jaren_jobs import (
-    CancelScope,
     DuplicateJob,
     GateRefused,
     Job,
@@ -31,8 +31,8 @@ from jaren_jobs import (
     Store,
     StoreClosed,
     TransactionAborted,
-    open_store,
 )
+from tests.harness import Harness
 
 WAIT = 10.0  # generous bound for anything a test waits on; never reached when all is well
 
@@ -85,24 +85,8 @@ class Call:
         return self.result
 
 
-def other_connection(db_path: Path) -> sqlite3.Connection:
-    return sqlite3.connect(db_path, isolation_level=None, timeout=0)
-
-
-def job_ids(db_path: Path) -> list[str]:
-    conn = other_connection(db_path)
-    try:
-        return [r[0] for r in conn.execute('SELECT id FROM "_jaren_jobs" ORDER BY id')]
-    finally:
-        conn.close()
-
-
-def order_ids(db_path: Path) -> list[int]:
-    conn = other_connection(db_path)
-    try:
-        return [r[0] for r in conn.execute("SELECT id FROM orders ORDER BY id")]
-    finally:
-        conn.close()
+def order_ids(backend: Harness) -> list[int]:
+    return [r[0] for r in backend.query("SELECT id FROM orders ORDER BY id")]
 
 
 @pytest.fixture
@@ -113,215 +97,37 @@ def app_store(store: Store) -> Store:
     return store
 
 
-# ----------------------------------------------------------------- opening
-
-
-@pytest.mark.parametrize(("durability", "synchronous"), [("full", 2), ("normal", 1)])
-def test_open_with_a_path(db_path: Path, durability: str, synchronous: int) -> None:
-    assert not db_path.exists()
-    store = open_store(db_path, durability=durability, busy_timeout_seconds=1.5)  # type: ignore[arg-type]
-    try:
-        assert db_path.exists()
-        assert store.path == str(db_path)
-        assert store.durability == durability
-        conn = store.connection
-        assert conn.execute("PRAGMA synchronous").fetchone()[0] == synchronous
-        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 1500
-        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        other = other_connection(db_path)
-        try:
-            # WAL is a property of the file: another connection sees it too
-            assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-            tables = {
-                r[0] for r in other.execute("SELECT name FROM sqlite_master WHERE type='table'")
-            }
-        finally:
-            other.close()
-        assert {"_jaren_jobs", "_jaren_job_checkpoints", "_jaren_meta"} <= tables
-        assert store.jobs.enqueue("k").state == "pending"
-    finally:
-        store.close()
-    assert store.closed
-
-
-def test_the_longest_busy_timeout_sqlite_holds_is_accepted(db_path: Path) -> None:
-    with open_store(db_path, busy_timeout_seconds=2_147_483.647) as store:
-        assert store.connection.execute("PRAGMA busy_timeout").fetchone()[0] == 2**31 - 1
-    with pytest.raises(ValueError, match="busy_timeout_seconds"):
-        open_store(db_path, busy_timeout_seconds=2_147_483.648)
-
-
-def test_open_default_busy_timeout(store: Store) -> None:
-    assert store.connection.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
-    assert store.connection.execute("PRAGMA synchronous").fetchone()[0] == 2
-
-
-@pytest.mark.parametrize(("durability", "synchronous"), [("full", 2), ("normal", 1)])
-def test_open_with_an_app_connection(db_path: Path, durability: str, synchronous: int) -> None:
-    conn = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
-    try:
-        store = open_store(connection=conn, durability=durability, busy_timeout_seconds=2)  # type: ignore[arg-type]
-        assert store.connection is conn
-        assert store.path is None
-        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("PRAGMA synchronous").fetchone()[0] == synchronous
-        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 2000
-        store.jobs.enqueue("k", id="j")
-        store.close()
-        assert store.closed
-        with pytest.raises(StoreClosed):
-            store.jobs.get("j")
-        # a store given a connection never closes it
-        assert conn.execute('SELECT id FROM "_jaren_jobs"').fetchall() == [("j",)]
-        with open_store(connection=conn) as again:
-            assert again.jobs.get("j") is not None
-        assert conn.execute("SELECT 1").fetchone() == (1,)
-    finally:
-        conn.close()
-
-
-def latin1(raw: bytes) -> str:
-    return raw.decode("latin-1")
-
-
-@pytest.mark.parametrize("factory", [bytes, latin1], ids=["bytes", "latin-1"])
-def test_the_app_connections_text_factory_changes_nothing_the_library_reads(
-    db_path: Path, runtime: Runtime, factory: Callable[[bytes], Any]
-) -> None:
-    """The library reads text as str whatever the application set; its own SQL keeps
-    the application's factory."""
-    conn = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
-    conn.text_factory = factory
-    payload = {"name": "café ☕", "n": 1}
-    try:
-        with open_store(connection=conn, runtime=runtime) as store:
-            store.jobs.enqueue("brew", payload, id="j")
-            got = store.jobs.get("j")
-            assert got is not None
-            assert (got.id, got.kind, got.state, got.payload) == ("j", "brew", "pending", payload)
-            [paged] = list(store.jobs.page(kind="brew"))
-            assert paged == got
-            assert store.jobs.counts().pending_kinds == {"brew": 1}
-            seen: list[Any] = []
-
-            def handler(value: Any, ctx: Any) -> Any:
-                seen.append((value, ctx.job.kind, ctx.checkpoints.load("j")))
-                ctx.checkpoints.save("j", "step", "é")
-                return {"echo": value["name"]}
-
-            worker = store.jobs.create_worker({"brew": handler})
-            assert worker.run_once() is True
-            worker.stop()
-            assert seen == [(payload, "brew", None)]
-            done = store.jobs.get("j")
-            assert done is not None
-            assert (done.state, done.result) == ("done", {"echo": "café ☕"})
-            with store.transaction() as tx:
-                # the application's own statements read with its own factory
-                row = tx.execute('SELECT kind FROM "_jaren_jobs" WHERE id = ?', ("j",)).fetchone()
-                assert row == (factory(b"brew"),)
-                assert tx.jobs.get("j") == done
-            assert conn.text_factory is factory
-        assert conn.text_factory is factory
-    finally:
-        conn.close()
-
-
-def test_a_utf16_database_round_trips_text(tmp_path: Path, runtime: Runtime) -> None:
-    path = tmp_path / "utf16.db"
-    conn = sqlite3.connect(path)
-    conn.execute("PRAGMA encoding = 'UTF-16le'")
-    conn.execute("CREATE TABLE app (x TEXT)")  # the encoding is fixed by the first table
-    conn.commit()
-    conn.close()
-    payload = {"name": "café ☕ 😀", "kéy": ["ü", 1.5]}
-    with open_store(path, runtime=runtime) as store:
-        assert store.connection.execute("PRAGMA encoding").fetchone()[0] == "UTF-16le"
-        store.jobs.enqueue("k", payload, id="j")
-        claimed = store.jobs.claim(["k"], owner="w")
-        assert claimed is not None
-        assert claimed.payload == payload
-        assert store.jobs.fail(claimed.lease, "erreur é", retry=False) is True
-        assert store.jobs.requeue("j") is True
-        again = store.jobs.claim(["k"], owner="w")
-        assert again is not None
-        assert (again.payload, again.last_error) == (payload, "erreur é")
-        assert store.jobs.complete(again.lease, {"résultat": "😀"}) is True
-        done = store.jobs.get("j")
-        assert done is not None
-        assert (done.payload, done.result) == (payload, {"résultat": "😀"})
-        assert [job.payload for job in store.jobs.page()] == [payload]
-
-
-def test_open_memory(runtime: Runtime) -> None:
-    with open_store(":memory:", runtime=runtime) as store:
-        store.jobs.enqueue("k", id="j")
-        assert store.jobs.get("j") is not None
-        assert store.connection.execute("PRAGMA journal_mode").fetchone()[0] == "memory"
-
-
-def test_context_manager_closes(db_path: Path, runtime: Runtime) -> None:
-    with open_store(db_path, runtime=runtime) as store:
+def test_context_manager_closes(backend: Harness, runtime: Runtime) -> None:
+    with backend.open(runtime=runtime) as store:
         assert not store.closed
         store.jobs.enqueue("k", id="j")
     assert store.closed
     with pytest.raises(StoreClosed):
         store.jobs.get("j")
-    with pytest.raises(RuntimeError, match="boom"), open_store(db_path) as failing:
+    with pytest.raises(RuntimeError, match="boom"), backend.open() as failing:
         raise RuntimeError("boom")
     assert failing.closed
-    assert job_ids(db_path) == ["j"]
-
-
-def test_exactly_one_of_path_or_connection(db_path: Path) -> None:
-    with pytest.raises(TypeError, match="exactly one"):
-        open_store()
-    conn = sqlite3.connect(db_path, check_same_thread=False)
-    try:
-        with pytest.raises(TypeError, match="exactly one"):
-            open_store(db_path, connection=conn)
-    finally:
-        conn.close()
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "error"),
-    [
-        ({"durability": "fast"}, ValueError),
-        ({"readonly": "yes"}, TypeError),
-        ({"busy_timeout_seconds": -1}, ValueError),
-        # SQLite keeps busy_timeout in a C int of milliseconds: more would wrap to "never wait"
-        ({"busy_timeout_seconds": 2_147_484.0}, ValueError),
-        ({"busy_timeout_seconds": 3e9}, ValueError),
-        ({"gate_timeout_seconds": float("nan")}, ValueError),
-        ({"defaults": {"lease_seconds": 0}}, ValueError),
-        ({"defaults": {"no_such_key": 1}}, ValueError),
-        ({"runtime": object()}, TypeError),
-    ],
-)
-def test_open_refuses_bad_options(db_path: Path, kwargs: dict[str, Any], error: type) -> None:
-    with pytest.raises(error):
-        open_store(db_path, **kwargs)
+    assert backend.job_ids() == ["j"]
 
 
 # ----------------------------------------------------------------- transactions
 
 
-def test_transaction_commit_writes_both(app_store: Store, db_path: Path) -> None:
+def test_transaction_commit_writes_both(app_store: Store, backend: Harness) -> None:
     with app_store.transaction() as tx:
         tx.execute("INSERT INTO orders (id, item) VALUES (?, ?)", (1, "book"))
         job = tx.jobs.enqueue("ship", {"order": 1}, id="ship-1")
         assert isinstance(job, Job)
         assert tx.jobs.get("ship-1") == job  # visible inside the transaction
         # ... and not outside it until the commit
-        assert job_ids(db_path) == []
-        assert order_ids(db_path) == []
-    assert job_ids(db_path) == ["ship-1"]
-    assert order_ids(db_path) == [1]
+        assert backend.job_ids() == []
+        assert order_ids(backend) == []
+    assert backend.job_ids() == ["ship-1"]
+    assert order_ids(backend) == [1]
     assert app_store.jobs.get("ship-1") == job
 
 
-def test_transaction_exception_rolls_back_both(app_store: Store, db_path: Path) -> None:
+def test_transaction_exception_rolls_back_both(app_store: Store, backend: Harness) -> None:
     def checkout() -> None:
         with app_store.transaction() as tx:
             tx.execute("INSERT INTO orders (id, item) VALUES (?, ?)", (1, "book"))
@@ -330,15 +136,15 @@ def test_transaction_exception_rolls_back_both(app_store: Store, db_path: Path) 
 
     with pytest.raises(RuntimeError, match="payment declined"):
         checkout()
-    assert job_ids(db_path) == []
-    assert order_ids(db_path) == []
+    assert backend.job_ids() == []
+    assert order_ids(backend) == []
     # the gate was released: root calls go on working
     assert app_store.jobs.get("ship-1") is None
     app_store.jobs.enqueue("k", id="after")
-    assert job_ids(db_path) == ["after"]
+    assert backend.job_ids() == ["after"]
 
 
-def test_transaction_engine_refusal_rolls_back(app_store: Store, db_path: Path) -> None:
+def test_transaction_engine_refusal_rolls_back(app_store: Store, backend: Harness) -> None:
     app_store.jobs.enqueue("k", id="taken")
 
     def checkout() -> None:
@@ -348,10 +154,10 @@ def test_transaction_engine_refusal_rolls_back(app_store: Store, db_path: Path) 
 
     with pytest.raises(DuplicateJob):
         checkout()
-    assert order_ids(db_path) == []
+    assert order_ids(backend) == []
 
 
-def test_nested_transaction_is_a_savepoint(app_store: Store, db_path: Path) -> None:
+def test_nested_transaction_is_a_savepoint(app_store: Store, backend: Harness) -> None:
     with app_store.transaction() as outer:
         outer.execute("INSERT INTO orders (id, item) VALUES (1, 'kept')")
         outer.jobs.enqueue("k", id="outer-job")
@@ -371,11 +177,11 @@ def test_nested_transaction_is_a_savepoint(app_store: Store, db_path: Path) -> N
             second.jobs.enqueue("k", id="second-job")
         assert outer.jobs.get("inner-job") is None
         outer.execute("INSERT INTO orders (id, item) VALUES (4, 'last')")
-    assert order_ids(db_path) == [1, 3, 4]
-    assert job_ids(db_path) == ["outer-job", "second-job"]
+    assert order_ids(backend) == [1, 3, 4]
+    assert backend.job_ids() == ["outer-job", "second-job"]
 
 
-def test_nested_commit_is_undone_by_outer_rollback(app_store: Store, db_path: Path) -> None:
+def test_nested_commit_is_undone_by_outer_rollback(app_store: Store, backend: Harness) -> None:
     def outer_step() -> None:
         with app_store.transaction():
             with app_store.transaction() as inner:
@@ -384,7 +190,7 @@ def test_nested_commit_is_undone_by_outer_rollback(app_store: Store, db_path: Pa
 
     with pytest.raises(KeyError):
         outer_step()
-    assert job_ids(db_path) == []
+    assert backend.job_ids() == []
 
 
 def test_transaction_view_after_the_block(app_store: Store) -> None:
@@ -407,9 +213,11 @@ def test_transaction_view_from_another_thread(app_store: Store) -> None:
     assert app_store.jobs.get("stray") is None
 
 
-def test_root_call_inside_transaction_is_refused_at_once(db_path: Path, runtime: Runtime) -> None:
+def test_root_call_inside_transaction_is_refused_at_once(
+    backend: Harness, runtime: Runtime
+) -> None:
     # a long gate timeout: if the refusal waited instead, the test would notice
-    with open_store(db_path, runtime=runtime, gate_timeout_seconds=60) as store:
+    with backend.open(runtime=runtime, gate_timeout_seconds=60) as store:
         with store.transaction() as tx:
             tx.jobs.enqueue("k", id="in-tx")
             for call in (
@@ -432,6 +240,7 @@ def test_root_call_inside_transaction_is_refused_at_once(db_path: Path, runtime:
         assert not store.closed
 
 
+@pytest.mark.requires("gate")
 def test_root_call_from_another_thread_waits_for_commit(app_store: Store) -> None:
     with app_store.transaction() as tx:
         tx.execute("INSERT INTO orders (id, item) VALUES (1, 'book')")
@@ -446,6 +255,7 @@ def test_root_call_from_another_thread_waits_for_commit(app_store: Store) -> Non
     assert app_store.jobs.get("ship-2") is not None
 
 
+@pytest.mark.requires("gate")
 def test_root_write_from_another_thread_waits_for_commit(app_store: Store) -> None:
     with app_store.transaction() as tx:
         tx.jobs.enqueue("k", id="first")
@@ -460,25 +270,25 @@ def test_root_write_from_another_thread_waits_for_commit(app_store: Store) -> No
 # ----------------------------------------------------------------- driver errors
 
 
-def test_bad_sql_is_a_storage_error(app_store: Store, db_path: Path) -> None:
+def test_bad_sql_is_a_storage_error(app_store: Store, backend: Harness) -> None:
     with app_store.transaction() as tx:
         tx.execute("INSERT INTO orders (id, item) VALUES (1, 'book')")
         with pytest.raises(StorageError) as info:
             tx.execute("SELEC nonsense")
-        assert isinstance(info.value.__cause__, sqlite3.Error)
+        assert isinstance(info.value.__cause__, backend.driver_error)
         assert info.value.code == "JD2099"
         with pytest.raises(StorageError) as dup:
             tx.execute("INSERT INTO orders (id, item) VALUES (1, 'again')")
-        assert isinstance(dup.value.__cause__, sqlite3.IntegrityError)
+        assert isinstance(dup.value.__cause__, backend.integrity_error)
         with pytest.raises(StorageError) as many:
             tx.executemany("INSERT INTO orders (id, item) VALUES (?, ?)", [(2, None)])
-        assert isinstance(many.value.__cause__, sqlite3.IntegrityError)
+        assert isinstance(many.value.__cause__, backend.integrity_error)
         with pytest.raises(StorageError):
             tx.execute("SELECT * FROM no_such_table")
         rows = tx.execute("SELECT id, item FROM orders")
         assert rows.fetchall() == [(1, "book")]
     # the caught errors did not spoil the transaction
-    assert order_ids(db_path) == [1]
+    assert order_ids(backend) == [1]
 
 
 # Statements after which SQLite itself rolls the whole transaction back.
@@ -510,9 +320,10 @@ def assert_aborted(call: Callable[[], Any]) -> None:
     assert "rolled back" in str(info.value)
 
 
+@pytest.mark.requires("sqlite")  # conflict clauses and RAISE(ROLLBACK)
 @pytest.mark.parametrize("cause", sorted(ROLLBACK_CAUSES))
 def test_a_transaction_sqlite_rolled_back_refuses_every_later_call(
-    rollback_store: Store, db_path: Path, cause: str
+    rollback_store: Store, backend: Harness, cause: str
 ) -> None:
     store = rollback_store
     committed: list[str] = []
@@ -544,19 +355,20 @@ def test_a_transaction_sqlite_rolled_back_refuses_every_later_call(
 
     assert_aborted(checkout)  # the block itself ends in the error, never in a COMMIT
     assert committed == []
-    assert job_ids(db_path) == []
-    assert order_ids(db_path) == []
+    assert backend.job_ids() == []
+    assert order_ids(backend) == []
     # the store is not wedged: the gate is free, a new transaction commits
     assert store.jobs.get("orphan") is None
     with store.transaction() as tx:
         tx.execute("INSERT INTO orders (id, item) VALUES (1, 'book')")
         tx.jobs.enqueue("ship", {"order": 1}, id="ship-1")
-    assert job_ids(db_path) == ["ship-1"]
-    assert order_ids(db_path) == [1]
+    assert backend.job_ids() == ["ship-1"]
+    assert order_ids(backend) == [1]
 
 
+@pytest.mark.requires("sqlite")
 def test_a_rollback_inside_a_nested_transaction_ends_the_outer_one(
-    rollback_store: Store, db_path: Path
+    rollback_store: Store, backend: Harness
 ) -> None:
     store = rollback_store
 
@@ -576,12 +388,12 @@ def test_a_rollback_inside_a_nested_transaction_ends_the_outer_one(
             assert_aborted(lambda: outer.execute("INSERT INTO orders (id, item) VALUES (2, 'x')"))
 
     assert_aborted(checkout)
-    assert job_ids(db_path) == []
-    assert order_ids(db_path) == []
+    assert backend.job_ids() == []
+    assert order_ids(backend) == []
 
 
 def test_a_transaction_ended_by_its_own_statement_is_refused_after(
-    app_store: Store, db_path: Path
+    app_store: Store, backend: Harness
 ) -> None:
     # ROLLBACK run through tx.execute succeeds, yet ends the transaction
     def checkout() -> None:
@@ -591,207 +403,12 @@ def test_a_transaction_ended_by_its_own_statement_is_refused_after(
             assert_aborted(lambda: tx.jobs.enqueue("ship", id="orphan"))
 
     assert_aborted(checkout)
-    assert job_ids(db_path) == []
+    assert backend.job_ids() == []
 
 
-def test_locked_database_is_a_storage_error(db_path: Path, runtime: Runtime) -> None:
-    with open_store(db_path, runtime=runtime, busy_timeout_seconds=0) as store:
-        blocker = other_connection(db_path)
-        try:
-            blocker.execute("BEGIN IMMEDIATE")
-            with pytest.raises(StorageError) as info:
-                store.jobs.enqueue("k", id="j")
-            assert isinstance(info.value.__cause__, sqlite3.OperationalError)
-            assert "locked" in str(info.value) or "busy" in str(info.value)
-            blocker.execute("ROLLBACK")
-        finally:
-            blocker.close()
-        # the refused call left no transaction behind
-        assert store.jobs.enqueue("k", id="j").id == "j"
-
-
-def test_busy_write_lock_gives_up_after_busy_timeout(db_path: Path, runtime: Runtime) -> None:
-    with open_store(db_path, runtime=runtime, busy_timeout_seconds=0.2) as store:
-        blocker = other_connection(db_path)
-        try:
-            blocker.execute("BEGIN IMMEDIATE")
-            for call in (
-                lambda: store.jobs.enqueue("k", id="j"),
-                lambda: store.transaction().__enter__(),
-            ):
-                started = time.monotonic()
-                with pytest.raises(StorageError) as info:
-                    call()
-                assert time.monotonic() - started >= 0.2
-                assert isinstance(info.value.__cause__, sqlite3.OperationalError)
-                assert "busy_timeout" in str(info.value)
-            blocker.execute("ROLLBACK")
-        finally:
-            blocker.close()
-        # the configured timeout is still the connection's
-        assert store.connection.execute("PRAGMA busy_timeout").fetchone()[0] == 200
-        assert store.jobs.enqueue("k", id="j").id == "j"
-
-
-@pytest.mark.parametrize("via", ["root", "transaction"])
-def test_write_waits_for_another_connections_lock(
-    db_path: Path, runtime: Runtime, via: str
-) -> None:
-    with open_store(db_path, runtime=runtime) as store:
-        begins = threading.Event()
-
-        def trace(statement: str) -> None:
-            if statement.strip().upper() == "BEGIN IMMEDIATE":
-                begins.set()
-
-        def write() -> object:
-            if via == "root":
-                return store.jobs.enqueue("k", id="j")
-            with store.transaction() as tx:
-                return tx.jobs.enqueue("k", id="j")
-
-        blocker = other_connection(db_path)
-        try:
-            blocker.execute("BEGIN IMMEDIATE")
-            blocker.execute(
-                'INSERT INTO "_jaren_jobs" (id, kind, state, run_at, max_attempts, created_at, '
-                "updated_at) VALUES ('blocker', 'k', 'pending', 0, 1, 0, 0)"
-            )
-            store.connection.set_trace_callback(trace)
-            writer = Call(write, "writer").start()
-            assert begins.wait(WAIT)  # it tried, and found the lock taken
-            assert not writer.done.is_set()
-            blocker.execute("COMMIT")
-            job = writer.join()
-        finally:
-            store.connection.set_trace_callback(None)
-            blocker.close()
-        assert job.id == "j"
-        assert job_ids(db_path) == ["blocker", "j"]
-
-
-def test_app_connection_with_an_open_transaction(db_path: Path) -> None:
-    conn = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
-    try:
-        store = open_store(connection=conn)
-        conn.execute("BEGIN")
-        with pytest.raises(StorageError, match="open transaction"):
-            store.jobs.enqueue("k")
-        with pytest.raises(StorageError, match="open transaction"), store.transaction():
-            pass
-        conn.execute("ROLLBACK")
-        assert store.jobs.enqueue("k", id="j").id == "j"
-        store.close()
-    finally:
-        conn.close()
-
-
-# ----------------------------------------------------------------- the gate
-
-
-def test_gate_serves_waiters_in_arrival_order(store: Store, db_path: Path) -> None:
-    # ids are minted under the gate, so the id each waiter's job gets records
-    # the order in which the gate served them
-    calls: list[Call] = []
-    with store.transaction() as tx:
-        tx.execute("SELECT 1")
-        for index in range(5):
-            call = Call(lambda i=index: store.jobs.enqueue(f"waiter-{i}"), f"waiter-{index}")
-            calls.append(call.start())
-            wait_until(lambda n=index + 1: queued(store) == n, f"waiter {index} to queue")
-        assert not any(c.done.is_set() for c in calls)
-    jobs = [c.join() for c in calls]
-    assert [j.kind for j in jobs] == [f"waiter-{i}" for i in range(5)]
-    assert [j.id for j in jobs] == [f"id-{i:06d}" for i in range(1, 6)]
-    assert queued(store) == 0
-
-
-def test_gate_handover_beats_a_newcomer(store: Store) -> None:
-    # a release hands the gate to the oldest waiter; a thread arriving after
-    # the release but before the waiter wakes must queue behind it
-    with store.transaction():
-        first = Call(lambda: store.jobs.enqueue("first"), "first").start()
-        wait_until(lambda: queued(store) == 1, "the first waiter to queue")
-    newcomer = store.jobs.enqueue("newcomer")
-    assert first.join().id == "id-000001"
-    assert newcomer.id == "id-000002"
-
-
-def test_gate_timeout(db_path: Path, runtime: Runtime) -> None:
-    with open_store(db_path, runtime=runtime, gate_timeout_seconds=0.2) as store:
-        with store.transaction() as tx:
-            tx.jobs.enqueue("k", id="j")
-            started = time.monotonic()
-            waiter = Call(lambda: store.jobs.get("j"), "waiter").start()
-            with pytest.raises(GateRefused) as info:
-                waiter.join()
-            assert time.monotonic() - started >= 0.2
-            assert info.value.details["reason"] == "timeout"
-            assert info.value.code == "JD2064"
-            assert queued(store) == 0  # it left the queue
-        assert store.jobs.get("j") is not None
-
-
-class ForeignSignal:
-    """A signal the library did not make: it can only be polled."""
-
-    def __init__(self) -> None:
-        self.aborted = False
-        self.reason: Any = None
-
-
-@pytest.mark.parametrize("kind", ["cancel-scope", "foreign"])
-def test_gate_abandoned_through_a_signal(store: Store, db_path: Path, kind: str) -> None:
-    store.jobs.enqueue("k", id="j")
-    scope = CancelScope()
-    foreign = ForeignSignal()
-    signal: Any = scope.signal if kind == "cancel-scope" else foreign
-    calls = [
-        ("cancel", lambda: store.jobs.cancel("j", signal=signal)),
-        ("requeue", lambda: store.jobs.requeue("j", signal=signal)),
-    ]
-    with store.transaction():
-        waiters: list[Call] = []
-        for count, (name, fn) in enumerate(calls, start=1):
-            waiters.append(Call(fn, name).start())
-            wait_until(lambda n=count: queued(store) == n, f"{name} to queue")
-        if kind == "cancel-scope":
-            scope.abort("user went away")
-        else:
-            foreign.reason = "user went away"
-            foreign.aborted = True
-        for waiter in waiters:
-            with pytest.raises(GateRefused) as info:
-                waiter.join()
-            assert info.value.details["reason"] == "aborted"
-            assert "user went away" in str(info.value)
-        assert queued(store) == 0
-    job = store.jobs.get("j")
-    assert job is not None
-    assert job.state == "pending"  # nothing was written
-
-
-def test_gate_abandonment_keeps_the_queue_order(store: Store) -> None:
-    store.jobs.enqueue("k", id="j")
-    scope = CancelScope()
-    with store.transaction():
-        first = Call(lambda: store.jobs.enqueue("first"), "first").start()
-        wait_until(lambda: queued(store) == 1, "first to queue")
-        quitter = Call(lambda: store.jobs.cancel("j", signal=scope.signal), "quitter").start()
-        wait_until(lambda: queued(store) == 2, "quitter to queue")
-        last = Call(lambda: store.jobs.enqueue("last"), "last").start()
-        wait_until(lambda: queued(store) == 3, "last to queue")
-        scope.abort("gone")
-        with pytest.raises(GateRefused):
-            quitter.join()
-        assert queued(store) == 2
-    assert first.join().id == "id-000001"
-    assert last.join().id == "id-000002"
-    assert store.jobs.get("j").state == "pending"  # type: ignore[union-attr]
-
-
-def test_close_wakes_queued_callers(db_path: Path, runtime: Runtime) -> None:
-    store = open_store(db_path, runtime=runtime)
+@pytest.mark.requires("gate")
+def test_close_wakes_queued_callers(backend: Harness, runtime: Runtime) -> None:
+    store = backend.open(runtime=runtime)
     holder_in = threading.Event()
     holder_release = threading.Event()
 
@@ -894,13 +511,14 @@ def assert_refused_as_forked(found: dict[str, list[Any]]) -> None:
 
 
 @needs_fork
+@pytest.mark.requires("sqlite")  # sqlite3's trace callback counts the statements
 @pytest.mark.filterwarnings(FORK_WARNING)
 @pytest.mark.parametrize("holder", ["nobody", "a parent transaction", "the gate's own lock"])
 def test_a_forked_child_is_refused_at_once_and_never_touches_the_connection(
-    db_path: Path, runtime: Runtime, holder: str
+    backend: Harness, runtime: Runtime, holder: str
 ) -> None:
     # a long gate timeout: a child that queued for a parent thread would hang
-    store = open_store(db_path, runtime=runtime, gate_timeout_seconds=60)
+    store = backend.open(runtime=runtime, gate_timeout_seconds=60)
     store.jobs.enqueue("k", id="before")
     statements: list[str] = []
     store.connection.set_trace_callback(statements.append)
@@ -967,15 +585,16 @@ def test_a_forked_child_is_refused_at_once_and_never_touches_the_connection(
         assert claimed is not None
         assert store.jobs.complete(claimed.lease) is True
         expected = ["after", "before"] + (["parent-tx"] if holder == "a parent transaction" else [])
-        assert job_ids(db_path) == sorted(expected)  # read on a connection of its own
+        assert backend.job_ids() == sorted(expected)  # read on a connection of its own
     finally:
         store.close()
 
 
 @needs_fork
+@pytest.mark.requires("sqlite")  # sqlite3's trace callback counts the statements
 @pytest.mark.filterwarnings(FORK_WARNING)
 def test_a_fork_inside_a_transaction_leaves_it_to_the_parent(
-    app_store: Store, db_path: Path
+    app_store: Store, backend: Harness
 ) -> None:
     statements: list[str] = []
     app_store.connection.set_trace_callback(statements.append)
@@ -1004,5 +623,5 @@ def test_a_fork_inside_a_transaction_leaves_it_to_the_parent(
     assert_refused_as_forked(answer["found"])
     assert answer["statements"] == []
     # the parent's transaction committed as if nothing had happened
-    assert order_ids(db_path) == [1]
-    assert job_ids(db_path) == ["ship-1"]
+    assert order_ids(backend) == [1]
+    assert backend.job_ids() == ["ship-1"]

@@ -329,7 +329,9 @@ def test_newer_schema_version_is_refused(db_path: Path) -> None:
 
 
 @pytest.mark.parametrize("value", ["two", "", "2.0", "0x2"])
-def test_a_schema_version_that_is_not_a_number_is_a_schema_error(db_path: Path, value: str) -> None:
+def test_a_schema_version_that_is_not_a_number_is_a_schema_error(
+    db_path: Path, value: str
+) -> None:
     with open_store(db_path) as store:
         store.jobs.enqueue("k", id="j")
     conn = sqlite3.connect(db_path)

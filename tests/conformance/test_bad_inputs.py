@@ -6,11 +6,9 @@ settled one, and compares a snapshot of every table before and after.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,28 +24,13 @@ from jaren_jobs import (
     StorageError,
     Store,
     StoreClosed,
-    open_store,
 )
 from tests.conftest import START
+from tests.harness import Harness
 
 AWARE = datetime.fromtimestamp(START, timezone.utc)
 NAIVE = datetime(2027, 1, 15, 8, 0, 0)
 PAST_MAX = datetime.max.replace(tzinfo=timezone(timedelta(hours=-5)))
-
-
-def snapshot(db_path: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table, read on a connection of its own."""
-    conn = sqlite3.connect(db_path)
-    try:
-        tables = [
-            r[0]
-            for r in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
-            )
-        ]
-        return {t: conn.execute(f'SELECT * FROM "{t}" ORDER BY 1, 2').fetchall() for t in tables}
-    finally:
-        conn.close()
 
 
 def deep_list(depth: int) -> list[Any]:
@@ -378,18 +361,18 @@ CASES: list[tuple[str, Call, type[BaseException], str]] = [
 )
 def test_bad_input_is_refused_and_writes_nothing(
     world: World,
-    db_path: Path,
+    backend: Harness,
     call: Call,
     error: type[BaseException],
     phrase: str,
 ) -> None:
-    before = snapshot(db_path)
+    before = backend.snapshot()
     with pytest.raises(error) as info:
         call(world)
     # the exact class, not a broader one: a LeaseSuperseded is not "some LeaseLost"
     assert type(info.value) is error
     assert phrase in str(info.value)
-    assert snapshot(db_path) == before
+    assert backend.snapshot() == before
     # the store is still usable, and the refused lease still speaks for its job
     assert world.store.jobs.complete(world.claimed.lease, "after") is True
 
@@ -407,14 +390,14 @@ def test_refused_result_leaves_the_job_leased(world: World) -> None:
     assert (done.state, done.result) == ("done", {"when": "now"})
 
 
-def test_bad_input_inside_a_transaction_writes_nothing(world: World, db_path: Path) -> None:
-    before = snapshot(db_path)
+def test_bad_input_inside_a_transaction_writes_nothing(world: World, backend: Harness) -> None:
+    before = backend.snapshot()
     with world.store.transaction() as tx:
         with pytest.raises(ValueError):
             tx.jobs.enqueue("k", float("nan"))
         with pytest.raises(LeaseRequired):
             tx.jobs.complete("leased-1")
-    assert snapshot(db_path) == before
+    assert backend.snapshot() == before
 
 
 # ----------------------------------------------------------------- a closed store
@@ -444,22 +427,22 @@ CLOSED_CALL_NAMES = [name for name, _ in _closed_calls(None)]
 
 
 @pytest.mark.parametrize("name", CLOSED_CALL_NAMES)
-def test_closed_store_refuses_every_call(db_path: Path, runtime: Runtime, name: str) -> None:
-    store = open_store(db_path, runtime=runtime)
+def test_closed_store_refuses_every_call(backend: Harness, runtime: Runtime, name: str) -> None:
+    store = backend.open(runtime=runtime)
     world = populate(store)
     store.close()
     assert store.closed
-    before = snapshot(db_path)
+    before = backend.snapshot()
     call = dict(_closed_calls(world.lease))[name]
     with pytest.raises(StoreClosed) as info:
         call(store)
     assert info.value.code == "JD2091"
-    assert snapshot(db_path) == before
+    assert backend.snapshot() == before
     assert store.close() == []  # idempotent
 
 
-def test_closed_transaction_view_refuses(db_path: Path, runtime: Runtime) -> None:
-    store = open_store(db_path, runtime=runtime)
+def test_closed_transaction_view_refuses(backend: Harness, runtime: Runtime) -> None:
+    store = backend.open(runtime=runtime)
     with store.transaction() as tx:
         pass
     store.close()
@@ -471,10 +454,10 @@ def test_closed_transaction_view_refuses(db_path: Path, runtime: Runtime) -> Non
 
 
 @pytest.fixture
-def readonly(db_path: Path, runtime: Runtime) -> Iterator[tuple[Store, World]]:
-    writer = open_store(db_path, runtime=runtime)
+def readonly(backend: Harness, runtime: Runtime) -> Iterator[tuple[Store, World]]:
+    writer = backend.open(runtime=runtime)
     world = populate(writer)
-    reader = open_store(db_path, runtime=runtime, readonly=True)
+    reader = backend.open(runtime=runtime, readonly=True)
     try:
         yield reader, world
     finally:
@@ -504,18 +487,18 @@ READONLY_WRITE_NAMES = [name for name, _ in _readonly_writes(None)]
 
 @pytest.mark.parametrize("name", READONLY_WRITE_NAMES)
 def test_readonly_store_refuses_writes(
-    readonly: tuple[Store, World], db_path: Path, name: str
+    readonly: tuple[Store, World], backend: Harness, name: str
 ) -> None:
     reader, world = readonly
     assert reader.readonly
-    before = snapshot(db_path)
+    before = backend.snapshot()
     call = dict(_readonly_writes(world.lease))[name]
     with pytest.raises(StorageError) as info:
         call(reader)
     assert info.value.code == "JD2099"
-    assert isinstance(info.value.__cause__, sqlite3.Error)
+    assert isinstance(info.value.__cause__, backend.driver_error)
     assert "read-only" in str(info.value) or "readonly" in str(info.value)
-    assert snapshot(db_path) == before
+    assert backend.snapshot() == before
     # the reader still reads, and the writer still writes
     assert reader.jobs.get("leased-1") is not None
 
@@ -534,37 +517,27 @@ def test_readonly_store_reads(readonly: tuple[Store, World]) -> None:
 
 
 def test_readonly_transaction_write_is_storage_error(
-    readonly: tuple[Store, World], db_path: Path
+    readonly: tuple[Store, World], backend: Harness
 ) -> None:
     reader, _ = readonly
-    before = snapshot(db_path)
+    before = backend.snapshot()
     with pytest.raises(StorageError) as info, reader.transaction() as tx:
         tx.jobs.enqueue("k")
-    assert isinstance(info.value.__cause__, sqlite3.Error)
-    assert snapshot(db_path) == before
+    assert isinstance(info.value.__cause__, backend.driver_error)
+    assert backend.snapshot() == before
 
 
+@pytest.mark.requires("file", "sqlite")
 @pytest.mark.parametrize("content", ["no-tables", "empty-file", "other-tables"])
-def test_readonly_store_without_tables(db_path: Path, content: str) -> None:
+def test_readonly_store_without_tables(backend: Harness, content: str) -> None:
     if content == "empty-file":
-        db_path.write_bytes(b"")
+        backend.path.write_bytes(b"")
+    elif content == "other-tables":
+        backend.execute("CREATE TABLE app_users (id INTEGER PRIMARY KEY)")
     else:
-        conn = sqlite3.connect(db_path)
-        if content == "other-tables":
-            conn.execute("CREATE TABLE app_users (id INTEGER PRIMARY KEY)")
-        else:
-            conn.execute("PRAGMA user_version = 1")  # a real, table-less database
-        conn.commit()
-        conn.close()
-    before = db_path.read_bytes()
+        backend.execute("PRAGMA user_version = 1")  # a real, table-less database
+    before = backend.path.read_bytes()
     with pytest.raises(SchemaError) as info:
-        open_store(db_path, readonly=True)
+        backend.open(readonly=True)
     assert info.value.code == "JD0002"
-    assert db_path.read_bytes() == before  # created nothing
-
-
-def test_readonly_store_on_a_missing_file(tmp_path: Path) -> None:
-    missing = tmp_path / "missing.db"
-    with pytest.raises(StorageError):
-        open_store(missing, readonly=True)
-    assert not missing.exists()
+    assert backend.path.read_bytes() == before  # created nothing

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +21,7 @@ from jaren_jobs import (
     Store,
 )
 from tests.conftest import FakeClock
+from tests.harness import CHECKPOINTS, Harness
 
 LEASE = 10.0
 
@@ -33,14 +32,9 @@ def claim(store: Store, kind: str = "dag") -> ClaimedJob:
     return claimed
 
 
-def stored(db_path: Path, run_id: str | None = None) -> dict[tuple[str, str], tuple[Any, int]]:
+def stored(backend: Harness, run_id: str | None = None) -> dict[tuple[str, str], tuple[Any, int]]:
     """The checkpoint rows as committed, read on a connection of their own."""
-    conn = sqlite3.connect(db_path)
-    try:
-        query = 'SELECT run_id, node_id, value, generation FROM "_jaren_job_checkpoints"'
-        found = conn.execute(query).fetchall()
-    finally:
-        conn.close()
+    found = backend.checkpoint_rows()
     return {
         (run, node): (json.loads(value), generation)
         for run, node, value, generation in found
@@ -66,7 +60,7 @@ def test_load_is_none_when_nothing_is_recorded(store: Store, job_id: str) -> Non
 
 
 def test_rows_are_stamped_with_the_attempts_generation(
-    store: Store, job_id: str, db_path: Path
+    store: Store, job_id: str, backend: Harness
 ) -> None:
     claimed = claim(store)
     assert claimed.lease.generation == 1
@@ -74,7 +68,7 @@ def test_rows_are_stamped_with_the_attempts_generation(
     checkpoints.save(job_id, "fetch", {"body": "é"})
     checkpoints.save(job_id, "parse", [1, 2, 3])
     checkpoints.save(job_id, "parse", [4])  # a node saved again keeps its last value
-    assert stored(db_path) == {
+    assert stored(backend) == {
         (job_id, "fetch"): ({"body": "é"}, 1),
         (job_id, "parse"): ([4], 1),
     }
@@ -82,7 +76,7 @@ def test_rows_are_stamped_with_the_attempts_generation(
 
 
 def test_a_superseded_attempt_can_neither_save_nor_complete(
-    store: Store, job_id: str, clock: FakeClock, db_path: Path
+    store: Store, job_id: str, clock: FakeClock, backend: Harness
 ) -> None:
     first = store.jobs.checkpoints_for(claim(store))
     first.save(job_id, "a", 1)
@@ -91,7 +85,7 @@ def test_a_superseded_attempt_can_neither_save_nor_complete(
     assert second_claim.lease.generation == 2
     second = store.jobs.checkpoints_for(second_claim)
     second.save(job_id, "b", 2)
-    before = stored(db_path)
+    before = stored(backend)
 
     with pytest.raises(LeaseSuperseded) as saving:
         first.save(job_id, "a", "stale")
@@ -100,17 +94,17 @@ def test_a_superseded_attempt_can_neither_save_nor_complete(
         first.complete(job_id, "stale result")
 
     # a stale complete pruned nothing, settled nothing
-    assert stored(db_path) == before == {(job_id, "a"): (1, 1), (job_id, "b"): (2, 2)}
+    assert stored(backend) == before == {(job_id, "a"): (1, 1), (job_id, "b"): (2, 2)}
     assert job_state(store, job_id) == "leased"
     assert second.complete(job_id, "fresh result") is True
     job = store.jobs.get(job_id)
     assert job is not None
     assert (job.state, job.result) == ("done", "fresh result")
-    assert stored(db_path) == {}
+    assert stored(backend) == {}
 
 
 def test_an_expired_attempt_can_neither_save_nor_complete(
-    store: Store, job_id: str, clock: FakeClock, db_path: Path
+    store: Store, job_id: str, clock: FakeClock, backend: Harness
 ) -> None:
     checkpoints = store.jobs.checkpoints_for(claim(store))
     checkpoints.save(job_id, "a", 1)
@@ -120,7 +114,7 @@ def test_an_expired_attempt_can_neither_save_nor_complete(
     assert saving.value.code == "JD2067"
     with pytest.raises(LeaseExpired):
         checkpoints.complete(job_id, "late")
-    assert stored(db_path) == {(job_id, "a"): (1, 1)}
+    assert stored(backend) == {(job_id, "a"): (1, 1)}
     assert job_state(store, job_id) == "leased"
 
 
@@ -169,7 +163,7 @@ def test_a_retry_after_a_failure_resumes_from_the_failed_attempts_values(
 
 
 def test_an_attempt_from_before_a_sweep_is_not_the_new_lifes_attempt(
-    store: Store, job_id: str, clock: FakeClock, db_path: Path
+    store: Store, job_id: str, clock: FakeClock, backend: Harness
 ) -> None:
     old = store.jobs.checkpoints_for(claim(store))
     old.save(job_id, "a", "old life")
@@ -183,21 +177,21 @@ def test_an_attempt_from_before_a_sweep_is_not_the_new_lifes_attempt(
     assert new.generation == old.generation  # the generation starts again
     new.save(job_id, "a", "new life")
     store.jobs.fail(claimed.lease, RuntimeError("flaky"))
-    before = stored(db_path)
+    before = stored(backend)
 
     # the old attempt settled the old life only: no True for this one
     with pytest.raises(JobSettled):
         old.complete(job_id, "stale")
     with pytest.raises(JobSettled):
         old.save(job_id, "b", "stale")
-    assert stored(db_path) == before == {(job_id, "a"): ("new life", 1)}
+    assert stored(backend) == before == {(job_id, "a"): ("new life", 1)}
     assert job_state(store, job_id) == "failed"
     assert new.complete(job_id, "again") is True  # the new life's own attempt: idempotent
-    assert stored(db_path) == before
+    assert stored(backend) == before
 
 
 def test_a_completed_run_prunes_its_rows_up_to_its_generation_only(
-    store: Store, job_id: str, clock: FakeClock, db_path: Path
+    store: Store, job_id: str, clock: FakeClock, backend: Harness
 ) -> None:
     other = store.jobs.enqueue("other", None, id="run-2").id
     other_checkpoints = store.jobs.checkpoints_for(claim(store, "other"))
@@ -217,7 +211,7 @@ def test_a_completed_run_prunes_its_rows_up_to_its_generation_only(
             (job_id,),
         )
     assert second.complete(job_id, {"out": 2}) is True
-    assert stored(db_path) == {(job_id, "later"): ("newer", 3), (other, "x"): ("kept", 1)}
+    assert stored(backend) == {(job_id, "later"): ("newer", 3), (other, "x"): ("kept", 1)}
     # completing twice from the same attempt is idempotent
     assert second.complete(job_id, {"out": 2}) is True
     with pytest.raises(JobSettled):
@@ -225,39 +219,33 @@ def test_a_completed_run_prunes_its_rows_up_to_its_generation_only(
 
 
 def test_a_failure_inside_complete_leaves_the_job_leased_and_the_checkpoints_intact(
-    store: Store, job_id: str, db_path: Path
+    store: Store, job_id: str, backend: Harness
 ) -> None:
     claimed = claim(store)
     checkpoints = store.jobs.checkpoints_for(claimed)
     checkpoints.save(job_id, "a", 1)
     checkpoints.save(job_id, "b", 2)
     # make the prune fail after the completion statement has run
-    with store.transaction() as tx:
-        tx.execute(
-            'CREATE TEMP TRIGGER "refuse_prune" BEFORE DELETE ON "_jaren_job_checkpoints" '
-            "BEGIN SELECT RAISE(ABORT, 'prune refused'); END"
-        )
-    with pytest.raises(StorageError, match="prune refused") as caught:
-        checkpoints.complete(job_id, "result")
-    assert isinstance(caught.value.__cause__, sqlite3.Error)
+    with backend.refusing(store, "DELETE", CHECKPOINTS, "prune refused"):
+        with pytest.raises(StorageError, match="prune refused") as caught:
+            checkpoints.complete(job_id, "result")
+        assert isinstance(caught.value.__cause__, backend.driver_error)
 
-    job = store.jobs.get(job_id)
-    assert job is not None
-    assert job.state == "leased"
-    assert job.result is None
-    assert job.lease_generation == claimed.lease.generation
-    assert stored(db_path) == {(job_id, "a"): (1, 1), (job_id, "b"): (2, 1)}
-    assert checkpoints.load(job_id) == {"a": 1, "b": 2}
+        job = store.jobs.get(job_id)
+        assert job is not None
+        assert job.state == "leased"
+        assert job.result is None
+        assert job.lease_generation == claimed.lease.generation
+        assert stored(backend) == {(job_id, "a"): (1, 1), (job_id, "b"): (2, 1)}
+        assert checkpoints.load(job_id) == {"a": 1, "b": 2}
 
-    with store.transaction() as tx:
-        tx.execute('DROP TRIGGER "refuse_prune"')
     assert checkpoints.complete(job_id, "result") is True
     assert job_state(store, job_id) == "done"
-    assert stored(db_path) == {}
+    assert stored(backend) == {}
 
 
 def test_a_value_json_cannot_carry_is_refused_before_any_write(
-    store: Store, job_id: str, db_path: Path, clock: FakeClock
+    store: Store, job_id: str, backend: Harness, clock: FakeClock
 ) -> None:
     claimed = claim(store)
     checkpoints = store.jobs.checkpoints_for(claimed)
@@ -267,7 +255,7 @@ def test_a_value_json_cannot_carry_is_refused_before_any_write(
     for bad in (math.nan, math.inf, [-math.inf]):
         with pytest.raises(ValueError):
             checkpoints.save(job_id, "a", bad)
-    assert stored(db_path) == {}
+    assert stored(backend) == {}
     with pytest.raises(TypeError):
         checkpoints.complete(job_id, {"when": object()})
     with pytest.raises(TypeError):
@@ -298,7 +286,7 @@ def test_checkpoints_bind_to_one_run_and_take_a_claimed_job(store: Store, job_id
 
 
 def test_checkpoints_inside_a_transaction_commit_or_roll_back_with_it(
-    store: Store, job_id: str, db_path: Path
+    store: Store, job_id: str, backend: Harness
 ) -> None:
     claimed = claim(store)
 
@@ -309,12 +297,12 @@ def test_checkpoints_inside_a_transaction_commit_or_roll_back_with_it(
 
     with pytest.raises(RuntimeError):
         save_then_fail()
-    assert stored(db_path) == {}
+    assert stored(backend) == {}
     with store.transaction() as tx:
         inside = tx.jobs.checkpoints_for(claimed)
         inside.save(job_id, "a", 1)
         assert inside.load(job_id) == {"a": 1}
-    assert stored(db_path) == {(job_id, "a"): (1, 1)}
+    assert stored(backend) == {(job_id, "a"): (1, 1)}
 
 
 def test_the_refusals_are_lease_lost(store: Store, job_id: str, clock: FakeClock) -> None:
