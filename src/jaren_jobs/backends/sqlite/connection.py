@@ -31,6 +31,7 @@ from .errors import storage_error
 __all__ = ["Database", "RootScope", "Scope", "TxScope"]
 
 T = TypeVar("T")
+R = TypeVar("R")
 Params = Sequence[Any] | Mapping[str, Any]
 
 
@@ -124,23 +125,14 @@ class Database:
     # first row inside execute.
 
     def one(self, statement: str, params: Params = (), *, doing: str) -> tuple[Any, ...] | None:
-        connection = self.connection
-        factory = connection.text_factory
-        if factory is not str:
-            connection.text_factory = str
-        try:
-            cur = self.run(statement, params, doing=doing)
-            try:
-                row: tuple[Any, ...] | None = cur.fetchone()
-                cur.close()
-            except sqlite3.Error as exc:
-                raise storage_error(exc, doing) from exc
-        finally:
-            if factory is not str:
-                connection.text_factory = factory
-        return row
+        return self._read(statement, params, doing, _first_row)
 
     def all(self, statement: str, params: Params = (), *, doing: str) -> list[tuple[Any, ...]]:
+        return self._read(statement, params, doing, _all_rows)
+
+    def _read(
+        self, statement: str, params: Params, doing: str, fetch: Callable[[sqlite3.Cursor], R]
+    ) -> R:
         connection = self.connection
         factory = connection.text_factory
         if factory is not str:
@@ -148,13 +140,12 @@ class Database:
         try:
             cur = self.run(statement, params, doing=doing)
             try:
-                rows: list[tuple[Any, ...]] = cur.fetchall()
+                return fetch(cur)
             except sqlite3.Error as exc:
                 raise storage_error(exc, doing) from exc
         finally:
             if factory is not str:
                 connection.text_factory = factory
-        return rows
 
     def close_cursor(self, cursor: sqlite3.Cursor) -> None:
         """Close a cursor of the caller's (a page's) once it is done with it."""
@@ -365,6 +356,17 @@ def _after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):  # POSIX; nothing forks elsewhere
     os.register_at_fork(after_in_child=_after_fork)
+
+
+def _first_row(cursor: sqlite3.Cursor) -> tuple[Any, ...] | None:
+    row: tuple[Any, ...] | None = cursor.fetchone()
+    cursor.close()
+    return row
+
+
+def _all_rows(cursor: sqlite3.Cursor) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = cursor.fetchall()
+    return rows
 
 
 def _max_variables(connection: sqlite3.Connection) -> int:
