@@ -147,6 +147,7 @@ def committed_state(backend: Harness, job_id: str) -> str | None:
     return None if row is None else str(row["state"])
 
 
+@pytest.mark.requires("gate")  # the settlements pile up behind a held transaction
 def test_concurrent_settlements_answer_exactly_as_lone_calls(backend: Harness) -> None:
     control, control_clock = open_twin(backend.sibling("control"))
     batched, batched_clock = open_twin(backend)
@@ -224,6 +225,7 @@ def test_a_lone_settlement_waits_for_nobody(store: Store) -> None:
     assert (job.state, job.result) == ("done", {"ok": 1})
 
 
+@pytest.mark.requires("gate")  # the settlements pile up behind a held transaction
 def test_a_failing_batch_is_retried_one_settlement_at_a_time(
     store: Store, backend: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:

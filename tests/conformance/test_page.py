@@ -302,6 +302,7 @@ def test_nothing_is_held_between_pulls(real_store: Store, backend: Harness) -> N
     assert ids(cursor) == made[1:]
 
 
+@pytest.mark.requires("gate")
 def test_a_pull_during_a_transaction_waits_for_its_commit(real_store: Store) -> None:
     made = fill(real_store, 4)
     cursor = real_store.jobs.page()
@@ -325,6 +326,7 @@ def test_a_pull_during_a_transaction_waits_for_its_commit(real_store: Store) -> 
     assert rest[0].state == "cancelled"
 
 
+@pytest.mark.requires("gate")
 def test_a_pull_during_a_transaction_that_rolls_back_reads_the_committed_state(
     real_store: Store,
 ) -> None:
@@ -345,6 +347,7 @@ def test_a_pull_during_a_transaction_that_rolls_back_reads_the_committed_state(
     assert ids(cursor) == made[2:]
 
 
+@pytest.mark.requires("gate")
 def test_a_pull_that_waits_too_long_is_refused_and_the_cursor_lives_on(
     backend: Harness,
 ) -> None:
@@ -371,6 +374,7 @@ def test_a_root_cursor_inside_this_threads_transaction_is_refused_at_once(store:
     assert ids(cursor) == made[1:]
 
 
+@pytest.mark.requires("gate")
 def test_an_abort_while_queued_abandons_the_pull(real_store: Store) -> None:
     made = fill(real_store, 3)
     scope = CancelScope()
