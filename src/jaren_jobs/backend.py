@@ -19,15 +19,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from .core.commands import ClaimRequest, Failure, PreparedJob
+from .core.commands import ClaimRequest, PreparedJob
 from .core.fence import FenceRow
+from .core.settle import SettleBatch
 from .records import ClaimedJob, Counts, Job, Lease
 from .signals import SignalLike
 
 if TYPE_CHECKING:
     from .cursor import Cursor
 
-__all__ = ["JobsSession", "Missed"]
+__all__ = ["JobsSession", "Missed", "SettleAnswer"]
 
 T = TypeVar("T")
 
@@ -37,6 +38,22 @@ class Missed:
     """A fenced write matched nothing; ``row`` is the job's fence row (``None``: no job)."""
 
     row: FenceRow | None
+
+
+@dataclass(frozen=True, slots=True)
+class SettleAnswer:
+    """What a :class:`~jaren_jobs.core.settle.SettleBatch` wrote.
+
+    Per settlement, in order: ``True`` (written) or :class:`Missed`; how many
+    released leases were still held; per claim, the jobs it leased (claim
+    order). ``now`` is the instant the settlements were fenced at: a missed
+    one's refusal is named at it.
+    """
+
+    settled: tuple[bool | Missed, ...]
+    released: int
+    claimed: tuple[list[ClaimedJob], ...]
+    now: int
 
 
 class JobsSession(Protocol):
@@ -68,10 +85,6 @@ class JobsSession(Protocol):
 
     def renew(self, lease: Lease, lease_ms: int, what: str) -> Lease | Missed: ...
 
-    def complete(self, lease: Lease, result: str, what: str) -> bool | Missed: ...
-
-    def fail(self, failure: Failure, what: str) -> bool | Missed: ...
-
     def cancel_queued(
         self, job_id: str, what: str, signal: SignalLike | None
     ) -> bool | FenceRow | None: ...
@@ -99,19 +112,19 @@ class JobsSession(Protocol):
         deadline: datetime | None,
     ) -> Cursor[Job]: ...
 
+    # ---- settling: one batch, one unit of work (a lone complete() is a batch of one)
+
+    def settle(self, batch: SettleBatch, what: str) -> SettleAnswer: ...
+
+    def settle_within(self, batch: SettleBatch, now: int, what: str) -> SettleAnswer:
+        """:meth:`settle`'s statements, inside a write the caller holds, fenced at ``now``."""
+        ...
+
     # ---- the same statements, inside a write the caller holds
 
     def claim_within(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]: ...
 
     def complete_within(self, lease: Lease, result: str, now: int, what: str) -> bool | Missed: ...
-
-    def complete_many_within(
-        self, items: Sequence[tuple[Lease, str]], now: int, what: str
-    ) -> list[bool | Missed]: ...
-
-    def fail_within(self, failure: Failure, now: int, what: str) -> bool | Missed: ...
-
-    def release_within(self, leases: Sequence[Lease], now: int, what: str) -> int: ...
 
     def fence_row_within(self, job_id: str, what: str) -> FenceRow | None: ...
 

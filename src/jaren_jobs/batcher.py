@@ -9,22 +9,23 @@ loops each commit their own settlement spends most of its time in fsync.
   calls that arrive while a batch is being written queue up, and when that
   batch commits the oldest of them leads the next batch, taking every queued
   settlement with it;
-* **each settlement is fenced on its own**: inside one ``BEGIN IMMEDIATE …
-  COMMIT``, plain completions of distinct jobs go through one multi-row
-  statement (``engine.settle_done_many``, the same fence per row) and
-  everything else runs the very statements a lone call runs, in queue order;
-  a settlement the fence refuses writes nothing and gets its own refusal
-  (``JobSettled``, ``LeaseSuperseded``, ``LeaseExpired``), never disturbing
-  the others;
-* **groups**: :meth:`SettlementBatcher.submit` takes a caller's several
-  settlements at once (a worker's batch), plus a carrier that claims the
-  caller's next jobs or hands back leases it never started, all in the same
-  transaction;
+* **one settle call**: the queued callers' batches
+  (:class:`~jaren_jobs.core.settle.SettleBatch`) merge into one, written by
+  ONE ``settle`` backend call — one transaction — whose answers are split
+  back per caller. Inside it each settlement is fenced on its own (the
+  backend runs plain completions of distinct jobs as one multi-row
+  statement, the same fence per row): a settlement the fence refuses writes
+  nothing and gets its own refusal (``JobSettled``, ``LeaseSuperseded``,
+  ``LeaseExpired``, named here by ``core.fence``), never disturbing the
+  others;
+* **batches**: :meth:`SettlementBatcher.submit` takes a caller's whole
+  batch — several settlements (a worker's), leases it never started to hand
+  back, and claims of its next jobs — all in the same transaction;
 * **durable before answered**: every caller is answered after the commit
   that made its settlement durable. Should the batch fail as a whole (a
-  driver error, the store closing), each of its settlements is retried in a
-  transaction of its own, so each caller gets exactly the answer a lone call
-  would have given.
+  driver error, the store closing), each of its parts (a settlement, a
+  caller's hand-back, a claim) is retried in a transaction of its own, so
+  each caller gets exactly the answer a lone call would have given.
 
 A settlement's checks (the lease, a result JSON can carry, the error's
 description) run in the caller's thread before it queues, as they do for a
@@ -34,73 +35,77 @@ lone call, so a ``TypeError`` never reaches the batch.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from .engine import ClaimRequest, Failure, JobEngine
-from .errors import LeaseLost
+from .backend import Missed
+from .core import fence
+from .core.commands import Failure
+from .core.settle import CLAIM, COMPLETE, FAIL, RELEASE, Completion, SettleBatch, Settlement, merge
+from .engine import JobEngine
 from .records import ClaimedJob, Lease
 
-__all__ = ["Settlement", "SettlementBatcher"]
+__all__ = ["Settled", "SettlementBatcher"]
+
+_GROUP_COMMIT = "settling (group commit)"
 
 
-class Settlement:
-    """One queued settlement: what to write, and (once committed) its answer.
+@dataclass(slots=True)
+class Settled:
+    """One submitted batch's answers, given once the commit that made it durable happened.
 
-    ``apply`` runs the fenced statements at time ``now`` (it may raise a
-    refusal); ``done`` marks a plain completion ``(lease, result text)``,
-    which a batch writes with one multi-row statement instead. ``apply`` may
-    be ``None``: a carrier for a claim or a release alone.
+    Per settlement (in the batch's order): ``True``, or the refusal or error
+    a lone call would have raised; ``wrote`` says whether this batch's
+    statements wrote it (``False``: this same attempt had settled it
+    already). ``release_error`` is why the hand-back failed (``None``: it
+    committed; leases no longer held are skipped). Per claim: the jobs it
+    leased, in claim order, or the error that rolled the claim back (its
+    jobs are nobody's to run).
     """
 
-    __slots__ = (
-        "answer",
-        "apply",
-        "changes",
-        "claim",
-        "claim_count",
-        "done",
-        "error",
-        "event",
-        "handed",
-        "job_id",
-        "lead",
-        "release",
-        "what",
-    )
+    settled: list[bool | BaseException]
+    wrote: list[bool]
+    claimed: list[list[ClaimedJob] | BaseException]
+    release_error: BaseException | None = None
 
-    def __init__(
-        self,
-        what: str,
-        apply: Callable[[int], bool] | None,
-        claim: ClaimRequest | None = None,
-        *,
-        claim_count: int = 1,
-        done: tuple[Lease, str] | None = None,
-        job_id: str | None = None,
-        release: Sequence[Lease] = (),
-    ) -> None:
-        self.what = what
-        self.apply = apply
-        self.done = done
-        self.job_id = job_id  # the job it settles, if any
-        # a worker loop's next jobs, claimed in the same transaction
-        self.claim = claim
-        self.claim_count = claim_count if claim is not None else 0
-        self.handed: list[ClaimedJob] = []
-        # leases whose attempts never started: handed back in the same transaction
-        self.release = release
-        self.answer = False
-        self.error: BaseException | None = None
-        self.changes = 0  # rows this settlement's statements changed (0: already settled)
+    @classmethod
+    def failed(cls, batch: SettleBatch, error: BaseException) -> Settled:
+        """Every part of ``batch`` met ``error``: nothing of it was written."""
+        return cls(
+            settled=[error] * len(batch.settlements),
+            wrote=[False] * len(batch.settlements),
+            claimed=[error] * len(batch.claims),
+            release_error=error if batch.releases else None,
+        )
+
+    def result(self, index: int = 0) -> bool:
+        """The answer a lone call would have returned for settlement ``index``, or its raise."""
+        answer = self.settled[index]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def error(self, index: int = 0) -> BaseException | None:
+        """Settlement ``index``'s refusal or error; ``None`` when it holds."""
+        answer = self.settled[index]
+        return answer if isinstance(answer, BaseException) else None
+
+    def jobs(self, index: int = 0) -> list[ClaimedJob]:
+        """The jobs claim ``index`` leased (none when its claim failed)."""
+        claimed = self.claimed[index]
+        return [] if isinstance(claimed, BaseException) else claimed
+
+
+class _Group:
+    """A caller's batch in the queue: what to write, and (once committed) its answers."""
+
+    __slots__ = ("answer", "batch", "event", "lead")
+
+    def __init__(self, batch: SettleBatch) -> None:
+        self.batch = batch
+        self.answer: Settled | None = None
         self.event: threading.Event | None = None  # only a queued group waits on one
         self.lead = False  # set by the previous leader: this call writes the next batch
-
-    def result(self) -> bool:
-        """The answer a lone call would have returned, or its exception raised."""
-        if self.error is not None:
-            raise self.error
-        return self.answer
 
 
 class SettlementBatcher:
@@ -114,10 +119,10 @@ class SettlementBatcher:
         self._engine = engine
         self._lock = threading.Lock()
         self._leading = False
-        self._queue: list[Settlement] = []
+        self._queue: list[_Group] = []
         self.batches = 0  # transactions written (for tests and the benchmark)
         self.settled = 0  # settlements answered
-        self.retried_alone = 0  # settlements re-run alone after their batch failed
+        self.retried_alone = 0  # parts re-run alone after their batch failed
 
     def writing(self) -> bool:
         """True while a batch is being written (a leader holds the lead)."""
@@ -127,13 +132,13 @@ class SettlementBatcher:
     def waiting(self) -> int:
         """How many settlements are queued behind the batch being written now."""
         with self._lock:
-            return len(self._queue)
+            return sum(len(group.batch) for group in self._queue)
 
     # ------------------------------------------------------------ the calls
 
     def complete(self, lease: Lease, result: Any = None) -> bool:
         """As ``store.jobs.complete``: fenced, idempotent for the same attempt."""
-        return self.submit([self.completion(lease, result)])[0].result()
+        return self.submit(SettleBatch((self.completion(lease, result),))).result()
 
     def fail(
         self,
@@ -152,21 +157,14 @@ class SettlementBatcher:
             backoff_base_seconds=backoff_base_seconds,
             backoff_cap_seconds=backoff_cap_seconds,
         )
-        return self.submit([item])[0].result()
+        return self.submit(SettleBatch((item,))).result()
 
-    # ------------------------------------------------------------ groups
+    # ------------------------------------------------------------ batches
 
-    def completion(self, lease: Lease, result: Any = None) -> Settlement:
-        """A checked, unsubmitted completion (``TypeError`` for a result JSON cannot carry)."""
-        what = "complete()"
-        current, text = self._engine.prepare_complete(lease, result, what)
-        engine = self._engine
-        return Settlement(
-            what,
-            lambda now: engine.settle_done(current, text, now, what),
-            done=(current, text),
-            job_id=current.job_id,
-        )
+    def completion(self, lease: Lease, result: Any = None) -> Completion:
+        """A checked completion (``TypeError`` for a result JSON cannot carry)."""
+        current, text = self._engine.prepare_complete(lease, result, COMPLETE)
+        return Completion(current, text)
 
     def failure(
         self,
@@ -176,57 +174,46 @@ class SettlementBatcher:
         retry: bool = True,
         backoff_base_seconds: float | None = None,
         backoff_cap_seconds: float | None = None,
-    ) -> Settlement:
-        """A checked, unsubmitted failure (see :meth:`completion`)."""
-        what = "fail()"
-        failure: Failure = self._engine.prepare_fail(
+    ) -> Failure:
+        """A checked failure (see :meth:`completion`); the error is described here, once."""
+        return self._engine.prepare_fail(
             lease,
             error,
             retry=retry,
             backoff_base_seconds=backoff_base_seconds,
             backoff_cap_seconds=backoff_cap_seconds,
-            what=what,
-        )
-        engine = self._engine
-        return Settlement(
-            what, lambda now: engine.settle_fail(failure, now, what), job_id=failure.lease.job_id
+            what=FAIL,
         )
 
-    def again(self, item: Settlement) -> Settlement:
-        """A fresh, unsubmitted copy of a settlement whose write failed, to submit once more.
+    def submit(self, batch: SettleBatch) -> Settled:
+        """Write ``batch`` in one transaction (shared with whatever else is queued).
 
-        Its checks already passed; the fence runs again when it is written. A
-        carrier's claim and release are not copied.
+        Returns once the commit that made all of it durable has happened,
+        with each part's own answer or refusal. The batch is never split
+        between transactions, except when the transaction fails as a whole
+        and each part is retried alone.
         """
-        return Settlement(item.what, item.apply, done=item.done, job_id=item.job_id)
-
-    def submit(self, group: list[Settlement]) -> list[Settlement]:
-        """Write ``group`` in one transaction (shared with whatever else is queued).
-
-        Returns once the commit that made every item of the group durable
-        has happened; each item then holds its own answer or refusal. The
-        group is never split between transactions, except when its batch
-        fails as a whole and each item is retried alone.
-        """
-        if not group:
-            return group
+        group = _Group(batch)
+        if not len(batch):
+            return Settled([], [], [])
         with self._lock:
             follower = self._leading
             if follower:
-                group[0].event = event = threading.Event()
-                self._queue.extend(group)
+                group.event = event = threading.Event()
+                self._queue.append(group)
             else:
                 self._leading = True
         if follower:
             event.wait()
-            if not group[0].lead:
-                return group  # a leader committed it
+            if not group.lead:
+                assert group.answer is not None
+                return group.answer  # a leader committed it
             with self._lock:  # promoted: write everything queued, this group included
-                batch, self._queue = self._queue, []
+                groups, self._queue = self._queue, []
         else:
-            batch = group
+            groups = [group]
         try:
-            self._write(batch)
+            self._write(groups)
         finally:
             with self._lock:
                 successor = None
@@ -235,95 +222,91 @@ class SettlementBatcher:
                     successor.lead = True
                 else:
                     self._leading = False
-                self.settled += sum(1 for item in batch if item.apply is not None)
-            first = group[0]
-            for other in batch:
-                if other.event is not None and other is not first:
+                self.settled += sum(len(g.batch.settlements) for g in groups)
+            for other in groups:
+                if other.event is not None and other is not group:
                     other.event.set()
             if successor is not None and successor.event is not None:
                 successor.event.set()
-        return group
+        assert group.answer is not None
+        return group.answer
 
     # ------------------------------------------------------------ writing
 
-    def _write(self, batch: list[Settlement]) -> None:
-        """One transaction for the batch; on failure, each settlement alone."""
+    def _write(self, groups: list[_Group]) -> None:
+        """One transaction for the groups; on failure, each part alone."""
         # a failed transaction rolled its claims back: never hand those jobs out
         try:
-            self._transaction(batch)
+            self._transaction(groups)
         except Exception as exc:
-            if len(batch) == 1:
-                batch[0].error, batch[0].handed = exc, []
+            if sum(len(g.batch) for g in groups) == 1:
+                groups[0].answer = Settled.failed(groups[0].batch, exc)
                 return
-            for item in batch:  # what each would have met alone
-                self.retried_alone += 1
-                try:
-                    self._transaction([item])
-                except Exception as alone:
-                    item.error, item.handed = alone, []
+            for group in groups:  # what each part would have met alone
+                group.answer = self._alone(group.batch)
         except BaseException as exc:  # an interrupt: nobody's settlement is known
-            for item in batch:
-                item.error, item.handed = exc, []
+            for group in groups:
+                group.answer = Settled.failed(group.batch, exc)
             raise
 
-    def _transaction(self, batch: list[Settlement]) -> None:
-        engine = self._engine
-        connection = engine.db.connection
-        runtime = engine.runtime
+    def _alone(self, batch: SettleBatch) -> Settled:
+        """Each part of ``batch`` in a transaction of its own."""
+        answer = Settled.failed(batch, RuntimeError("not written"))  # every slot is replaced
+        for index, item in enumerate(batch.settlements):
+            part = self._retry(SettleBatch((item,)))
+            answer.settled[index], answer.wrote[index] = part.settled[0], part.wrote[0]
+        if batch.releases:
+            answer.release_error = self._retry(SettleBatch(releases=batch.releases)).release_error
+        for index, claim in enumerate(batch.claims):
+            answer.claimed[index] = self._retry(SettleBatch(claims=(claim,))).claimed[0]
+        return answer
 
-        def work() -> None:
-            for item in batch:
-                item.answer, item.error, item.handed = False, None, []
-            rest = self._settle_done_together(batch, runtime.now_ms())
-            for item in rest:
-                if item.apply is None:
-                    continue
-                before = connection.total_changes
-                try:
-                    item.answer = item.apply(runtime.now_ms())
-                except LeaseLost as refusal:
-                    item.error = refusal  # fenced out: it wrote nothing
-                item.changes = connection.total_changes - before
-            releasing = [lease for item in batch for lease in item.release]
-            if releasing:
-                engine.release_within(releasing, runtime.now_ms(), "releasing unstarted jobs")
-            # the jobs each caller asked for, in its order: each starts them
-            # as soon as it is answered
-            wanting: dict[ClaimRequest, list[Settlement]] = {}
-            for item in batch:
-                if item.claim is not None and item.claim_count > 0:
-                    wanting.setdefault(item.claim, []).append(item)
-            for request, items in wanting.items():
-                total = sum(item.claim_count for item in items)
-                jobs = engine.claim_within(request, total, "claim()")
-                at = 0
-                for item in items:
-                    item.handed = jobs[at : at + item.claim_count]
-                    at += item.claim_count
+    def _retry(self, part: SettleBatch) -> Settled:
+        self.retried_alone += 1
+        group = _Group(part)
+        try:
+            self._transaction([group])
+        except Exception as alone:
+            return Settled.failed(part, alone)
+        assert group.answer is not None
+        return group.answer
 
-        engine.scope.write(work, batch[0].what if len(batch) == 1 else "settling (group commit)")
+    def _transaction(self, groups: list[_Group]) -> None:
+        merged, places = merge([group.batch for group in groups])
+        answer = self._engine.settle(merged, _what(merged))
         self.batches += 1
+        now = answer.now
+        at = 0
+        for group, place in zip(groups, places, strict=True):
+            batch = group.batch
+            settled: list[bool | BaseException] = []
+            wrote: list[bool] = []
+            for item in batch.settlements:
+                got = answer.settled[at]
+                at += 1
+                if got is True:
+                    settled.append(True)
+                    wrote.append(True)
+                    continue
+                assert isinstance(got, Missed)
+                refusal = fence.refusal(got.row, item.lease, now, _of(item))
+                settled.append(True if refusal is None else refusal)  # None: idempotent
+                wrote.append(False)
+            claimed: list[list[ClaimedJob] | BaseException] = []
+            for (index, offset), (_, count) in zip(place, batch.claims, strict=True):
+                jobs = [] if index < 0 else answer.claimed[index][offset : offset + count]
+                claimed.append(jobs)
+            group.answer = Settled(settled, wrote, claimed)
 
-    def _settle_done_together(self, batch: list[Settlement], now: int) -> list[Settlement]:
-        """Plain completions in one multi-row call; returns the items still to apply.
 
-        ``settle_done_many`` applies completions naming one job in order
-        itself; a job a failure names too is left out, so that its items
-        keep their queue order.
-        """
-        failing = {item.job_id for item in batch if item.done is None and item.job_id}
-        dones = [
-            item for item in batch if item.done is not None and item.done[0].job_id not in failing
-        ]
-        if len(dones) < 2:
-            return batch
-        answers = self._engine.settle_done_many(
-            [item.done for item in dones if item.done is not None], now, "complete()"
-        )
-        for item, answer in zip(dones, answers, strict=True):
-            if isinstance(answer, LeaseLost):
-                item.error = answer
-            else:
-                item.answer, item.changes = True, answer
-        together = set(map(id, dones))
-        return [item for item in batch if id(item) not in together]
+def _of(item: Settlement) -> str:
+    return COMPLETE if isinstance(item, Completion) else FAIL
+
+
+def _what(batch: SettleBatch) -> str:
+    """The name a batch's statements go by: the lone call it stands for, if it is one."""
+    if len(batch) != 1:
+        return _GROUP_COMMIT
+    if batch.settlements:
+        return _of(batch.settlements[0])
+    return RELEASE if batch.releases else CLAIM

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .backend import JobsSession, Missed
+from .backend import JobsSession, Missed, SettleAnswer
 from .codec import check_aware, check_text, ms_from_datetime
 from .core import fence
 from .core.commands import (
@@ -33,6 +33,7 @@ from .core.commands import (
 )
 from .core.fence import FenceRow
 from .core.policy import backoff_seconds, is_lease_lost, lease_ms
+from .core.settle import Completion, SettleBatch
 from .errors import (
     DuplicateJob,
     JobsError,
@@ -270,17 +271,27 @@ class JobEngine:
             job_id=current.job_id,
         )
 
-    def _refused(self, missed: Missed, lease: Lease, what: str) -> LeaseLost | None:
+    def _refused(
+        self, missed: Missed, lease: Lease, what: str, now: int | None = None
+    ) -> LeaseLost | None:
         """The refusal a missed fenced write earns; ``None`` when idempotent."""
-        return fence.refusal(missed.row, lease, self._runtime.now_ms(), what)
+        at = self._runtime.now_ms() if now is None else now
+        return fence.refusal(missed.row, lease, at, what)
 
-    def _settled(self, answer: bool | Missed, lease: Lease, what: str) -> bool:
+    def _settled(
+        self, answer: bool | Missed, lease: Lease, what: str, now: int | None = None
+    ) -> bool:
         """A settling call's answer: ``True``, or the refusal raised."""
         if isinstance(answer, Missed):
-            refusal = self._refused(answer, lease, what)
+            refusal = self._refused(answer, lease, what, now)
             if refusal is not None:
                 raise refusal
         return True  # written, or this same attempt already settled it: idempotent
+
+    def _settle_one(self, item: Completion | Failure, what: str) -> bool:
+        """A lone settlement: a batch of one."""
+        answer = self._session.settle(SettleBatch((item,)), what)
+        return self._settled(answer.settled[0], item.lease, what, answer.now)
 
     def complete(self, lease: Lease, result: Any = None) -> bool:
         """Mark the job done with ``result``; fenced, idempotent for the same attempt.
@@ -290,7 +301,7 @@ class JobEngine:
         """
         what = "complete()"
         current, text = prepare_complete(lease, result, what)
-        return self._settled(self._session.complete(current, text, what), current, what)
+        return self._settle_one(Completion(current, text), what)
 
     def prepare_complete(self, lease: object, result: Any, what: str) -> tuple[Lease, str]:
         """A completion's checks, before any write: the lease, and the result as JSON."""
@@ -319,7 +330,7 @@ class JobEngine:
             backoff_cap_seconds=backoff_cap_seconds,
             what=what,
         )
-        return self._settled(self._session.fail(failure, what), failure.lease, what)
+        return self._settle_one(failure, what)
 
     def prepare_fail(
         self,
@@ -341,15 +352,6 @@ class JobEngine:
             backoff_cap_seconds=backoff_cap_seconds,
             what=what,
         )
-
-    def settle_fail(self, failure: Failure, now: int, what: str) -> bool:
-        """The fenced failure statements alone, for callers already inside a write."""
-        answer = self._session.fail_within(failure, now, what)
-        if isinstance(answer, Missed):
-            refusal = fence.refusal(answer.row, failure.lease, now, what)
-            if refusal is not None:
-                raise refusal
-        return True
 
     # ------------------------------------------------------------ administration
 
@@ -566,8 +568,9 @@ class JobEngine:
         another.
         """
         answers: list[int | LeaseLost] = []
+        batch = SettleBatch(tuple(Completion(lease, text) for lease, text in items))
         for (lease, _), answer in zip(
-            items, self._session.complete_many_within(items, now, what), strict=True
+            items, self._session.settle_within(batch, now, what).settled, strict=True
         ):
             if not isinstance(answer, Missed):
                 answers.append(1)
@@ -584,4 +587,10 @@ class JobEngine:
         Returns how many jobs were released. Waking workers after the commit
         is the caller's call.
         """
-        return self._session.release_within(leases, now, what)
+        return self._session.settle_within(SettleBatch(releases=tuple(leases)), now, what).released
+
+    # ------------------------------------------------------------ internals for group commit
+
+    def settle(self, batch: SettleBatch, what: str) -> SettleAnswer:
+        """Settle ``batch`` as one unit of work (see :mod:`jaren_jobs.core.settle`)."""
+        return self._session.settle(batch, what)

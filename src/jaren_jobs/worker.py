@@ -47,10 +47,11 @@ from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from .backends.sqlite.connection import Database, RootScope
-from .batcher import Settlement, SettlementBatcher
+from .batcher import Settled, SettlementBatcher
 from .checkpoints import CheckpointStore
 from .codec import check_text, ms_from_datetime
-from .engine import EngineHub, JobEngine
+from .core.settle import Completion, SettleBatch, Settlement
+from .engine import ClaimRequest, EngineHub, JobEngine
 from .errors import (
     GateRefused,
     JobsError,
@@ -298,12 +299,16 @@ class _Batch:
 class _Entry:
     """One returned attempt on its way to an outcome: its settlement, or the outcome at once."""
 
-    __slots__ = ("attempt", "error", "item", "outcome", "retry_at", "tries")
+    __slots__ = ("attempt", "error", "item", "met", "outcome", "retry_at", "tries", "wrote")
 
     def __init__(self, attempt: _Attempt, error: Exception | None) -> None:
         self.attempt = attempt
         self.error = error  # what the attempt is failed with (None: it completes)
         self.item: Settlement | None = None
+        # its last write's answer: the refusal or error it met (None: it
+        # holds), and whether that write wrote it (False: already settled)
+        self.met: BaseException | None = None
+        self.wrote = False
         self.outcome: Outcome | None = None  # decided without a write (cancelled, lost)
         self.tries = 0  # writes of its settlement that met a transient error
         self.retry_at = 0.0  # time.monotonic() of its next write, once one failed
@@ -789,15 +794,14 @@ class Worker:
         # a job cancelled with its lease is not leased any more: nothing to release
         leases = [job.lease for job, held in zip(jobs, helds, strict=True) if not _gone(held)]
         if leases:
-            carrier = Settlement("releasing unstarted jobs", None, release=leases)
-            self._settlements.submit([carrier])
-            if carrier.error is not None:  # their leases expire instead
+            failed = self._settlements.submit(SettleBatch(releases=tuple(leases))).release_error
+            if failed is not None:  # their leases expire instead
                 _log.warning(
                     "jaren_jobs: worker %r: handing back %d unstarted job(s) failed; their "
                     "leases will expire: %s",
                     self.owner,
                     len(leases),
-                    carrier.error,
+                    failed,
                 )
             else:
                 # claimable again: a loop (of this worker or another) that went
@@ -1264,19 +1268,33 @@ class Worker:
                 self._end(attempt, _interrupted(self, attempt))
         self._settle_entries(entries)
 
+    def _submit(
+        self, entries: Sequence[_Entry], claims: Sequence[tuple[ClaimRequest, int]] = ()
+    ) -> Settled:
+        """Write the entries' settlements (and ``claims``) as one batch; each keeps its answer."""
+        settling = [entry for entry in entries if entry.item is not None]
+        batch = SettleBatch(
+            tuple(e.item for e in settling if e.item is not None), (), tuple(claims)
+        )
+        settled = self._settlements.submit(batch)
+        for index, entry in enumerate(settling):
+            entry.met, entry.wrote = settled.error(index), settled.wrote[index]
+        return settled
+
     def _settle_entries(
         self,
         entries: list[_Entry],
-        carriers: Sequence[Settlement] = (),
+        claims: Sequence[tuple[ClaimRequest, int]] = (),
         *,
         defer: list[_Entry] | None = None,
-        committed: Callable[[], None] | None = None,
+        committed: Callable[[Settled | None], None] | None = None,
     ) -> None:
-        """One group for the entries' settlements (and ``carriers``); then each outcome.
+        """One batch for the entries' settlements (and ``claims``); then each outcome.
 
         Each attempt gets exactly one outcome, reported only after the commit
-        that made its settlement durable. ``committed`` runs once the group's
-        write is over, before any outcome is reported. A settlement that met
+        that made its settlement durable. ``committed`` runs once the batch's
+        write is over (with its answer; ``None`` if it was interrupted),
+        before any outcome is reported. A settlement that met
         a transient error (not a fence refusal: a locked database, a gate
         timeout) is written again while its lease holds: joined to ``defer``
         (the settling thread writes it with a later group), or, without
@@ -1284,14 +1302,13 @@ class Worker:
         """
         settled: set[int] = set()  # id() of the entries ended (or deferred)
         try:
-            group = [entry.item for entry in entries if entry.item is not None]
-            group.extend(carriers)
+            answer: Settled | None = None
             try:
-                if group:
-                    self._settlements.submit(group)
+                if claims or any(entry.item is not None for entry in entries):
+                    answer = self._submit(entries, claims)
             finally:
                 if committed is not None:
-                    committed()
+                    committed(answer)
             pending = entries
             while pending:
                 again: list[_Entry] = []
@@ -1310,7 +1327,7 @@ class Worker:
                     # run_once(), or a handler that outlived stop(): wait here
                     pause = min(e.retry_at for e in again) - time.monotonic()
                     self._bar.signal.wait(max(0.0, pause))
-                    self._settlements.submit(self._again(again))
+                    self._submit(again)
                 pending = again
         finally:
             # interrupted inside the worker's own bookkeeping: every attempt
@@ -1330,7 +1347,7 @@ class Worker:
         :meth:`_finish`). Schedules the next write.
         """
         item = entry.item
-        exc = None if item is None else item.error
+        exc = None if item is None else entry.met
         if exc is None or not _is_wait(exc):
             return False
         attempt = entry.attempt
@@ -1338,7 +1355,7 @@ class Worker:
             return False  # too late: the fence would refuse it anyway
         if entry.tries == 0:
             assert item is not None
-            doing = "completing" if item.done is not None else "recording the failure of"
+            doing = "completing" if isinstance(item, Completion) else "recording the failure of"
             _log.warning(
                 "jaren_jobs: worker %r: %s job %r failed (%s); retrying while its lease holds",
                 self.owner,
@@ -1350,15 +1367,6 @@ class Worker:
         entry.tries += 1
         entry.retry_at = time.monotonic() + pause
         return True
-
-    def _again(self, entries: list[_Entry]) -> list[Settlement]:
-        """Fresh copies of the entries' settlements, to write once more."""
-        items = []
-        for entry in entries:
-            assert entry.item is not None
-            entry.item = self._settlements.again(entry.item)
-            items.append(entry.item)
-        return items
 
     # ------------------------------------------------------------ the settling thread
 
@@ -1409,7 +1417,6 @@ class Worker:
                 if due:
                     self._retrying = [e for e in self._retrying if e not in due]
                 self._room.notify_all()
-            self._again(due)
             settling = due + entries
             deferred: list[_Entry] = []
             try:
@@ -1426,7 +1433,7 @@ class Worker:
         self, entries: list[_Entry], refills: list[_Batch], deferred: list[_Entry]
     ) -> None:
         """One write of the settling thread: the entries, and the loops' top-ups."""
-        asked: list[tuple[_Batch, Settlement]] = []
+        asked: list[tuple[_Batch, int]] = []  # each loop asking, and how many jobs
         waiting = list(refills)  # loops not answered yet
 
         def answer(batch: _Batch, jobs: list[ClaimedJob]) -> None:
@@ -1434,19 +1441,21 @@ class Worker:
             waiting.remove(batch)
             batch.topped_up(jobs)
 
-        def deliver() -> None:
+        def deliver(settled: Settled | None) -> None:
             # before any outcome is reported: the loops wait for these
             back: list[ClaimedJob] = []
-            for batch, carrier in asked:
-                if carrier.error is not None:
+            for index, (batch, _) in enumerate(asked):
+                claimed = settled.claimed[index] if settled is not None else None
+                if not isinstance(claimed, list):
                     with self._lock:
                         self._counts["claim_errors"] += 1
                     _log.warning(
                         "jaren_jobs: worker %r: claim failed, retrying later: %s",
                         self.owner,
-                        carrier.error,
+                        claimed or "interrupted",
                     )
-                jobs = carrier.handed if carrier.error is None else []
+                    claimed = []
+                jobs = claimed
                 if jobs and self._halt.aborted:  # stopping: back to the queue
                     back, jobs = back + jobs, []
                 answer(batch, jobs)
@@ -1458,9 +1467,9 @@ class Worker:
                 if count <= 0 or self._halt.aborted:
                     answer(batch, [])
                     continue
-                carrier = Settlement("claim()", None, self._claim_request, claim_count=count)
-                asked.append((batch, carrier))
-            self._settle_entries(entries, [c for _, c in asked], defer=deferred, committed=deliver)
+                asked.append((batch, count))
+            claims = [(self._claim_request, count) for _, count in asked]
+            self._settle_entries(entries, claims, defer=deferred, committed=deliver)
         finally:
             # a loop waiting for its top-up must never wait forever
             for batch in list(waiting):
@@ -1521,10 +1530,10 @@ class Worker:
         """The outcome of a committed (or refused) settlement."""
         attempt, item = entry.attempt, entry.item
         assert item is not None
-        exc = item.error
-        if item.done is not None:  # a completion
+        exc = entry.met
+        if isinstance(item, Completion):
             if exc is None:
-                return self._written(attempt, "completed", item.changes)
+                return self._written(attempt, "completed", entry.wrote)
             refused = self._refused(attempt, "completion", exc)
             if refused is not None:
                 return refused
@@ -1535,13 +1544,13 @@ class Worker:
                 exc,
             )
             entry.error = exc if isinstance(exc, Exception) else RuntimeError(str(exc))
-            item = self._failure(item.done[0], entry.error)
-            self._settlements.submit([item])
-            exc = item.error
+            entry.item = self._failure(item.lease, entry.error)
+            self._submit([entry])
+            exc = entry.met
         error = entry.error
         assert error is not None
         if exc is None:
-            if item.changes == 0:
+            if not entry.wrote:
                 return self._truth(attempt) or self._failed(attempt, error)
             return self._failed(attempt, error)
         refused = self._refused(attempt, "failure", exc)
@@ -1557,12 +1566,12 @@ class Worker:
         )
         return self._failed(attempt, error)
 
-    def _written(self, attempt: _Attempt, outcome: OutcomeName, changes: int) -> Outcome:
+    def _written(self, attempt: _Attempt, outcome: OutcomeName, wrote: bool) -> Outcome:
         # True from a settlement that wrote nothing means THIS attempt had
         # already settled the row: by ctx.checkpoints.complete, by the handler
         # calling the engine with ctx.lease, or by cancel(id, lease=...) whose
         # abort has not reached us yet. The row says which.
-        if changes == 0:
+        if not wrote:
             truth = self._truth(attempt)
             if truth is not None:
                 return truth

@@ -34,7 +34,8 @@ from jaren_jobs import (
     StorageError,
     Store,
 )
-from jaren_jobs.batcher import Settlement, SettlementBatcher
+from jaren_jobs.batcher import SettlementBatcher
+from jaren_jobs.core.settle import SettleBatch
 from tests.conftest import FakeClock, Sequence
 from tests.harness import Harness
 
@@ -233,22 +234,15 @@ def test_a_failing_batch_is_retried_one_settlement_at_a_time(
     claims = store.jobs.claim_many(["k"], owner="w", limit=4)
     poisoned = claims[2].id
     engine = store.jobs
-    real = engine.settle_done
+    real = engine.settle
 
-    def settle_done(lease: Lease, text: str, now: int, what: str) -> bool:
-        if lease.job_id == poisoned:  # a driver failure on this settlement, every time
+    def settle(batch: SettleBatch, what: str) -> Any:
+        # a driver failure on any batch that settles the poisoned job, every time
+        if any(item.lease.job_id == poisoned for item in batch.settlements):
             raise StorageError(f"{what}: disk I/O error (simulated)")
-        return real(lease, text, now, what)
+        return real(batch, what)
 
-    real_many = engine.settle_done_many
-
-    def settle_done_many(items: Any, now: int, what: str) -> Any:
-        if any(lease.job_id == poisoned for lease, _ in items):
-            raise StorageError(f"{what}: disk I/O error (simulated)")
-        return real_many(items, now, what)
-
-    monkeypatch.setattr(engine, "settle_done", settle_done)
-    monkeypatch.setattr(engine, "settle_done_many", settle_done_many)
+    monkeypatch.setattr(engine, "settle", settle)
     batcher = SettlementBatcher(engine)
     answers: dict[str, Any] = {}
 
@@ -300,8 +294,8 @@ def test_an_error_text_with_lone_surrogates_never_fails_its_batch(
         batcher.failure(claims[1].lease, OSError("open " + "caf\udce9.txt"), retry=False),
         batcher.completion(claims[2].lease, {"ok": True}),
     ]
-    batcher.submit(group)
-    assert [item.result() for item in group] == [True, True, True]
+    settled = batcher.submit(SettleBatch(tuple(group)))
+    assert [settled.result(n) for n in range(len(group))] == [True, True, True]
     assert (batcher.batches, batcher.retried_alone) == (1, 0)
     assert [committed_state(backend, f"j{n}") for n in range(3)] == ["dead", "dead", "done"]
     bad = store.jobs.get("j1")
@@ -348,12 +342,95 @@ def test_a_claim_whose_transaction_fails_hands_out_no_job(
         return real_write(then_fail, what, signal)
 
     monkeypatch.setattr(scope, "write", write)
-    carrier = Settlement("claim()", None, request, claim_count=2)
-    lone = Settlement("claim()", None, request, claim_count=1)
-    batcher.submit([carrier, lone])  # the group fails, then each alone
-    assert isinstance(carrier.error, StorageError)
-    assert isinstance(lone.error, StorageError)
+    # two claims in one batch: the batch fails, then each claim alone
+    settled = batcher.submit(SettleBatch(claims=((request, 2), (request, 1))))
+    assert isinstance(settled.claimed[0], StorageError)
+    assert isinstance(settled.claimed[1], StorageError)
     # jobs whose claim was rolled back are nobody's to run
-    assert (carrier.handed, lone.handed) == ([], [])
+    assert (settled.jobs(0), settled.jobs(1)) == ([], [])
     monkeypatch.undo()
     assert store.jobs.counts().pending == 3
+
+
+def test_one_settle_call_writes_completions_failures_releases_and_claims(
+    store: Store, db_path: Path
+) -> None:
+    store.jobs.enqueue_many([NewJob("k", n, id=f"j{n}") for n in range(6)])
+    claims = store.jobs.claim_many(["k"], owner="w", limit=4)  # j0..j3
+    batcher = SettlementBatcher(store.jobs)
+    request = store.jobs.claim_request(["k"], owner="w")
+    batch = SettleBatch(
+        (
+            batcher.completion(claims[0].lease, {"ok": 0}),
+            batcher.failure(claims[1].lease, RuntimeError("boom"), retry=False),
+            batcher.completion(claims[0].lease, {"ok": "again"}),  # same attempt: idempotent
+        ),
+        releases=(claims[2].lease, claims[3].lease),
+        claims=((request, 1),),
+    )
+    statements: list[str] = []
+    store.connection.set_trace_callback(statements.append)
+    try:
+        settled = batcher.submit(batch)
+    finally:
+        store.connection.set_trace_callback(None)
+    # ONE transaction for all of it
+    assert statements.count("BEGIN IMMEDIATE") == 1
+    assert statements.count("COMMIT") == 1
+    assert batcher.batches == 1
+    assert [settled.result(n) for n in range(3)] == [True, True, True]
+    assert settled.wrote == [True, True, False]
+    assert settled.release_error is None
+    (next_job,) = settled.jobs(0)
+    # released jobs are claimable again at once: the claim, last in the batch, takes one
+    assert next_job.id in {"j2", "j3"}
+    states = {f"j{n}": committed_state(db_path, f"j{n}") for n in range(6)}
+    released = "j3" if next_job.id == "j2" else "j2"
+    assert states == {
+        "j0": "done",
+        "j1": "dead",
+        next_job.id: "leased",
+        released: "pending",
+        "j4": "pending",
+        "j5": "pending",
+    }
+
+
+def test_queued_batches_share_one_settle_call_each_answered_its_own(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.jobs.enqueue_many([NewJob("k", n, id=f"j{n}") for n in range(4)])
+    claims = store.jobs.claim_many(["k"], owner="w", limit=4)
+    engine = store.jobs
+    real = engine.settle
+    calls: list[int] = []
+
+    def settle(batch: SettleBatch, what: str) -> Any:
+        calls.append(len(batch.settlements))
+        return real(batch, what)
+
+    monkeypatch.setattr(engine, "settle", settle)
+    batcher = SettlementBatcher(engine)
+    stale = store.jobs.renew(claims[3].lease)  # claims[3].lease is superseded now
+    assert stale is not None
+    answers: dict[int, Any] = {}
+
+    def complete(n: int) -> None:
+        answers[n] = answer_of(lambda: batcher.complete(claims[n].lease, n))
+
+    threads = [threading.Thread(target=complete, args=(n,)) for n in range(4)]
+    with store.transaction():
+        threads[0].start()  # the leader: alone, waiting for the gate
+        deadline = time.monotonic() + WAIT
+        while not batcher.writing():
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        for thread in threads[1:]:
+            thread.start()
+        while batcher.waiting() < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+    for thread in threads:
+        thread.join(WAIT)
+    assert calls == [1, 3]  # the leader alone, then the three queued in ONE settle call
+    assert [answers[n][0] for n in range(4)] == ["value", "value", "value", "LeaseSuperseded"]

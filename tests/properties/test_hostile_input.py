@@ -426,6 +426,7 @@ def test_error_texts_never_fail_the_group_commit_they_share(
     """Failures with any error text and completions, settled in one transaction: none of
     them makes the batch roll back and replay one by one."""
     from jaren_jobs.batcher import SettlementBatcher
+    from jaren_jobs.core.settle import SettleBatch
 
     kind = f"group-{next(_names)}"
     shared.jobs.enqueue_many(NewJob(kind, max_attempts=1) for _ in texts)
@@ -441,8 +442,8 @@ def test_error_texts_never_fail_the_group_commit_they_share(
             with pytest.raises(ValueError):
                 batcher.completion(claimed.lease, {"text": text})
         group.append(batcher.completion(claimed.lease, {"n": len(group)}))
-    batcher.submit(group)
-    assert [item.result() for item in group] == [True] * len(texts)
+    settled = batcher.submit(SettleBatch(tuple(group)))
+    assert [settled.result(n) for n in range(len(group))] == [True] * len(texts)
     assert (batcher.batches, batcher.retried_alone) == (1, 0)
     for n, (claimed, (text, failing)) in enumerate(zip(claims, texts, strict=True)):
         job = shared.jobs.get(claimed.id)

@@ -12,11 +12,12 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jaren_jobs.backend import Missed
+from jaren_jobs.backend import Missed, SettleAnswer
 from jaren_jobs.codec import EPOCH, datetime_from_ms, decode_json
 from jaren_jobs.core.commands import ClaimRequest, Failure, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
 from jaren_jobs.core.policy import failure_transition, retry_at_ms
+from jaren_jobs.core.settle import Completion, SettleBatch
 from jaren_jobs.errors import DuplicateJob
 from jaren_jobs.records import STATES, ClaimedJob, Counts, Job, Lease, assemble
 from jaren_jobs.rows import claim_key, claimed_from_row, job_from_row, lease_from_row
@@ -140,14 +141,6 @@ class SqliteSession:
             return Missed(self.fence_row_within(lease.job_id, what))
 
         return self._scope.write(work, what)
-
-    def complete(self, lease: Lease, result: str, what: str) -> bool | Missed:
-        now_ms = self._runtime.now_ms
-        return self._scope.write(lambda: self.complete_within(lease, result, now_ms(), what), what)
-
-    def fail(self, failure: Failure, what: str) -> bool | Missed:
-        now_ms = self._runtime.now_ms
-        return self._scope.write(lambda: self.fail_within(failure, now_ms(), what), what)
 
     def cancel_queued(
         self, job_id: str, what: str, signal: SignalLike | None
@@ -485,6 +478,47 @@ class SqliteSession:
             params = {"id": job_id, "token": token, "now": now}
             released += self._db.changes(sql.RELEASE_LEASE, params, doing=what)
         return released
+
+    # ------------------------------------------------------------ settling a batch
+
+    def settle(self, batch: SettleBatch, what: str) -> SettleAnswer:
+        """One batch in one write: a transaction (root) or a savepoint (tx)."""
+        now_ms = self._runtime.now_ms
+        return self._scope.write(lambda: self.settle_within(batch, now_ms(), what), what)
+
+    def settle_within(self, batch: SettleBatch, now: int, what: str) -> SettleAnswer:
+        """The batch's statements inside the caller's write: settlements, releases, claims.
+
+        Completions of distinct jobs no failure of the batch names go through
+        one multi-row call (the same fence per row); every other settlement
+        runs the very statements a lone call runs, in order, so items naming
+        one job meet the row the earlier ones left.
+        """
+        items = batch.settlements
+        settled: list[bool | Missed] = [True] * len(items)
+        rest: Sequence[int] = range(len(items))
+        if len(items) > 1:
+            failing = {s.lease.job_id for s in items if not isinstance(s, Completion)}
+            together = [
+                (index, s)
+                for index, s in enumerate(items)
+                if isinstance(s, Completion) and s.lease.job_id not in failing
+            ]
+            if len(together) >= 2:
+                answers = self.complete_many_within([s for _, s in together], now, what)
+                for (index, _), answer in zip(together, answers, strict=True):
+                    settled[index] = answer
+                joined = {index for index, _ in together}
+                rest = [index for index in rest if index not in joined]
+        for index in rest:
+            item = items[index]
+            if isinstance(item, Completion):
+                settled[index] = self.complete_within(item.lease, item.result, now, what)
+            else:
+                settled[index] = self.fail_within(item, now, what)
+        released = self.release_within(batch.releases, now, what) if batch.releases else 0
+        claimed = tuple(self.claim_within(request, count, what) for request, count in batch.claims)
+        return SettleAnswer(tuple(settled), released, claimed, now)
 
     # ------------------------------------------------------------ statement sizes
 

@@ -1,0 +1,94 @@
+"""Settling a batch: what one backend ``settle`` call writes, and what it answers.
+
+A batch is everything a caller (or group commit, on behalf of many callers)
+settles in ONE transaction: completions and failures in the order given,
+leases handed back unstarted, and the next claims. A lone ``complete()`` is
+a batch of one. The backend answers data per item (``backend.SettleAnswer``:
+``True``, written, or ``Missed`` with the fence row) and the caller names
+any refusal with :mod:`jaren_jobs.core.fence` at the answer's ``now``.
+
+Snoozes (SPEC §12) join the batch when they exist; there is no slot yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from jaren_jobs.core.commands import ClaimRequest, Failure
+from jaren_jobs.records import Lease
+
+__all__ = ["Completion", "SettleBatch", "Settlement", "merge"]
+
+# the ``what`` of each part's statements (an error names the call it stands for)
+COMPLETE = "complete()"
+FAIL = "fail()"
+RELEASE = "releasing unstarted jobs"
+CLAIM = "claim()"
+
+
+class Completion(NamedTuple):
+    """A checked completion: the lease, and its result as JSON text."""
+
+    lease: Lease
+    result: str
+
+
+Settlement = Completion | Failure
+
+
+@dataclass(frozen=True, slots=True)
+class SettleBatch:
+    """One transaction's worth of settling.
+
+    ``settlements`` apply as if one after another, in order (items naming
+    the same job meet the row the earlier ones left); ``releases`` hand back
+    leases whose attempts never started (no attempt spent); ``claims`` lease
+    up to ``count`` jobs per request, after everything else.
+    """
+
+    settlements: tuple[Settlement, ...] = ()
+    releases: tuple[Lease, ...] = ()
+    claims: tuple[tuple[ClaimRequest, int], ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.settlements) + (1 if self.releases else 0) + len(self.claims)
+
+
+def merge(batches: Sequence[SettleBatch]) -> tuple[SettleBatch, list[list[tuple[int, int]]]]:
+    """One batch for many callers', and where each caller's claims lie in its answer.
+
+    Claims of the same request become one claim of the summed count; the
+    second value gives, per batch and per claim of it, ``(index of the
+    merged claim, offset of its jobs there)``, or ``(-1, 0)`` for a claim
+    of nothing. The jobs come back in claim order, each caller's slice in
+    queue order.
+    """
+    if len(batches) == 1 and all(count > 0 for _, count in batches[0].claims):
+        only = batches[0]
+        return only, [[(index, 0) for index in range(len(only.claims))]]
+    settlements: list[Settlement] = []
+    releases: list[Lease] = []
+    index: dict[ClaimRequest, int] = {}
+    totals: list[tuple[ClaimRequest, int]] = []
+    places: list[list[tuple[int, int]]] = []
+    for batch in batches:
+        settlements.extend(batch.settlements)
+        releases.extend(batch.releases)
+        mine: list[tuple[int, int]] = []
+        for request, count in batch.claims:
+            if count <= 0:
+                mine.append((-1, 0))
+                continue
+            at = index.get(request)
+            if at is None:
+                index[request] = at = len(totals)
+                totals.append((request, 0))
+            mine.append((at, totals[at][1]))
+            totals[at] = (request, totals[at][1] + count)
+        places.append(mine)
+    merged = SettleBatch(
+        settlements=tuple(settlements), releases=tuple(releases), claims=tuple(totals)
+    )
+    return merged, places
