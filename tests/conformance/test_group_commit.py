@@ -352,8 +352,9 @@ def test_a_claim_whose_transaction_fails_hands_out_no_job(
     assert store.jobs.counts().pending == 3
 
 
+@pytest.mark.requires("sqlite")  # counts the statements through sqlite3's trace callback
 def test_one_settle_call_writes_completions_failures_releases_and_claims(
-    store: Store, db_path: Path
+    store: Store, backend: Harness
 ) -> None:
     store.jobs.enqueue_many([NewJob("k", n, id=f"j{n}") for n in range(6)])
     claims = store.jobs.claim_many(["k"], owner="w", limit=4)  # j0..j3
@@ -384,7 +385,7 @@ def test_one_settle_call_writes_completions_failures_releases_and_claims(
     (next_job,) = settled.jobs(0)
     # released jobs are claimable again at once: the claim, last in the batch, takes one
     assert next_job.id in {"j2", "j3"}
-    states = {f"j{n}": committed_state(db_path, f"j{n}") for n in range(6)}
+    states = {f"j{n}": committed_state(backend, f"j{n}") for n in range(6)}
     released = "j3" if next_job.id == "j2" else "j2"
     assert states == {
         "j0": "done",
