@@ -96,3 +96,11 @@ def test_quick_run_reports_every_workload_beside_raw(tmp_path: Path) -> None:
         assert any("matplotlib" in line for line in meta["skipped"])
 
     assert {t["text"] for t in report["targets"]}, "the targets were checked"
+
+
+def test_the_cpu_comparison_runs_and_reports_every_call() -> None:
+    from bench.cpu import measure
+
+    figures = measure(jobs=200)
+    assert set(figures) == {"enqueue", "enqueue_many", "claim_complete", "worker_c4"}
+    assert all(value > 0 for value in figures.values())
