@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .backend import JobsSession, Missed, SettleAnswer
 from .codec import check_aware, check_text, ms_from_datetime
@@ -36,12 +36,11 @@ from .core.policy import backoff_seconds, is_lease_lost, lease_ms
 from .core.settle import Completion, SettleBatch
 from .errors import (
     DuplicateJob,
-    JobsError,
     JobSettled,
     LeaseLost,
     LeaseRequired,
 )
-from .records import ClaimedJob, Counts, Job, Lease, NewJob
+from .records import ClaimedJob, Counts, Job, Lease, NewJob, StopOutcome
 from .runtime import Defaults, ResolvedRuntime, check_positive_int
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
 
@@ -51,6 +50,12 @@ if TYPE_CHECKING:
     from .cursor import Cursor
 
 __all__ = ["ClaimRequest", "EngineHub", "Failure", "JobEngine", "backoff_seconds", "is_lease_lost"]
+
+
+class Stoppable(Protocol):
+    """What the store's close() needs of a live worker (the worker layer sits above)."""
+
+    def stop(self, grace_seconds: float | None = None) -> StopOutcome: ...
 
 
 @dataclass
@@ -64,9 +69,8 @@ class EngineHub:
     # fence guarantees at most one live attempt per job
     local_attempts: dict[str, Callable[[Any], None]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    worker_factory: Callable[..., Any] | None = None
     # live workers of this store, so close() can stop them first
-    workers: set[Any] = field(default_factory=set)
+    workers: set[Stoppable] = field(default_factory=set)
     # kinds -> (data_version, total_changes, next due ms) as of the last root
     # claim of those kinds that found nothing; read and written under the gate
     idle_claims: dict[tuple[str, ...], tuple[int, int, int | None]] = field(default_factory=dict)
@@ -519,13 +523,6 @@ class JobEngine:
                 given=type(claimed).__name__,
             )
         return CheckpointStore(self, claimed.id, lambda: claimed.lease)
-
-    def create_worker(self, handlers: Mapping[str, Callable[..., Any]], **options: Any) -> Any:
-        """A worker running ``handlers`` over this store (SPEC §7)."""
-        factory = self._hub.worker_factory
-        if factory is None:
-            raise JobsError("this store has no worker support")  # pragma: no cover
-        return factory(handlers, **options)
 
     # ------------------------------------------------------------ internals for checkpoints
 
