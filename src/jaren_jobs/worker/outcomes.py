@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from jaren_jobs.core.settle import Completion
+from jaren_jobs.engine import settled_by
 from jaren_jobs.errors import (
     GateRefused,
     JobsError,
@@ -123,7 +124,7 @@ def _lost(self: Worker, attempt: _Attempt, phase: Phase, error: LeaseLost) -> Ou
 def _truth(self: Worker, attempt: _Attempt) -> Outcome | None:
     """The outcome the row records for this attempt, if it records one."""
     try:
-        job = self._control.settled_by(attempt.lease)
+        job = settled_by(self._control, attempt.lease)
     except JobsError:
         return None
     if job is None:

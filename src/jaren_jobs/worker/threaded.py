@@ -10,7 +10,7 @@ from types import TracebackType
 from typing import Any
 
 from jaren_jobs.batcher import SettlementBatcher
-from jaren_jobs.engine import EngineHub, JobEngine
+from jaren_jobs.engine import EngineHub, JobEngine, claim_request_for, rescoped
 from jaren_jobs.records import (
     Lease,
     Outcome,
@@ -87,12 +87,12 @@ class Worker:
         # the worker's own engine views: root-gated and tracked, even when
         # the worker was created through tx.jobs (a worker never joins an
         # application transaction's fate)
-        self._claims = engine.rescoped(self._claims_scope)
-        self._control = engine.rescoped(self._control_scope)
+        self._claims = rescoped(engine, self._claims_scope)
+        self._control = rescoped(engine, self._control_scope)
         # settlements of concurrent loops share one transaction (group commit)
         self._settlements = SettlementBatcher(self._control)
-        self._claim_request = self._control.claim_request(
-            self._kinds, owner=owner, lease_seconds=lease_seconds
+        self._claim_request = claim_request_for(
+            self._control, self._kinds, owner=owner, lease_seconds=lease_seconds
         )
         self._renewals = _Renewals(
             f"{self._name}-renewals",
