@@ -40,9 +40,9 @@ from typing import Any
 
 from .backend import Missed
 from .core import fence
-from .core.commands import Failure
+from .core.commands import Failure, prepare_complete
 from .core.settle import CLAIM, COMPLETE, FAIL, RELEASE, Completion, SettleBatch, Settlement, merge
-from .engine import JobEngine
+from .engine import JobEngine, prepare_failure, settle
 from .records import ClaimedJob, Lease
 
 __all__ = ["Settled", "SettlementBatcher"]
@@ -163,7 +163,7 @@ class SettlementBatcher:
 
     def completion(self, lease: Lease, result: Any = None) -> Completion:
         """A checked completion (``TypeError`` for a result JSON cannot carry)."""
-        current, text = self._engine.prepare_complete(lease, result, COMPLETE)
+        current, text = prepare_complete(lease, result, COMPLETE)
         return Completion(current, text)
 
     def failure(
@@ -176,7 +176,8 @@ class SettlementBatcher:
         backoff_cap_seconds: float | None = None,
     ) -> Failure:
         """A checked failure (see :meth:`completion`); the error is described here, once."""
-        return self._engine.prepare_fail(
+        return prepare_failure(
+            self._engine,
             lease,
             error,
             retry=retry,
@@ -273,7 +274,7 @@ class SettlementBatcher:
 
     def _transaction(self, groups: list[_Group]) -> None:
         merged, places = merge([group.batch for group in groups])
-        answer = self._engine.settle(merged, _what(merged))
+        answer = settle(self._engine, merged, _what(merged))
         self.batches += 1
         now = answer.now
         at = 0

@@ -11,10 +11,10 @@ when the same attempt already settled it, which is idempotent.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .backend import JobsSession, Missed, SettleAnswer
 from .codec import check_aware, check_text, ms_from_datetime
@@ -36,12 +36,11 @@ from .core.policy import backoff_seconds, is_lease_lost, lease_ms
 from .core.settle import Completion, SettleBatch
 from .errors import (
     DuplicateJob,
-    JobsError,
     JobSettled,
     LeaseLost,
     LeaseRequired,
 )
-from .records import ClaimedJob, Counts, Job, Lease, NewJob
+from .records import ClaimedJob, Counts, Job, Lease, NewJob, StopOutcome
 from .runtime import Defaults, ResolvedRuntime, check_positive_int
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
 
@@ -51,6 +50,12 @@ if TYPE_CHECKING:
     from .cursor import Cursor
 
 __all__ = ["ClaimRequest", "EngineHub", "Failure", "JobEngine", "backoff_seconds", "is_lease_lost"]
+
+
+class Stoppable(Protocol):
+    """What the store's close() needs of a live worker (the worker layer sits above)."""
+
+    def stop(self, grace_seconds: float | None = None) -> StopOutcome: ...
 
 
 @dataclass
@@ -64,9 +69,8 @@ class EngineHub:
     # fence guarantees at most one live attempt per job
     local_attempts: dict[str, Callable[[Any], None]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    worker_factory: Callable[..., Any] | None = None
     # live workers of this store, so close() can stop them first
-    workers: set[Any] = field(default_factory=set)
+    workers: set[Stoppable] = field(default_factory=set)
     # kinds -> (data_version, total_changes, next due ms) as of the last root
     # claim of those kinds that found nothing; read and written under the gate
     idle_claims: dict[tuple[str, ...], tuple[int, int, int | None]] = field(default_factory=dict)
@@ -96,10 +100,6 @@ class JobEngine:
         self._hub = hub
         self._runtime = hub.runtime
         self._defaults = hub.defaults
-
-    def rescoped(self, scope: Any) -> JobEngine:
-        """The same engine over another scope of the same store (a worker's tracked views)."""
-        return JobEngine(self._session.rescoped(scope), self._hub)
 
     # ------------------------------------------------------------ enqueue
 
@@ -197,15 +197,6 @@ class JobEngine:
         check_text(id, "get(): id")
         return self._session.get_job(id, "get()")
 
-    def settled_by(self, lease: Lease) -> Job | None:
-        """The job, if the attempt ``lease`` belongs to is what settled it; else ``None``.
-
-        The same rule as a repeated settlement's idempotence: that attempt's
-        claim, not merely its generation (which repeats once a swept id is
-        enqueued again).
-        """
-        return self._session.settled_by(lease, "get()")
-
     def counts(self) -> Counts:
         """Jobs per state, and pending + failed jobs per kind, from one snapshot."""
         return self._session.count_jobs("counts()")
@@ -240,16 +231,6 @@ class JobEngine:
         request = claim_request(self._defaults, kinds, owner, lease_seconds, what)
         count = check_positive_int(limit, f"{what}: limit")
         return self._session.claim(request, count, what)
-
-    def claim_request(
-        self, kinds: Iterable[str], *, owner: str, lease_seconds: float | None = None
-    ) -> ClaimRequest:
-        """Checked claim arguments, for :meth:`claim_within` (a worker's repeated claims)."""
-        return claim_request(self._defaults, kinds, owner, lease_seconds, "claim_many()")
-
-    def claim_within(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
-        """The claim statements alone, for callers already inside a write: up to ``limit``."""
-        return self._session.claim_within(request, limit, what)
 
     # ------------------------------------------------------------ the fence
 
@@ -303,10 +284,6 @@ class JobEngine:
         current, text = prepare_complete(lease, result, what)
         return self._settle_one(Completion(current, text), what)
 
-    def prepare_complete(self, lease: object, result: Any, what: str) -> tuple[Lease, str]:
-        """A completion's checks, before any write: the lease, and the result as JSON."""
-        return prepare_complete(lease, result, what)
-
     def fail(
         self,
         lease: Lease,
@@ -322,7 +299,8 @@ class JobEngine:
         ``last_error`` records a readable description of ``error``.
         """
         what = "fail()"
-        failure = self.prepare_fail(
+        failure = prepare_failure(
+            self,
             lease,
             error,
             retry=retry,
@@ -331,27 +309,6 @@ class JobEngine:
             what=what,
         )
         return self._settle_one(failure, what)
-
-    def prepare_fail(
-        self,
-        lease: object,
-        error: object,
-        *,
-        retry: object,
-        backoff_base_seconds: float | None,
-        backoff_cap_seconds: float | None,
-        what: str,
-    ) -> Failure:
-        """A failure's checks, before any write; the error is described here, once."""
-        return prepare_fail(
-            self._defaults,
-            lease,
-            error,
-            retry=retry,
-            backoff_base_seconds=backoff_base_seconds,
-            backoff_cap_seconds=backoff_cap_seconds,
-            what=what,
-        )
 
     # ------------------------------------------------------------ administration
 
@@ -520,13 +477,6 @@ class JobEngine:
             )
         return CheckpointStore(self, claimed.id, lambda: claimed.lease)
 
-    def create_worker(self, handlers: Mapping[str, Callable[..., Any]], **options: Any) -> Any:
-        """A worker running ``handlers`` over this store (SPEC §7)."""
-        factory = self._hub.worker_factory
-        if factory is None:
-            raise JobsError("this store has no worker support")  # pragma: no cover
-        return factory(handlers, **options)
-
     # ------------------------------------------------------------ internals for checkpoints
 
     @property
@@ -554,43 +504,62 @@ class JobEngine:
                 raise refusal
         return True  # written, or already settled by this same attempt
 
-    def settle_done_many(
-        self, items: Sequence[tuple[Lease, str]], now: int, what: str
-    ) -> list[int | LeaseLost]:
-        """Many completions at once, for callers already inside a write.
 
-        Each item is a lease and its result as JSON text (from
-        :meth:`prepare_complete`). Per item, in input order: ``1`` when this
-        call settled the job (exactly what :meth:`settle_done` writes), ``0``
-        when this same attempt had already settled it (nothing written), or
-        the :class:`LeaseLost` a lone ``complete()`` would raise — returned,
-        not raised. Items naming the same job act as if applied one after
-        another.
-        """
-        answers: list[int | LeaseLost] = []
-        batch = SettleBatch(tuple(Completion(lease, text) for lease, text in items))
-        for (lease, _), answer in zip(
-            items, self._session.settle_within(batch, now, what).settled, strict=True
-        ):
-            if not isinstance(answer, Missed):
-                answers.append(1)
-                continue
-            refusal = fence.refusal(answer.row, lease, now, what)
-            answers.append(0 if refusal is None else refusal)
-        return answers
+# ---------------------------------------------------------------- internals
+#
+# What the worker and group commit need of an engine, kept off ``store.jobs``
+# (whose public names are SPEC §3's): functions of this module, not methods.
 
-    def release_within(self, leases: Sequence[Lease], now: int, what: str) -> int:
-        """Hand back leases whose attempts never started, for callers already inside a write.
 
-        Each job still held by exactly that lease is pending again at once,
-        its claim's attempt undone; leases no longer held are skipped.
-        Returns how many jobs were released. Waking workers after the commit
-        is the caller's call.
-        """
-        return self._session.settle_within(SettleBatch(releases=tuple(leases)), now, what).released
+def rescoped(engine: JobEngine, scope: Any) -> JobEngine:
+    """The same engine over another scope of the same store (a worker's tracked views)."""
+    return JobEngine(engine._session.rescoped(scope), engine._hub)
 
-    # ------------------------------------------------------------ internals for group commit
 
-    def settle(self, batch: SettleBatch, what: str) -> SettleAnswer:
-        """Settle ``batch`` as one unit of work (see :mod:`jaren_jobs.core.settle`)."""
-        return self._session.settle(batch, what)
+def settle(engine: JobEngine, batch: SettleBatch, what: str) -> SettleAnswer:
+    """Settle ``batch`` as one unit of work (see :mod:`jaren_jobs.core.settle`)."""
+    return engine._session.settle(batch, what)
+
+
+def settle_within(engine: JobEngine, batch: SettleBatch, now: int, what: str) -> SettleAnswer:
+    """:func:`settle`'s statements, for callers already inside a write, fenced at ``now``."""
+    return engine._session.settle_within(batch, now, what)
+
+
+def settled_by(engine: JobEngine, lease: Lease) -> Job | None:
+    """The job, if the attempt ``lease`` belongs to is what settled it; else ``None``.
+
+    The same rule as a repeated settlement's idempotence: that attempt's
+    claim, not merely its generation (which repeats once a swept id is
+    enqueued again).
+    """
+    return engine._session.settled_by(lease, "get()")
+
+
+def claim_request_for(
+    engine: JobEngine, kinds: Iterable[str], *, owner: str, lease_seconds: float | None = None
+) -> ClaimRequest:
+    """Checked claim arguments, for a worker's repeated claims inside its settle batches."""
+    return claim_request(engine._defaults, kinds, owner, lease_seconds, "claim_many()")
+
+
+def prepare_failure(
+    engine: JobEngine,
+    lease: object,
+    error: object,
+    *,
+    retry: object,
+    backoff_base_seconds: float | None,
+    backoff_cap_seconds: float | None,
+    what: str,
+) -> Failure:
+    """A failure's checks, before any write; the error is described here, once."""
+    return prepare_fail(
+        engine._defaults,
+        lease,
+        error,
+        retry=retry,
+        backoff_base_seconds=backoff_base_seconds,
+        backoff_cap_seconds=backoff_cap_seconds,
+        what=what,
+    )

@@ -16,7 +16,7 @@ from .backends.sqlite.session import SqliteSession
 from .engine import EngineHub, JobEngine
 from .errors import GateRefused, JobsError, StorageError, TransactionAborted
 from .gate import Gate
-from .records import StopOutcome
+from .records import Lease, Outcome, StopOutcome
 from .runtime import (
     Defaults,
     Runtime,
@@ -24,12 +24,55 @@ from .runtime import (
     resolve_defaults,
     resolve_runtime,
 )
+from .worker import Handler, Worker, create_worker
 
-__all__ = ["Rows", "Store", "Transaction", "open_store"]
+__all__ = ["Jobs", "Rows", "Store", "Transaction", "open_store"]
 
 Durability = Literal["full", "normal"]
 
 _MAX_BUSY_MS = 2**31 - 1
+
+
+class Jobs(JobEngine):
+    """``store.jobs`` and ``tx.jobs``: the engine, and workers built over it (SPEC §3, §7)."""
+
+    def create_worker(
+        self,
+        handlers: Mapping[str, Handler],
+        *,
+        concurrency: int = 1,
+        poll_seconds: float | None = None,
+        lease_seconds: float | None = None,
+        owner: str | None = None,
+        renew: bool = True,
+        on_outcome: Callable[[Outcome], Any] | None = None,
+        backoff_base_seconds: float | None = None,
+        backoff_cap_seconds: float | None = None,
+        stop_grace_seconds: float | None = None,
+        on_renewal: Callable[[Lease], Any] | None = None,
+        on_idle: Callable[[], Any] | None = None,
+    ) -> Worker:
+        """A worker running ``handlers`` over this store, not started (SPEC §7).
+
+        Its own database calls are root-scoped and tracked even when it is
+        created through ``tx.jobs``: a worker never joins a transaction's fate.
+        """
+        return create_worker(
+            self,
+            self._hub,
+            handlers,
+            concurrency=concurrency,
+            poll_seconds=poll_seconds,
+            lease_seconds=lease_seconds,
+            owner=owner,
+            renew=renew,
+            on_outcome=on_outcome,
+            backoff_base_seconds=backoff_base_seconds,
+            backoff_cap_seconds=backoff_cap_seconds,
+            stop_grace_seconds=stop_grace_seconds,
+            on_renewal=on_renewal,
+            on_idle=on_idle,
+        )
 
 
 class Transaction:
@@ -57,9 +100,7 @@ class Transaction:
         self._outermost = self if outermost is None else outermost
         self._rolled_back = False  # read on the outermost only
         self.depth = depth
-        self.jobs = JobEngine(
-            SqliteSession(db, TxScope(db, self), hub.runtime, hub.idle_claims), hub
-        )
+        self.jobs = Jobs(SqliteSession(db, TxScope(db, self), hub.runtime, hub.idle_claims), hub)
 
     def check_active(self, what: str) -> None:
         if not self._active:
@@ -162,8 +203,7 @@ class Store:
         self.durability = durability
         self._stack: list[Transaction] = []
         self._close_lock = threading.Lock()
-        self.jobs = JobEngine(SqliteSession(db, RootScope(db), hub.runtime, hub.idle_claims), hub)
-        hub.worker_factory = self._create_worker
+        self.jobs = Jobs(SqliteSession(db, RootScope(db), hub.runtime, hub.idle_claims), hub)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -202,11 +242,6 @@ class Store:
                 finally:
                     gate.release()
         return db.connection
-
-    def _create_worker(self, handlers: Mapping[str, Callable[..., Any]], **options: Any) -> Any:
-        from .worker import create_worker  # noqa: PLC0415 - the worker layer sits above
-
-        return create_worker(self.jobs, self._hub, handlers, **options)
 
     def close(self, *, grace_seconds: float | None = None) -> list[StopOutcome]:
         """Stop every worker of this store (bounded), then close.

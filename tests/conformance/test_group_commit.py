@@ -33,7 +33,9 @@ from jaren_jobs import (
     Runtime,
     StorageError,
     Store,
+    testing,
 )
+from jaren_jobs import batcher as batcher_module
 from jaren_jobs.batcher import SettlementBatcher
 from jaren_jobs.core.settle import SettleBatch
 from tests.conftest import FakeClock, Sequence
@@ -234,15 +236,15 @@ def test_a_failing_batch_is_retried_one_settlement_at_a_time(
     claims = store.jobs.claim_many(["k"], owner="w", limit=4)
     poisoned = claims[2].id
     engine = store.jobs
-    real = engine.settle
+    real = batcher_module.settle
 
-    def settle(batch: SettleBatch, what: str) -> Any:
+    def settle(on: Any, batch: SettleBatch, what: str) -> Any:
         # a driver failure on any batch that settles the poisoned job, every time
         if any(item.lease.job_id == poisoned for item in batch.settlements):
             raise StorageError(f"{what}: disk I/O error (simulated)")
-        return real(batch, what)
+        return real(on, batch, what)
 
-    monkeypatch.setattr(engine, "settle", settle)
+    monkeypatch.setattr(batcher_module, "settle", settle)
     batcher = SettlementBatcher(engine)
     answers: dict[str, Any] = {}
 
@@ -330,7 +332,7 @@ def test_a_claim_whose_transaction_fails_hands_out_no_job(
     store.jobs.enqueue_many([NewJob("k", n) for n in range(3)])
     engine = store.jobs
     batcher = SettlementBatcher(engine)
-    request = engine.claim_request(["k"], owner="w")
+    request = testing.claim_request(engine, ["k"], owner="w")
     scope = engine.scope
     real_write = scope.write
 
@@ -359,7 +361,7 @@ def test_one_settle_call_writes_completions_failures_releases_and_claims(
     store.jobs.enqueue_many([NewJob("k", n, id=f"j{n}") for n in range(6)])
     claims = store.jobs.claim_many(["k"], owner="w", limit=4)  # j0..j3
     batcher = SettlementBatcher(store.jobs)
-    request = store.jobs.claim_request(["k"], owner="w")
+    request = testing.claim_request(store.jobs, ["k"], owner="w")
     batch = SettleBatch(
         (
             batcher.completion(claims[0].lease, {"ok": 0}),
@@ -403,14 +405,14 @@ def test_queued_batches_share_one_settle_call_each_answered_its_own(
     store.jobs.enqueue_many([NewJob("k", n, id=f"j{n}") for n in range(4)])
     claims = store.jobs.claim_many(["k"], owner="w", limit=4)
     engine = store.jobs
-    real = engine.settle
+    real = batcher_module.settle
     calls: list[int] = []
 
-    def settle(batch: SettleBatch, what: str) -> Any:
+    def settle(on: Any, batch: SettleBatch, what: str) -> Any:
         calls.append(len(batch.settlements))
-        return real(batch, what)
+        return real(on, batch, what)
 
-    monkeypatch.setattr(engine, "settle", settle)
+    monkeypatch.setattr(batcher_module, "settle", settle)
     batcher = SettlementBatcher(engine)
     stale = store.jobs.renew(claims[3].lease)  # claims[3].lease is superseded now
     assert stale is not None

@@ -43,3 +43,11 @@ def test_settlements_and_releases_keep_queue_order_and_claims_of_a_request_sum()
     assert merged.claims == ((A, 5), (B, 1))
     assert places == [[(0, 0)], [(1, 0), (0, 2)], [(-1, 0)]]
     assert len(merged) == 3 + 1 + 2
+
+
+def test_claims_of_one_request_in_one_batch_become_one_claim() -> None:
+    """A worker's settling write asks for every loop's next jobs: one claim, not one per loop."""
+    batch = SettleBatch(claims=((A, 2), (A, 1), (B, 1), (A, 3)))
+    merged, places = merge([batch])
+    assert merged.claims == ((A, 6), (B, 1))
+    assert places == [[(0, 0), (0, 2), (1, 0), (0, 3)]]

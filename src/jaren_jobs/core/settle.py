@@ -59,15 +59,17 @@ class SettleBatch:
 def merge(batches: Sequence[SettleBatch]) -> tuple[SettleBatch, list[list[tuple[int, int]]]]:
     """One batch for many callers', and where each caller's claims lie in its answer.
 
-    Claims of the same request become one claim of the summed count; the
+    Claims of the same request become one claim of the summed count (one
+    batch's own claims too: a worker's loops share one claim statement); the
     second value gives, per batch and per claim of it, ``(index of the
     merged claim, offset of its jobs there)``, or ``(-1, 0)`` for a claim
     of nothing. The jobs come back in claim order, each caller's slice in
     queue order.
     """
-    if len(batches) == 1 and all(count > 0 for _, count in batches[0].claims):
+    if len(batches) == 1 and len(batches[0].claims) <= 1:
         only = batches[0]
-        return only, [[(index, 0) for index in range(len(only.claims))]]
+        if not only.claims or only.claims[0][1] > 0:
+            return only, [[(0, 0)] if only.claims else []]
     settlements: list[Settlement] = []
     releases: list[Lease] = []
     index: dict[ClaimRequest, int] = {}

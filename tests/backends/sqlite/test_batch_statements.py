@@ -37,6 +37,7 @@ from jaren_jobs import (
     Store,
     open_store,
     rows,
+    testing,
 )
 from jaren_jobs.backends.sqlite import queries as sql
 from jaren_jobs.codec import encode_json
@@ -101,8 +102,8 @@ def write(store: Store, fn: Callable[[], Any]) -> Any:
 
 
 def claim_within(store: Store, kinds: list[str], limit: int, **options: Any) -> list[ClaimedJob]:
-    request = store.jobs.claim_request(kinds, owner=options.pop("owner", "w"), **options)
-    return write(store, lambda: store.jobs.claim_within(request, limit, "claim()"))
+    request = testing.claim_request(store.jobs, kinds, owner=options.pop("owner", "w"), **options)
+    return write(store, lambda: testing.claim_within(store.jobs, request, limit, "claim()"))
 
 
 def traced(store: Store, fn: Callable[[], Any]) -> tuple[Any, list[str]]:
@@ -434,8 +435,8 @@ def test_settle_done_many_answers_as_lone_completes_would(
         batch.store,
         lambda: write(
             batch.store,
-            lambda: batch.store.jobs.settle_done_many(
-                list(zip(leases, texts, strict=True)), now, "complete()"
+            lambda: testing.settle_done_many(
+                batch.store.jobs, list(zip(leases, texts, strict=True)), now, "complete()"
             ),
         ),
     )
@@ -465,7 +466,7 @@ def test_settle_done_many_reports_an_expired_lease(
     clock.advance(5)
     now = store.jobs.runtime.now_ms()
     items = [(long[0].lease, "2"), (short.lease, "1"), *((c.lease, "3") for c in long[1:])]
-    answers = write(store, lambda: store.jobs.settle_done_many(items, now, "complete()"))
+    answers = write(store, lambda: testing.settle_done_many(store.jobs, items, now, "complete()"))
     assert isinstance(answers[1], LeaseExpired)
     assert answers[1].details["expired_ms"] == 4000
     assert answers[:1] + answers[2:] == [1, 1, 1, 1]
@@ -494,7 +495,7 @@ def test_settle_done_many_refuses_an_attempt_from_before_a_sweep(
 
     now = store.jobs.runtime.now_ms()
     items = [(c.lease, '"stale"') for c in old] + [(c.lease, '"again"') for c in new[:3]]
-    answers = write(store, lambda: store.jobs.settle_done_many(items, now, "complete()"))
+    answers = write(store, lambda: testing.settle_done_many(store.jobs, items, now, "complete()"))
     # the old attempts settled nothing of this life: refused, the leased three included
     assert [type(a) for a in answers[:3]] == [JobSettled] * 3
     assert [type(a) for a in answers[3:6]] == [LeaseSuperseded] * 3
@@ -515,7 +516,7 @@ def test_settle_done_many_stores_results_byte_identical(
     ]
     now = store.jobs.runtime.now_ms()
     items = [(c.lease, text) for c, text in zip(claimed, texts, strict=True)]
-    assert write(store, lambda: store.jobs.settle_done_many(items, now, "x")) == [1] * size
+    assert write(store, lambda: testing.settle_done_many(store.jobs, items, now, "x")) == [1] * size
     for job, text in zip(claimed, texts, strict=True):
         stored = store.connection.execute(
             f"SELECT result, CAST(result AS BLOB), state, settled_generation, updated_at, "
@@ -539,7 +540,10 @@ def test_release_within_hands_never_started_jobs_back(
     now = store.jobs.runtime.now_ms()
     released = claimed[3:]
     assert (
-        write(store, lambda: store.jobs.release_within([c.lease for c in released], now, "x")) == 5
+        write(
+            store, lambda: testing.release_within(store.jobs, [c.lease for c in released], now, "x")
+        )
+        == 5
     )
     for job in released:
         row = store.jobs.get(job.id)
@@ -596,10 +600,10 @@ def test_release_within_skips_leases_it_no_longer_holds(
     before = all_rows(store)
     now = store.jobs.runtime.now_ms()
     stale = [settled.lease, renewed.lease, expired.lease, superseded.lease, expired_only.lease]
-    assert write(store, lambda: store.jobs.release_within([*stale, ghost], now, "x")) == 0
+    assert write(store, lambda: testing.release_within(store.jobs, [*stale, ghost], now, "x")) == 0
     assert all_rows(store) == before  # nothing written
     mixed = [held[0].lease, *stale, held[0].lease, fresh_lease, held[1].lease, ghost]
-    assert write(store, lambda: store.jobs.release_within(mixed, now, "x")) == 3
+    assert write(store, lambda: testing.release_within(store.jobs, mixed, now, "x")) == 3
     states = dict(store.connection.execute(f"SELECT id, state FROM {JOBS}").fetchall())
     assert states == {
         "job-0": "pending",
@@ -610,7 +614,7 @@ def test_release_within_skips_leases_it_no_longer_holds(
         "job-5": "leased",
         "job-6": "leased",  # expired, not released: a rescue claims it
     }
-    assert write(store, lambda: store.jobs.release_within([], now, "x")) == 0
+    assert write(store, lambda: testing.release_within(store.jobs, [], now, "x")) == 0
 
 
 # ----------------------------------------------------------------- records
@@ -725,10 +729,10 @@ def test_batches_past_one_statement_split_and_pad(
         assert len(updates) == (2 if max_variables is None else -(-300 // 8))
         now = store.jobs.runtime.now_ms()
         items = [(c.lease, encode_json([c.id], "r")) for c in claimed]
-        answers = write(store, lambda: store.jobs.settle_done_many(items[:150], now, "x"))
+        answers = write(store, lambda: testing.settle_done_many(store.jobs, items[:150], now, "x"))
         assert answers == [1] * 150
         released = write(
-            store, lambda: store.jobs.release_within([c.lease for c in claimed], now, "x")
+            store, lambda: testing.release_within(store.jobs, [c.lease for c in claimed], now, "x")
         )
         assert released == 150
         counts = store.jobs.counts()
@@ -747,12 +751,16 @@ def test_a_small_release_runs_row_by_row_with_the_same_answers(
     first, second, third = claim_within(store, ["k"], 3)
     now = store.jobs.runtime.now_ms()
     released, statements = traced(
-        store, lambda: write(store, lambda: store.jobs.release_within([first.lease], now, "x"))
+        store,
+        lambda: write(store, lambda: testing.release_within(store.jobs, [first.lease], now, "x")),
     )
     assert released == 1
     assert not any("VALUES" in s for s in statements)  # below SETTLE_MANY_MIN: one-row
     assert (
-        write(store, lambda: store.jobs.release_within([first.lease, second.lease], now, "x")) == 1
+        write(
+            store, lambda: testing.release_within(store.jobs, [first.lease, second.lease], now, "x")
+        )
+        == 1
     )
     states = [store.jobs.get(j.id).state for j in (first, second, third)]  # type: ignore[union-attr]
     assert states == ["pending", "pending", "leased"]

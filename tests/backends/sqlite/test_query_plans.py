@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from jaren_jobs import NewJob, Store
+from jaren_jobs import NewJob, Store, testing
 from tests.conftest import START, FakeClock
 
 JOBS = "_jaren_jobs"
@@ -188,7 +188,9 @@ def test_settle_done_many_finds_each_row_by_its_key(populated: Store) -> None:
 
     def settle() -> None:
         with populated.transaction() as tx:
-            answers = tx.jobs.settle_done_many([(lease, "null") for lease in leases], now, "x")
+            answers = testing.settle_done_many(
+                tx.jobs, [(lease, "null") for lease in leases], now, "x"
+            )
             assert answers == [1] * 6
 
     statements = [s for s in traced(populated, settle) if s.lstrip().startswith("UPDATE")]
@@ -206,7 +208,7 @@ def test_release_within_finds_each_row_by_its_key(populated: Store) -> None:
 
     def release() -> None:
         with populated.transaction() as tx:
-            assert tx.jobs.release_within(leases, now, "x") == 6
+            assert testing.release_within(tx.jobs, leases, now, "x") == 6
 
     statements = [s for s in traced(populated, release) if s.lstrip().startswith("UPDATE")]
     assert len(statements) == 1, statements

@@ -1,0 +1,65 @@
+"""Test helpers over the engine's internal statements (not part of the public API).
+
+The batched statements a worker's settle batch runs, reachable one at a
+time from inside a write the caller holds (``store.jobs.scope.write``), so
+tests can pin what each does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from .backend import Missed
+from .core.commands import ClaimRequest
+from .core.fence import refusal
+from .core.settle import Completion, SettleBatch
+from .engine import JobEngine, claim_request_for, settle_within
+from .errors import LeaseLost
+from .records import ClaimedJob, Lease
+
+__all__ = ["claim_request", "claim_within", "release_within", "settle_done_many"]
+
+
+def claim_request(
+    jobs: JobEngine, kinds: Iterable[str], *, owner: str, lease_seconds: float | None = None
+) -> ClaimRequest:
+    """Checked claim arguments, as a worker builds them once for its repeated claims."""
+    return claim_request_for(jobs, kinds, owner=owner, lease_seconds=lease_seconds)
+
+
+def claim_within(jobs: JobEngine, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
+    """A settle batch's claim alone: up to ``limit`` jobs, in claim order."""
+    now = jobs.runtime.now_ms()  # the claim reads the clock itself, as a worker's does
+    return settle_within(jobs, SettleBatch(claims=((request, limit),)), now, what).claimed[0]
+
+
+def settle_done_many(
+    jobs: JobEngine, items: Sequence[tuple[Lease, str]], now: int, what: str
+) -> list[int | LeaseLost]:
+    """Many completions at once, inside a write, as a settle batch runs them.
+
+    Per item, in input order: ``1`` when this call settled the job, ``0``
+    when this same attempt had already settled it (nothing written), or the
+    :class:`LeaseLost` a lone ``complete()`` would raise — returned, not
+    raised. Items naming the same job act as if applied one after another.
+    """
+    batch = SettleBatch(tuple(Completion(lease, text) for lease, text in items))
+    answers: list[int | LeaseLost] = []
+    for (lease, _), answer in zip(
+        items, settle_within(jobs, batch, now, what).settled, strict=True
+    ):
+        if not isinstance(answer, Missed):
+            answers.append(1)
+            continue
+        refused = refusal(answer.row, lease, now, what)
+        answers.append(0 if refused is None else refused)
+    return answers
+
+
+def release_within(jobs: JobEngine, leases: Sequence[Lease], now: int, what: str) -> int:
+    """Hand back leases whose attempts never started (inside a write); how many were held.
+
+    Each job still held by exactly that lease is pending again at once, its
+    claim's attempt undone; leases no longer held are skipped.
+    """
+    return settle_within(jobs, SettleBatch(releases=tuple(leases)), now, what).released

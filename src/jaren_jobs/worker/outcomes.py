@@ -1,0 +1,216 @@
+"""Outcome decisions: from a settlement's answer to the attempt's one outcome."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+from jaren_jobs.core.settle import Completion
+from jaren_jobs.engine import settled_by
+from jaren_jobs.errors import (
+    GateRefused,
+    JobsError,
+    JobSettled,
+    LeaseLost,
+    StorageError,
+    StoreClosed,
+    describe_error,
+)
+from jaren_jobs.records import (
+    Outcome,
+    OutcomeName,
+    assemble,
+)
+
+from .attempt import _Attempt
+
+if TYPE_CHECKING:
+    from .settler import _Entry
+    from .threaded import Worker
+
+_log = logging.getLogger("jaren_jobs")
+
+
+Phase = Literal["completion", "failure"]
+
+
+def _refused(self: Worker, attempt: _Attempt, phase: Phase, exc: BaseException) -> Outcome | None:
+    """A settlement the fence refused, or the stop barred: the attempt is lost."""
+    if isinstance(exc, LeaseLost):
+        return self._lost(attempt, phase, exc)
+    if isinstance(exc, StoreClosed):
+        return self._outcome(
+            attempt, "lost", phase=phase, code=exc.code, reason=describe_error(exc)
+        )
+    return None
+
+
+def _finish(self: Worker, entry: _Entry) -> Outcome:
+    """The outcome of a committed (or refused) settlement."""
+    attempt, item = entry.attempt, entry.item
+    assert item is not None
+    exc = entry.met
+    if isinstance(item, Completion):
+        if exc is None:
+            return self._written(attempt, "completed", entry.wrote)
+        refused = self._refused(attempt, "completion", exc)
+        if refused is not None:
+            return refused
+        _log.warning(
+            "jaren_jobs: worker %r: completing job %r failed; failing the attempt instead: %s",
+            self.owner,
+            attempt.job_id,
+            exc,
+        )
+        entry.error = exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+        entry.item = self._failure(item.lease, entry.error)
+        self._submit([entry])
+        exc = entry.met
+    error = entry.error
+    assert error is not None
+    if exc is None:
+        if not entry.wrote:
+            return self._truth(attempt) or self._failed(attempt, error)
+        return self._failed(attempt, error)
+    refused = self._refused(attempt, "failure", exc)
+    if refused is not None:
+        return refused
+    # not recorded; the lease expires and the job is re-claimed
+    _log.warning(
+        "jaren_jobs: worker %r: recording the failure of job %r failed (%s); its "
+        "lease will expire and it will be re-claimed",
+        self.owner,
+        attempt.job_id,
+        exc,
+    )
+    return self._failed(attempt, error)
+
+
+def _written(self: Worker, attempt: _Attempt, outcome: OutcomeName, wrote: bool) -> Outcome:
+    # True from a settlement that wrote nothing means THIS attempt had
+    # already settled the row: by ctx.checkpoints.complete, by the handler
+    # calling the engine with ctx.lease, or by cancel(id, lease=...) whose
+    # abort has not reached us yet. The row says which.
+    if not wrote:
+        truth = self._truth(attempt)
+        if truth is not None:
+            return truth
+    return self._outcome(attempt, outcome)
+
+
+def _failed(self: Worker, attempt: _Attempt, error: BaseException) -> Outcome:
+    return self._outcome(
+        attempt,
+        "failed",
+        phase=None,
+        code=error.code if isinstance(error, JobsError) else None,
+        reason=describe_error(error),
+    )
+
+
+def _lost(self: Worker, attempt: _Attempt, phase: Phase, error: LeaseLost) -> Outcome:
+    if isinstance(error, JobSettled):
+        # "not leased" may be this attempt's own settlement (a cancel with
+        # its lease, a handler that settled through ctx.lease): ask the row
+        truth = self._truth(attempt)
+        if truth is not None:
+            return truth
+    return self._outcome(
+        attempt, "lost", phase=phase, code=error.code, reason=describe_error(error)
+    )
+
+
+def _truth(self: Worker, attempt: _Attempt) -> Outcome | None:
+    """The outcome the row records for this attempt, if it records one."""
+    try:
+        job = settled_by(self._control, attempt.lease)
+    except JobsError:
+        return None
+    if job is None:
+        return None  # not settled, or settled by another attempt
+    if job.state == "done":
+        return self._outcome(attempt, "completed")
+    if job.state == "cancelled":
+        return self._outcome(attempt, "cancelled", reason="cancelled")
+    if job.state in ("failed", "dead"):
+        return self._outcome(attempt, "failed", reason=job.last_error)
+    return None
+
+
+def _outcome(
+    self: Worker,
+    attempt: _Attempt,
+    outcome: OutcomeName,
+    *,
+    phase: Phase | None = None,
+    code: str | None = None,
+    reason: str | None = None,
+) -> Outcome:
+    lease = attempt.lease
+    # one per attempt: built without the frozen dataclass's __init__ (assemble)
+    return assemble(
+        Outcome,
+        {
+            "outcome": outcome,
+            "job_id": lease.job_id,
+            "kind": attempt.claimed.kind,
+            "attempt": lease.attempt,
+            "generation": lease.generation,
+            "phase": phase,
+            "code": code,
+            "reason": reason,
+        },
+    )
+
+
+def _interrupted(worker: Worker, attempt: _Attempt) -> Outcome:
+    return worker._outcome(attempt, "lost", phase="failure", reason="the attempt was interrupted")
+
+
+def _is_wait(exc: BaseException) -> bool:
+    """A write that gave up waiting: for the store's gate, or for SQLite's lock."""
+    if isinstance(exc, GateRefused):
+        return exc.details.get("reason") == "timeout"
+    if isinstance(exc, StorageError):
+        return str(exc.details.get("sqlite_error", "")).startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
+    return False
+
+
+def _retryable(error: BaseException) -> bool:
+    """False when the error says no retry can cure it (``retryable = False``, e.g. RunMismatch)."""
+    try:
+        return getattr(error, "retryable", True) is not False
+    except Exception:  # a hostile __getattr__ must not break settlement
+        return True
+
+
+def _notify(self: Worker, name: str, observer: Callable[..., Any] | None, *args: Any) -> None:
+    if observer is None:
+        return
+    try:
+        observer(*args)
+    except Exception:  # an observer's failure never affects the worker
+        _log.exception("jaren_jobs: worker %r: the %s observer raised; ignored", self.owner, name)
+    except BaseException as exc:
+        # never out of this thread: it may be the settling thread, whose
+        # death would leave every posted attempt without an outcome
+        self._observer_interrupted(name, exc)
+
+
+def _observer_interrupted(self: Worker, name: str, exc: BaseException) -> None:
+    """An observer raised KeyboardInterrupt/SystemExit (or another BaseException): halt."""
+    if self._interrupted is None:
+        self._interrupted = exc
+    _log.error(
+        "jaren_jobs: worker %r: the %s observer raised %s; the worker stops claiming, "
+        "and every attempt under way still settles and gets its outcome. Call stop() or "
+        "close the store to finish shutting down.",
+        self.owner,
+        name,
+        type(exc).__name__,
+        exc_info=exc,
+    )
+    self._halt_for(self._stopping_reason(f"the {name} observer raised {type(exc).__name__}"))
+    # run_once() re-raises it in its caller's thread once its step is done
+    self._local.interrupt = exc

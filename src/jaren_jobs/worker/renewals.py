@@ -1,0 +1,146 @@
+"""Lease renewals: one thread renewing every running attempt when it falls due."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from jaren_jobs.errors import (
+    JobsError,
+    LeaseLost,
+    StoreClosed,
+)
+
+from .attempt import _Attempt
+
+if TYPE_CHECKING:
+    from .threaded import Worker
+
+_log = logging.getLogger("jaren_jobs")
+
+
+class _Renewals:
+    """One thread renewing every running attempt's lease when it falls due.
+
+    Every attempt of a worker renews on the same period, so rather than one
+    timer per attempt the thread wakes every quarter period while attempts
+    are in flight, and renews those whose ``renew_at`` has passed (a renewal
+    is at most a quarter period late, well inside the lease's remaining two
+    thirds). Starting an attempt costs one assignment, not a timer.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        renew: Callable[[_Attempt], None],
+        due: Callable[[float], list[_Attempt]],
+        busy: Callable[[], bool],
+        tick_seconds: float,
+    ) -> None:
+        self._name = name
+        self._renew = renew
+        self._due = due  # the attempts whose renewal has fallen due by then
+        self._busy = busy  # whether any attempt is in flight
+        self._tick = tick_seconds
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
+    def start(self) -> None:
+        with self._cond:
+            if self._thread is not None or self._stopped:
+                return
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+
+    def wake(self) -> None:
+        """An attempt started while none was in flight: the thread starts ticking."""
+        with self._cond:
+            self._cond.notify()
+
+    def stop(self, timeout_seconds: float) -> bool:
+        """Disarm every renewal and join the thread; False if it did not exit in time."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is None or thread is threading.current_thread():
+            return True
+        thread.join(timeout_seconds)
+        return not thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._stopped:
+                    return
+                # idle: sleep until an attempt starts (wake() is called under
+                # this lock after the attempt is registered: no lost wake-up)
+                self._cond.wait(self._tick if self._busy() else None)
+                if self._stopped:
+                    return
+            for attempt in self._due(time.monotonic()):
+                with self._cond:
+                    if self._stopped:
+                        return
+                try:
+                    self._renew(attempt)
+                except Exception:  # a bug here must not end every other renewal
+                    _log.exception("jaren_jobs: a lease renewal raised unexpectedly")
+
+
+def _renewals_due(self: Worker, now: float) -> list[_Attempt]:
+    if self._batches:
+        self._take_back_stalled(now)
+    with self._lock:
+        return [
+            attempt
+            for attempt in self._attempts.values()
+            if attempt.renew_at <= now and not attempt.ended and attempt.lost is None
+        ]
+
+
+def _renew_attempt(self: Worker, attempt: _Attempt) -> None:
+    with attempt.lease_lock:
+        if attempt.ended or attempt.lost is not None:
+            return
+        try:
+            fresh = self._control.renew(attempt.lease, lease_seconds=self.lease_seconds)
+        except LeaseLost as exc:
+            # only the fence's refusals prove the attempt no longer holds
+            # the job: abort its signal; it may never settle
+            attempt.lost = exc
+            attempt.scope.abort(exc)
+            _log.info(
+                "jaren_jobs: worker %r lost the lease on job %r: %s",
+                self.owner,
+                attempt.job_id,
+                exc,
+            )
+            return
+        except StoreClosed:
+            return  # stopping (or closed): no more renewals
+        except JobsError as exc:
+            # a busy database, a gate timeout: the current lease stays in
+            # force and the next tick tries again
+            _log.warning(
+                "jaren_jobs: worker %r: renewing the lease on job %r failed; retrying: %s",
+                self.owner,
+                attempt.job_id,
+                exc,
+            )
+            attempt.renew_at = time.monotonic() + self._renew_every
+            return
+        attempt.lease = fresh
+        attempt.renew_at = time.monotonic() + self._renew_every
+        with self._lock:
+            attempt.lease_seq = next(self._lease_seqs)
+            self._counts["renewals"] += 1
+    self._notify("on_renewal", self._on_renewal, fresh)
