@@ -397,3 +397,33 @@ def test_jobs_handed_back_wake_an_idle_worker(store: Store) -> None:
 
 def noop(payload: Any, ctx: JobContext) -> Any:
     return payload
+
+
+def test_loops_asking_in_one_settling_write_share_one_claim(store: Store) -> None:
+    """The settling thread's write claims every asking loop's next jobs with ONE claim."""
+    from jaren_jobs.backends.sqlite import queries as sql
+
+    count = 1500
+    store.jobs.enqueue_many([NewJob("k", n) for n in range(count)])
+    outcomes = Outcomes()
+    statements: list[str] = []
+    worker = store.jobs.create_worker(
+        {"k": lambda p, ctx: p}, concurrency=4, poll_seconds=3600, on_outcome=outcomes
+    )
+    claims = (sql.claim_candidates(1)[:40], sql.claim_next(1)[:40])
+    store.connection.set_trace_callback(statements.append)
+    try:
+        worker.start()
+        events = outcomes.wait_for(count)
+    finally:
+        worker.stop()
+        store.connection.set_trace_callback(None)
+    assert [e.outcome for e in events] == ["completed"] * count
+    per_transaction: list[int] = []
+    for statement in statements:
+        if statement == "BEGIN IMMEDIATE":
+            per_transaction.append(0)
+        elif statement.startswith(claims) and per_transaction:
+            per_transaction[-1] += 1
+    assert per_transaction, "no transaction was traced"
+    assert max(per_transaction) == 1
