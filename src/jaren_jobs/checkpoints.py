@@ -19,17 +19,12 @@ from typing import TYPE_CHECKING, Any
 from .backend import Missed
 from .codec import check_text, decode_json, encode_json, encode_result
 from .core import fence
+from .engine import runtime_of, session_of
 from .errors import JobSettled, StorageError
 from .records import Lease
 
 if TYPE_CHECKING:
-    from .backend import JobsSession
     from .engine import JobEngine
-
-
-def session_of(engine: JobEngine) -> JobsSession:
-    """The session under an engine view (the checkpoint store's one way in)."""
-    return engine._session
 
 
 __all__ = ["CheckpointStore"]
@@ -41,7 +36,7 @@ class CheckpointStore:
     def __init__(self, engine: JobEngine, job_id: str, lease: Callable[[], Lease]) -> None:
         self._engine = engine
         self._session = session_of(engine)
-        self._now_ms = engine.runtime.now_ms
+        self._now_ms = runtime_of(engine).now_ms
         self._job_id = job_id
         # a callable, so a worker's store follows the attempt's CURRENT lease
         # across renewals (the generation never changes within an attempt)

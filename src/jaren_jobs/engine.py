@@ -45,7 +45,7 @@ from .runtime import Defaults, ResolvedRuntime, check_positive_int
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
 
 if TYPE_CHECKING:
-    from .backends.sqlite.connection import Database, RootScope, TxScope
+    from .backends.sqlite.connection import Database
     from .checkpoints import CheckpointStore
     from .cursor import Cursor
 
@@ -477,38 +477,27 @@ class JobEngine:
             )
         return CheckpointStore(self, claimed.id, lambda: claimed.lease)
 
-    # ------------------------------------------------------------ internals for checkpoints
-
-    @property
-    def db(self) -> Database:
-        return self._session.db  # type: ignore[attr-defined, no-any-return]
-
-    @property
-    def scope(self) -> RootScope | TxScope:
-        return self._session.scope  # type: ignore[attr-defined, no-any-return]
-
-    @property
-    def runtime(self) -> ResolvedRuntime:
-        return self._runtime
-
-    def refusal(self, lease: Lease, now: int, what: str) -> LeaseLost | None:
-        """Inside a write: why a fenced write for ``lease`` would not match, or ``None``."""
-        return fence.refusal(self._session.fence_row_within(lease.job_id, what), lease, now, what)
-
-    def settle_done(self, lease: Lease, text: str, now: int, what: str) -> bool:
-        """The completion statement alone, for callers already inside a write."""
-        answer = self._session.complete_within(lease, text, now, what)
-        if isinstance(answer, Missed):
-            refusal = fence.refusal(answer.row, lease, now, what)
-            if refusal is not None:
-                raise refusal
-        return True  # written, or already settled by this same attempt
-
 
 # ---------------------------------------------------------------- internals
 #
 # What the worker and group commit need of an engine, kept off ``store.jobs``
 # (whose public names are SPEC §3's): functions of this module, not methods.
+
+
+def session_of(engine: JobEngine) -> JobsSession:
+    """The session under an engine view (checkpoint stores and test helpers reach it so)."""
+    return engine._session
+
+
+def db_of(engine: JobEngine) -> Database:
+    """The SQLite database under an engine view (the thread worker's tracked scopes wrap it)."""
+    db: Database = engine._session.db  # type: ignore[attr-defined]
+    return db
+
+
+def runtime_of(engine: JobEngine) -> ResolvedRuntime:
+    """The runtime (clock, random, ids) an engine view reads."""
+    return engine._runtime
 
 
 def rescoped(engine: JobEngine, scope: Any) -> JobEngine:

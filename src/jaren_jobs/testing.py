@@ -1,23 +1,32 @@
 """Test helpers over the engine's internal statements (not part of the public API).
 
 The batched statements a worker's settle batch runs, reachable one at a
-time from inside a write the caller holds (``store.jobs.scope.write``), so
+time from inside a write the caller holds (:func:`write`), so
 tests can pin what each does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from .backend import Missed
 from .core.commands import ClaimRequest
 from .core.fence import refusal
 from .core.settle import Completion, SettleBatch
-from .engine import JobEngine, claim_request_for, settle_within
+from .engine import JobEngine, claim_request_for, runtime_of, session_of, settle_within
 from .errors import LeaseLost
 from .records import ClaimedJob, Lease
 
-__all__ = ["claim_request", "claim_within", "release_within", "settle_done_many"]
+__all__ = [
+    "claim_request",
+    "claim_within",
+    "now_ms",
+    "release_within",
+    "scope_of",
+    "settle_done_many",
+    "write",
+]
 
 
 def claim_request(
@@ -29,7 +38,7 @@ def claim_request(
 
 def claim_within(jobs: JobEngine, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
     """A settle batch's claim alone: up to ``limit`` jobs, in claim order."""
-    now = jobs.runtime.now_ms()  # the claim reads the clock itself, as a worker's does
+    now = runtime_of(jobs).now_ms()  # the claim reads the clock itself, as a worker's does
     return settle_within(jobs, SettleBatch(claims=((request, limit),)), now, what).claimed[0]
 
 
@@ -63,3 +72,21 @@ def release_within(jobs: JobEngine, leases: Sequence[Lease], now: int, what: str
     claim's attempt undone; leases no longer held are skipped.
     """
     return settle_within(jobs, SettleBatch(releases=tuple(leases)), now, what).released
+
+
+T = TypeVar("T")
+
+
+def write(jobs: JobEngine, fn: Callable[[], T], what: str = "test") -> T:
+    """Run ``fn`` inside one write of the engine view's session (its transaction or savepoint)."""
+    return session_of(jobs).write(fn, what)
+
+
+def scope_of(jobs: JobEngine) -> Any:
+    """The scope (root or transaction) the engine view's session writes through."""
+    return session_of(jobs).scope  # type: ignore[attr-defined]
+
+
+def now_ms(jobs: JobEngine) -> int:
+    """The engine view's clock, in epoch milliseconds."""
+    return runtime_of(jobs).now_ms()

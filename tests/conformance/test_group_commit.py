@@ -333,7 +333,7 @@ def test_a_claim_whose_transaction_fails_hands_out_no_job(
     engine = store.jobs
     batcher = SettlementBatcher(engine)
     request = testing.claim_request(engine, ["k"], owner="w")
-    scope = engine.scope
+    scope = testing.scope_of(engine)
     real_write = scope.write
 
     def write(fn: Callable[[], Any], what: str, signal: Any = None) -> Any:

@@ -25,9 +25,6 @@ DOCUMENTED = {
     "create_worker",
 }
 
-# Still public, for checkpoints.py (which runs the engine's statements itself);
-# shrinking: each leaves once checkpoints reach the session another way.
-KNOWN_INTERNAL = {"db", "scope", "runtime", "refusal", "settle_done"}
 
 
 def _public(obj: object) -> set[str]:
@@ -37,7 +34,6 @@ def _public(obj: object) -> set[str]:
 def test_store_jobs_and_tx_jobs_show_the_documented_calls_only(tmp_path: Path) -> None:
     with open_store(tmp_path / "s.db") as store:
         shown = _public(store.jobs)
-        assert shown - KNOWN_INTERNAL == DOCUMENTED
-        assert shown >= KNOWN_INTERNAL, "fixed: drop it from KNOWN_INTERNAL"
+        assert shown == DOCUMENTED
         with store.transaction() as tx:
             assert _public(tx.jobs) == shown

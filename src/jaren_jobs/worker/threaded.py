@@ -10,7 +10,7 @@ from types import TracebackType
 from typing import Any
 
 from jaren_jobs.batcher import SettlementBatcher
-from jaren_jobs.engine import EngineHub, JobEngine, claim_request_for, rescoped
+from jaren_jobs.engine import EngineHub, JobEngine, claim_request_for, db_of, rescoped
 from jaren_jobs.records import (
     Lease,
     Outcome,
@@ -57,7 +57,7 @@ class Worker:
         stop_grace_seconds: float,
     ) -> None:
         self._hub = hub
-        self._db = engine.db
+        self._db = db_of(engine)
         self._handlers = handlers
         self._kinds = sorted(handlers)
         self.owner = owner

@@ -98,7 +98,7 @@ def all_rows(store: Store) -> list[tuple[Any, ...]]:
 
 def write(store: Store, fn: Callable[[], Any]) -> Any:
     """Run ``fn`` inside one write transaction of the store (how a worker calls these)."""
-    return store.jobs.scope.write(fn, "test")
+    return testing.write(store.jobs, fn, "test")
 
 
 def claim_within(store: Store, kinds: list[str], limit: int, **options: Any) -> list[ClaimedJob]:
@@ -303,7 +303,7 @@ def test_the_candidates_of_a_batch_claim_are_rechecked_in_the_update(store: Stor
         params = (
             "thief",
             0,
-            store.jobs.runtime.now_ms(),
+            testing.now_ms(store.jobs),
             rowid[0],
             "stolen",
             rows.claim_key("stolen"),
@@ -430,7 +430,7 @@ def test_settle_done_many_answers_as_lone_completes_would(
     ]
 
     texts = [encode_json(result, "result") for result in results]
-    now = batch.store.jobs.runtime.now_ms()
+    now = testing.now_ms(batch.store.jobs)
     answers, statements = traced(
         batch.store,
         lambda: write(
@@ -464,7 +464,7 @@ def test_settle_done_many_reports_an_expired_lease(
     long = store.jobs.claim_many(["k"], owner="w", limit=4, lease_seconds=600)
     assert short is not None
     clock.advance(5)
-    now = store.jobs.runtime.now_ms()
+    now = testing.now_ms(store.jobs)
     items = [(long[0].lease, "2"), (short.lease, "1"), *((c.lease, "3") for c in long[1:])]
     answers = write(store, lambda: testing.settle_done_many(store.jobs, items, now, "complete()"))
     assert isinstance(answers[1], LeaseExpired)
@@ -493,7 +493,7 @@ def test_settle_done_many_refuses_an_attempt_from_before_a_sweep(
         assert store.jobs.complete(claimed.lease, "new life") is True
     before = all_rows(store)
 
-    now = store.jobs.runtime.now_ms()
+    now = testing.now_ms(store.jobs)
     items = [(c.lease, '"stale"') for c in old] + [(c.lease, '"again"') for c in new[:3]]
     answers = write(store, lambda: testing.settle_done_many(store.jobs, items, now, "complete()"))
     # the old attempts settled nothing of this life: refused, the leased three included
@@ -514,7 +514,7 @@ def test_settle_done_many_stores_results_byte_identical(
         encode_json(UNICODE_RESULTS[n % len(UNICODE_RESULTS)], "result") + ("" if n % 2 else " ")
         for n in range(size)
     ]
-    now = store.jobs.runtime.now_ms()
+    now = testing.now_ms(store.jobs)
     items = [(c.lease, text) for c, text in zip(claimed, texts, strict=True)]
     assert write(store, lambda: testing.settle_done_many(store.jobs, items, now, "x")) == [1] * size
     for job, text in zip(claimed, texts, strict=True):
@@ -537,7 +537,7 @@ def test_release_within_hands_never_started_jobs_back(
     claimed = claim_within(store, ["k"], 8, lease_seconds=60)
     assert [c.payload for c in claimed] == [1, 3, 5, 7, 9, 0, 2, 4]
     clock.advance(1)
-    now = store.jobs.runtime.now_ms()
+    now = testing.now_ms(store.jobs)
     released = claimed[3:]
     assert (
         write(
@@ -598,7 +598,7 @@ def test_release_within_skips_leases_it_no_longer_holds(
     clock.advance(2)
     ghost = Lease("no-such-job", "t", 1, 1, "w", held[0].lease.expires_at)
     before = all_rows(store)
-    now = store.jobs.runtime.now_ms()
+    now = testing.now_ms(store.jobs)
     stale = [settled.lease, renewed.lease, expired.lease, superseded.lease, expired_only.lease]
     assert write(store, lambda: testing.release_within(store.jobs, [*stale, ghost], now, "x")) == 0
     assert all_rows(store) == before  # nothing written
@@ -727,7 +727,7 @@ def test_batches_past_one_statement_split_and_pad(
         updates = [s for s in statements if s.lstrip().startswith("UPDATE")]
         # under 40 parameters: 3 shared + 8 rows of (rowid, token, claim key)
         assert len(updates) == (2 if max_variables is None else -(-300 // 8))
-        now = store.jobs.runtime.now_ms()
+        now = testing.now_ms(store.jobs)
         items = [(c.lease, encode_json([c.id], "r")) for c in claimed]
         answers = write(store, lambda: testing.settle_done_many(store.jobs, items[:150], now, "x"))
         assert answers == [1] * 150
@@ -749,7 +749,7 @@ def test_a_small_release_runs_row_by_row_with_the_same_answers(
 ) -> None:
     store.jobs.enqueue_many([NewJob("k", n) for n in range(3)])
     first, second, third = claim_within(store, ["k"], 3)
-    now = store.jobs.runtime.now_ms()
+    now = testing.now_ms(store.jobs)
     released, statements = traced(
         store,
         lambda: write(store, lambda: testing.release_within(store.jobs, [first.lease], now, "x")),

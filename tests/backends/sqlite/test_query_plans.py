@@ -184,7 +184,7 @@ def test_a_claim_over_many_kinds_still_reads_the_ready_index(populated: Store) -
 def test_settle_done_many_finds_each_row_by_its_key(populated: Store) -> None:
     leases = [c.lease for c in populated.jobs.claim_many(["a", "b"], owner="w", limit=6)]
     assert len(leases) == 6
-    now = populated.jobs.runtime.now_ms()
+    now = testing.now_ms(populated.jobs)
 
     def settle() -> None:
         with populated.transaction() as tx:
@@ -204,7 +204,7 @@ def test_settle_done_many_finds_each_row_by_its_key(populated: Store) -> None:
 
 def test_release_within_finds_each_row_by_its_key(populated: Store) -> None:
     leases = [c.lease for c in populated.jobs.claim_many(["a", "b"], owner="w", limit=6)]
-    now = populated.jobs.runtime.now_ms()
+    now = testing.now_ms(populated.jobs)
 
     def release() -> None:
         with populated.transaction() as tx:
