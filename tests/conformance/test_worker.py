@@ -1,4 +1,4 @@
-"""The thread-based worker (SPEC §7) on a real SQLite file, with real threads.
+"""The thread-based worker (SPEC §7) on every backend, with real threads.
 
 Tests wait on events and outcome notifications (with timeouts), never on
 sleeps. Where a test is about time, the store runs on the fake clock and the
@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,9 +34,9 @@ from jaren_jobs import (
     Worker,
     WorkerStats,
     WorkerStopped,
-    open_store,
 )
 from tests.conftest import FakeClock
+from tests.harness import Harness
 
 WAIT = 10.0  # generous bound for anything that should happen promptly
 
@@ -253,9 +252,9 @@ def test_a_handler_that_can_take_payload_and_ctx_is_accepted(
     worker.stop()
 
 
-def test_defaults_come_from_the_store(db_path: Path, runtime: Any) -> None:
+def test_defaults_come_from_the_store(backend: Harness, runtime: Any) -> None:
     defaults = {"lease_seconds": 12.0, "poll_seconds": 0.5, "stop_grace_seconds": 3.0}
-    with open_store(db_path, runtime=runtime, defaults=defaults) as store:
+    with backend.open(runtime=runtime, defaults=defaults) as store:
         worker = store.jobs.create_worker({"k": noop})
         assert isinstance(worker, Worker)
         assert (worker.lease_seconds, worker.poll_seconds, worker.stop_grace_seconds) == (
@@ -698,10 +697,10 @@ def test_a_handler_that_fails_its_own_lease_is_reported_failed(store: Store) -> 
     worker.stop()
 
 
-def test_claim_errors_are_counted_not_raised(db_path: Path, runtime: Any) -> None:
-    with open_store(db_path, runtime=runtime) as writable:
+def test_claim_errors_are_counted_not_raised(backend: Harness, runtime: Any) -> None:
+    with backend.open(runtime=runtime) as writable:
         writable.jobs.enqueue("k")
-    with open_store(db_path, runtime=runtime, readonly=True) as store:
+    with backend.reopen(runtime=runtime, readonly=True) as store:
         worker = store.jobs.create_worker({"k": noop})
         assert worker.run_once() is False
         assert worker.stats().claim_errors == 1
@@ -750,9 +749,9 @@ def test_a_rolled_back_enqueue_wakes_nobody(store: Store) -> None:
     worker.stop()
 
 
-def test_another_process_enqueue_is_seen_at_the_next_poll(db_path: Path, runtime: Any) -> None:
+def test_another_process_enqueue_is_seen_at_the_next_poll(backend: Harness, runtime: Any) -> None:
     outcomes = Outcomes()
-    with open_store(db_path, runtime=runtime) as store, open_store(db_path) as other:
+    with backend.open(runtime=runtime) as store, backend.open() as other:
         worker = store.jobs.create_worker({"k": noop}, poll_seconds=0.02, on_outcome=outcomes)
         worker.start()
         job = other.jobs.enqueue("k")  # a separate store: no in-process wake reaches the worker
@@ -928,8 +927,9 @@ def test_a_lease_lost_at_renewal_aborts_the_signal(store: Store, clock: FakeCloc
     worker.stop()
 
 
+@pytest.mark.requires("sqlite", "file")  # another connection holds SQLite's write lock
 def test_a_storage_error_during_renewal_keeps_the_lease_and_retries(
-    db_path: Path,
+    backend: Harness,
     runtime: Any,
     clock: FakeClock,
     log_events: Callable[[str], LogEvents],
@@ -945,14 +945,14 @@ def test_a_storage_error_during_renewal_keeps_the_lease_and_retries(
         assert release.wait(WAIT)
         return "ok"
 
-    with open_store(db_path, runtime=runtime, busy_timeout_seconds=0.01) as store:
+    with backend.open(runtime=runtime, busy_timeout_seconds=0.01) as store:
         worker = store.jobs.create_worker(
             {"k": long}, lease_seconds=0.3, on_outcome=outcomes, on_renewal=renewals.put
         )
         job = store.jobs.enqueue("k")
         worker.start()
         assert started.wait(WAIT)
-        blocker = sqlite3.connect(db_path, isolation_level=None)
+        blocker = sqlite3.connect(backend.path, isolation_level=None)
         try:
             blocker.execute("BEGIN IMMEDIATE")  # another connection holds the write lock
             assert logs.seen.wait(WAIT)  # a renewal met "database is locked"
@@ -975,8 +975,9 @@ def test_a_storage_error_during_renewal_keeps_the_lease_and_retries(
         worker.stop()
 
 
+@pytest.mark.requires("sqlite", "file")  # another connection holds SQLite's write lock
 def test_a_completion_that_meets_a_locked_database_is_retried_not_failed(
-    db_path: Path, runtime: Any, log_events: Callable[[str], LogEvents]
+    backend: Harness, runtime: Any, log_events: Callable[[str], LogEvents]
 ) -> None:
     logs = log_events("completing job")
     outcomes = Outcomes()
@@ -987,12 +988,12 @@ def test_a_completion_that_meets_a_locked_database_is_retried_not_failed(
         assert release.wait(WAIT)
         return {"kept": payload}
 
-    with open_store(db_path, runtime=runtime, busy_timeout_seconds=0.01) as store:
+    with backend.open(runtime=runtime, busy_timeout_seconds=0.01) as store:
         worker = store.jobs.create_worker({"k": handler}, poll_seconds=3600, on_outcome=outcomes)
         job = store.jobs.enqueue("k", 1, max_attempts=1)
         worker.start()
         assert started.wait(WAIT)
-        blocker = sqlite3.connect(db_path, isolation_level=None)
+        blocker = sqlite3.connect(backend.path, isolation_level=None)
         try:
             blocker.execute("BEGIN IMMEDIATE")  # another connection holds the write lock
             release.set()
@@ -1011,8 +1012,9 @@ def test_a_completion_that_meets_a_locked_database_is_retried_not_failed(
         assert worker.stop() == StopOutcome(drained=True, in_flight=0)
 
 
+@pytest.mark.requires("gate")  # the completion waits behind a transaction on the gate
 def test_a_completion_stuck_behind_an_application_transaction_is_retried_not_failed(
-    db_path: Path, runtime: Any, log_events: Callable[[str], LogEvents]
+    backend: Harness, runtime: Any, log_events: Callable[[str], LogEvents]
 ) -> None:
     logs = log_events("completing job")
     outcomes = Outcomes()
@@ -1024,7 +1026,7 @@ def test_a_completion_stuck_behind_an_application_transaction_is_retried_not_fai
         assert release.wait(WAIT)
         return "kept"
 
-    with open_store(db_path, runtime=runtime, gate_timeout_seconds=0.05) as store:
+    with backend.open(runtime=runtime, gate_timeout_seconds=0.05) as store:
 
         def long_transaction() -> None:
             with store.transaction() as tx:  # holds the store's gate until told
@@ -1114,14 +1116,14 @@ def test_cancel_of_a_running_job_aborts_its_signal(store: Store) -> None:
 
 
 def test_a_cancel_without_a_local_abort_is_still_a_cancellation(
-    db_path: Path, runtime: Any
+    backend: Harness, runtime: Any
 ) -> None:
     # another process cancels with the attempt's lease: no abort reaches this
     # worker, so its completion is a no-op of its own attempt's generation,
     # and the row (not the race) decides the outcome
     outcomes = Outcomes()
     signals: list[bool] = []
-    with open_store(db_path, runtime=runtime) as store, open_store(db_path) as elsewhere:
+    with backend.open(runtime=runtime) as store, backend.open() as elsewhere:
 
         def cancelled_elsewhere(payload: Any, ctx: JobContext) -> Any:
             assert elsewhere.jobs.cancel(ctx.job.id, lease=ctx.lease) is True
@@ -1165,6 +1167,7 @@ def test_stop_drains_a_handler_that_honours_its_signal(store: Store) -> None:
     join_threads(worker)
 
 
+@pytest.mark.requires("sqlite")  # sqlite3's trace callback counts the statements
 def test_an_undrained_handler_is_barred_and_its_job_reclaimed(
     store: Store, clock: FakeClock
 ) -> None:
@@ -1247,6 +1250,7 @@ def test_stop_from_inside_a_handler_is_refused(store: Store) -> None:
     worker.stop()
 
 
+@pytest.mark.requires("sqlite")  # sqlite3's trace callback counts the statements
 def test_stop_races_leave_nothing_touching_the_database(store: Store) -> None:
     """Stop while claims, renewals and settlements are in flight, many times over."""
     renewed_total = 0
@@ -1321,7 +1325,7 @@ def test_stop_races_leave_nothing_touching_the_database(store: Store) -> None:
     assert lost_total >= 24  # every round's stubborn handler was barred
 
 
-def test_store_close_stops_a_running_worker_first(db_path: Path, runtime: Any) -> None:
+def test_store_close_stops_a_running_worker_first(backend: Harness, runtime: Any) -> None:
     outcomes = Outcomes()
     started = threading.Event()
 
@@ -1330,7 +1334,7 @@ def test_store_close_stops_a_running_worker_first(db_path: Path, runtime: Any) -
         ctx.signal.wait(WAIT)
         return "closed cleanly"
 
-    store = open_store(db_path, runtime=runtime)
+    store = backend.open(runtime=runtime)
     worker = store.jobs.create_worker({"k": polite}, on_outcome=outcomes, concurrency=2)
     job = store.jobs.enqueue("k")
     worker.start()
@@ -1338,12 +1342,12 @@ def test_store_close_stops_a_running_worker_first(db_path: Path, runtime: Any) -
     assert store.close(grace_seconds=WAIT) == [StopOutcome(drained=True, in_flight=0)]
     assert outcomes.names() == ["completed"]
     join_threads(worker)
-    with open_store(db_path, runtime=runtime) as reopened:
+    with backend.reopen(runtime=runtime) as reopened:
         assert job_state(reopened, job.id) == "done"
     assert store.close() == []  # idempotent; the worker is no longer the store's
 
 
-def test_store_close_reports_what_it_could_not_drain(db_path: Path, runtime: Any) -> None:
+def test_store_close_reports_what_it_could_not_drain(backend: Harness, runtime: Any) -> None:
     started = threading.Event()
     release = threading.Event()
     outcomes = Outcomes()
@@ -1353,7 +1357,7 @@ def test_store_close_reports_what_it_could_not_drain(db_path: Path, runtime: Any
         release.wait(WAIT)
         return "late"
 
-    store = open_store(db_path, runtime=runtime)
+    store = backend.open(runtime=runtime)
     worker = store.jobs.create_worker({"k": stubborn}, on_outcome=outcomes)
     store.jobs.enqueue("k")
     worker.start()

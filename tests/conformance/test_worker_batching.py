@@ -18,10 +18,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from jaren_jobs import Job, JobContext, NewJob, Outcome, Store
-from tests.integration.test_worker import WAIT, Counter, Outcomes, job_state
+from tests.conformance.test_worker import WAIT, Counter, Outcomes, job_state
 
 
+@pytest.mark.requires("sqlite")  # sqlite3's trace callback counts the statements
 def test_a_busy_loop_batches_its_transactions(store: Store) -> None:
     jobs = [store.jobs.enqueue("k", n) for n in range(5)]
     outcomes = Outcomes()
@@ -110,6 +113,7 @@ def fast_then(block_at: int, gate: threading.Event, reached: threading.Event) ->
     return handler
 
 
+@pytest.mark.requires("sqlite")  # sqlite3's trace callback counts the statements
 def test_draining_many_fast_jobs_takes_few_transactions(store: Store) -> None:
     count = 300
     store.jobs.enqueue_many([NewJob("k", n) for n in range(count)])
@@ -399,6 +403,7 @@ def noop(payload: Any, ctx: JobContext) -> Any:
     return payload
 
 
+@pytest.mark.requires("sqlite")  # sqlite3's trace callback counts the statements
 def test_loops_asking_in_one_settling_write_share_one_claim(store: Store) -> None:
     """The settling thread's write claims every asking loop's next jobs with ONE claim."""
     from jaren_jobs.backends.sqlite import queries as sql
