@@ -8,8 +8,8 @@ of its unit-of-work calls is whole or not at all. A session answers data,
 never a refusal: a fenced write that matched nothing answers :class:`Missed`
 with the job's fence row, and the engine names the refusal.
 
-The ``*_within`` calls are the same statements for a caller that is already
-inside one of the session's writes (group commit, a checkpoint store).
+The ``settle_within`` call runs the same statements for a caller that is already
+inside one of the session's writes (group commit).
 """
 
 from __future__ import annotations
@@ -119,14 +119,6 @@ class JobsSession(Protocol):
     def settle_within(self, batch: SettleBatch, now: int, what: str) -> SettleAnswer:
         """:meth:`settle`'s statements, inside a write the caller holds, fenced at ``now``."""
         ...
-
-    # ---- the same statements, inside a write the caller holds
-
-    def claim_within(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]: ...
-
-    def complete_within(self, lease: Lease, result: str, now: int, what: str) -> bool | Missed: ...
-
-    def fence_row_within(self, job_id: str, what: str) -> FenceRow | None: ...
 
     # ---- checkpoints (SPEC §6)
 
