@@ -345,25 +345,15 @@ class JobEngine:
         refuse_if_cancelled(sig, dl, self._runtime.now(), what)
 
         if current is None:
-            answer = self._session.cancel_queued(job_id, what, sig)
-            if answer is True:
-                return True
-            state = None if not isinstance(answer, FenceRow) else answer.state
-            if state is None:
-                raise JobSettled(f"{what} refused: job {job_id!r} is unknown", job_id=job_id)
-            if state == "cancelled":
-                return False
-            if state == "leased":
-                raise LeaseRequired(
-                    f"{what} refused: job {job_id!r} is claimed — cancelling a claimed job "
-                    "takes the lease its attempt holds (cancel(id, lease=...)), so no "
-                    "stranger settles another's work; or wait for it to settle",
-                    job_id=job_id,
-                )
-            raise JobSettled(
-                f"{what} refused: job {job_id!r} is {state!r}, already settled",
-                job_id=job_id,
-                state=state,
+            return _moved_or_refused(
+                self._session.cancel_queued(job_id, what, sig),
+                job_id,
+                what,
+                unchanged="cancelled",
+                leased="is claimed — cancelling a claimed job takes the lease its attempt holds "
+                "(cancel(id, lease=...)), so no stranger settles another's work; or wait for "
+                "it to settle",
+                settled="already settled",
             )
         leased = self._session.cancel_leased(current, what, sig)
         if isinstance(leased, Missed):
@@ -410,22 +400,14 @@ class JobEngine:
         if answer is True:
             self._session.after_commit(self._hub.wake)
             return True
-        state = None if not isinstance(answer, FenceRow) else answer.state
-        if state is None:
-            raise JobSettled(f"{what} refused: job {job_id!r} is unknown", job_id=job_id)
-        if state == "pending":
-            return False
-        if state == "leased":
-            raise LeaseRequired(
-                f"{what} refused: job {job_id!r} holds a live lease — requeue is not a "
-                "steal; cancel the attempt with its lease, or wait for the lease to expire",
-                job_id=job_id,
-            )
-        raise JobSettled(
-            f"{what} refused: job {job_id!r} is {state!r} — a completed job is not re-run; "
-            "enqueue new work under a new id",
-            job_id=job_id,
-            state=state,
+        return _moved_or_refused(
+            answer,
+            job_id,
+            what,
+            unchanged="pending",
+            leased="holds a live lease — requeue is not a steal; cancel the attempt with its "
+            "lease, or wait for the lease to expire",
+            settled="a completed job is not re-run; enqueue new work under a new id",
         )
 
     def sweep(
@@ -476,6 +458,31 @@ class JobEngine:
                 given=type(claimed).__name__,
             )
         return CheckpointStore(self, claimed.id, lambda: claimed.lease)
+
+
+def _moved_or_refused(
+    answer: bool | FenceRow | None,
+    job_id: str,
+    what: str,
+    *,
+    unchanged: str,
+    leased: str,
+    settled: str,
+) -> bool:
+    """An administrative write's answer: ``True`` moved it, ``False`` it already was
+    ``unchanged``; a live lease is :class:`LeaseRequired`, anything else :class:`JobSettled`."""
+    if answer is True:
+        return True
+    state = answer.state if isinstance(answer, FenceRow) else None
+    if state is None:
+        raise JobSettled(f"{what} refused: job {job_id!r} is unknown", job_id=job_id)
+    if state == unchanged:
+        return False
+    if state == "leased":
+        raise LeaseRequired(f"{what} refused: job {job_id!r} {leased}", job_id=job_id)
+    raise JobSettled(
+        f"{what} refused: job {job_id!r} is {state!r} — {settled}", job_id=job_id, state=state
+    )
 
 
 # ---------------------------------------------------------------- internals
