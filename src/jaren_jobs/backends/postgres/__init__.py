@@ -1,1 +1,0 @@
-"""The PostgreSQL backend (psycopg 3), behind the same seam as SQLite (SPEC §10)."""
