@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .backend import JobsSession, Missed, SettleAnswer
+from .backend import JobsSession, Missed, Scope, SettleAnswer, StoreBackend
 from .codec import check_aware, check_text, ms_from_datetime
 from .core import fence
 from .core.commands import (
@@ -45,7 +45,6 @@ from .runtime import Defaults, ResolvedRuntime, check_positive_int
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
 
 if TYPE_CHECKING:
-    from .backends.sqlite.connection import Database
     from .checkpoints import CheckpointStore
     from .cursor import Cursor
 
@@ -496,10 +495,20 @@ def session_of(engine: JobEngine) -> JobsSession:
     return engine._session
 
 
-def db_of(engine: JobEngine) -> Database:
-    """The SQLite database under an engine view (the thread worker's tracked scopes wrap it)."""
-    db: Database = engine._session.db  # type: ignore[attr-defined]
-    return db
+def store_backend_of(engine: JobEngine) -> StoreBackend:
+    """The open database under an engine view (the worker checks it is open, and its bound)."""
+    return engine._session.store_backend
+
+
+def root_scope_of(engine: JobEngine) -> Scope:
+    """The root scope of an engine's store (the worker's tracked scopes wrap it).
+
+    A worker created through ``tx.jobs`` still works at the root: it never joins
+    an application transaction's fate.
+    """
+    return engine._session.store_backend.root_session(
+        engine._runtime, engine._hub.idle_claims
+    ).scope
 
 
 def runtime_of(engine: JobEngine) -> ResolvedRuntime:
@@ -507,7 +516,7 @@ def runtime_of(engine: JobEngine) -> ResolvedRuntime:
     return engine._runtime
 
 
-def rescoped(engine: JobEngine, scope: Any) -> JobEngine:
+def rescoped(engine: JobEngine, scope: Scope) -> JobEngine:
     """The same engine over another scope of the same store (a worker's tracked views)."""
     return JobEngine(engine._session.rescoped(scope), engine._hub)
 

@@ -56,7 +56,7 @@ def wait_for(predicate: Callable[[], bool], what: str) -> None:
 
 def queued_on_gate(store: Store) -> int:
     # how a test knows a pull is really waiting (rather than not yet started)
-    return store._db.gate.waiting()
+    return store._backend.db.gate.waiting()
 
 
 class HeldTransaction:

@@ -39,7 +39,7 @@ WAIT = 10.0  # generous bound for anything a test waits on; never reached when a
 
 def queued(store: Store) -> int:
     """How many calls wait in the store's gate queue right now."""
-    return store._db.gate.waiting()
+    return store._backend.db.gate.waiting()
 
 
 def wait_until(predicate: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
@@ -532,7 +532,7 @@ def test_a_forked_child_is_refused_at_once_and_never_touches_the_connection(
                 holding.set()
                 assert done.wait(3 * WAIT)  # past the child's own bound
         else:  # the gate's mutex, as a thread forked in the middle of acquire() holds it
-            gate = store._db.gate
+            gate = store._backend.db.gate
             with gate._mutex:  # the state a fork can catch in the middle of acquire()
                 holding.set()
                 assert done.wait(3 * WAIT)  # past the child's own bound
@@ -553,7 +553,7 @@ def test_a_forked_child_is_refused_at_once_and_never_touches_the_connection(
             "transaction": refusal(lambda: enter_transaction(store)),
             "connection": refusal(lambda: store.connection),
             # the gate itself, held (or its lock held) by a parent thread the child lacks
-            "gate": refusal(lambda: store._db.gate.acquire("the gate")),
+            "gate": refusal(lambda: store._backend.db.gate.acquire("the gate")),
         }
         started = time.monotonic()
         outcomes = store.close()

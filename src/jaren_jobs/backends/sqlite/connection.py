@@ -416,6 +416,8 @@ class Scope(Protocol):
 class RootScope:
     """``store.jobs``: the gate per call, each write in its own immediate transaction."""
 
+    root = True
+
     def __init__(self, db: Database) -> None:
         self.db = db
 
@@ -453,6 +455,8 @@ class RootScope:
 
 class TxScope:
     """``tx.jobs``: inside the application's open transaction, writes under savepoints."""
+
+    root = False
 
     def __init__(self, db: Database, transaction: Any) -> None:
         self.db = db

@@ -22,6 +22,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
+from jaren_jobs.backend import Scope
 from jaren_jobs.codec import check_text
 from jaren_jobs.cursor import Admit, Cursor
 from jaren_jobs.records import STATES, Job
@@ -30,7 +31,7 @@ from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike, check_deadline_arg, check_signal_arg
 
 from . import queries as sql
-from .connection import Database, RootScope, TxScope
+from .connection import Database
 from .errors import translating
 
 __all__ = ["page_jobs"]
@@ -120,7 +121,7 @@ def _check_filters(
 
 def page_jobs(
     db: Database,
-    scope: RootScope | TxScope,
+    scope: Scope,
     runtime: ResolvedRuntime,
     *,
     state: str | None,
@@ -150,7 +151,7 @@ def page_jobs(
     if kind_ is not None:
         params["kind"] = kind_
 
-    if isinstance(scope, RootScope):
+    if scope.root:
         # the gate per pull, never between pulls
         admit: Admit | None = scope.read
         check = None

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jaren_jobs.backend import Missed, SettleAnswer
+from jaren_jobs.backend import Missed, Scope, SettleAnswer, StoreBackend
 from jaren_jobs.codec import EPOCH, datetime_from_ms, decode_json
 from jaren_jobs.core.commands import ClaimRequest, Failure, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
@@ -25,7 +25,7 @@ from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike
 
 from . import queries as sql
-from .connection import Database, RootScope, TxScope
+from .connection import Database
 from .pages import page_jobs
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class SqliteSession:
     def __init__(
         self,
         db: Database,
-        scope: RootScope | TxScope,
+        scope: Scope,
         runtime: ResolvedRuntime,
         idle_claims: IdleClaims,
     ) -> None:
@@ -66,10 +66,16 @@ class SqliteSession:
         return self._db
 
     @property
-    def scope(self) -> RootScope | TxScope:
+    def scope(self) -> Scope:
         return self._scope
 
-    def rescoped(self, scope: RootScope | TxScope) -> SqliteSession:
+    @property
+    def store_backend(self) -> StoreBackend:
+        from .store import SqliteBackend  # noqa: PLC0415 - the store level sits above sessions
+
+        return SqliteBackend(self._db)
+
+    def rescoped(self, scope: Scope) -> SqliteSession:
         """The same store's statements over another scope (a worker's tracked views)."""
         return SqliteSession(self._db, scope, self._runtime, self._idle_claims)
 
@@ -309,7 +315,7 @@ class SqliteSession:
     # too: it answers None without taking the write lock.
 
     def _nothing_claimable(self, kinds: tuple[str, ...], what: str) -> bool:
-        if not isinstance(self._scope, RootScope) or kinds not in self._idle_claims:
+        if not self._scope.root or kinds not in self._idle_claims:
             return False
 
         def probe() -> bool:
@@ -333,7 +339,7 @@ class SqliteSession:
 
     def _remember_empty(self, kinds: tuple[str, ...], params: dict[str, Any], what: str) -> None:
         """Inside the empty claim's transaction: when could these kinds next be claimable?"""
-        if not isinstance(self._scope, RootScope):
+        if not self._scope.root:
             return
         ready = self._db.one(sql.next_ready_at(len(kinds)), params, doing=what)
         lease = self._db.one(sql.NEXT_LEASE_EXPIRY, doing=what)
