@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -30,6 +31,18 @@ __all__ = ["Jobs", "Rows", "Store", "Transaction", "open_store"]
 Durability = Literal["full", "normal"]
 
 _MAX_BUSY_MS = 2**31 - 1
+
+_USE_ASYNC = (
+    "a store's transaction belongs to a thread, and the tasks of a loop share one: "
+    "run each task's transaction in a thread of its own (asyncio.to_thread)"
+)
+
+
+def current_task() -> asyncio.Task[Any] | None:
+    """The running asyncio task, or None outside an event loop."""
+    if asyncio.events._get_running_loop() is None:
+        return None
+    return asyncio.current_task()
 
 
 class Jobs(JobEngine):
@@ -92,6 +105,8 @@ class Transaction:
         self._store = store
         self._handle = handle
         self._thread = threading.get_ident()
+        # under asyncio, the task that opened it: tasks of one loop share a thread
+        self._task = current_task()
         self._active = True
         self._callbacks: list[Callable[[], None]] = []
         # the store.transaction() this one nests in (itself at depth 0): a
@@ -110,6 +125,12 @@ class Transaction:
         if threading.get_ident() != self._thread:
             raise StorageError(
                 f"{what}: a transaction is used only from the thread that opened it",
+                doing=what,
+            )
+        if self._task is not None and current_task() is not self._task:
+            raise StorageError(
+                f"{what}: this transaction belongs to another asyncio task; a task never "
+                f"joins another's transaction — {_USE_ASYNC}",
                 doing=what,
             )
         if self.rolled_back():
@@ -286,6 +307,14 @@ class Store:
         backend = self._backend
         backend.check_open(what)
         if self._stack and backend.in_my_transaction():
+            if self._stack[0]._task is not current_task():
+                # another task of this thread's event loop holds the transaction:
+                # a savepoint inside it would share that task's fate (and commit)
+                raise GateRefused(
+                    f"{what}: another asyncio task on this thread holds the store's "
+                    f"transaction — {_USE_ASYNC}",
+                    reason="task",
+                )
             yield from self._nested(what)
             return
         handle = backend.begin(what)

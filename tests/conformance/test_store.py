@@ -9,6 +9,7 @@ own order in .../test_gate.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import select
@@ -265,6 +266,115 @@ def test_root_write_from_another_thread_waits_for_commit(app_store: Store) -> No
     claimed = writer.join()
     assert claimed is not None
     assert claimed.id == "first"
+
+
+# ----------------------------------------------------------------- asyncio tasks
+#
+# A sync store's transaction belongs to a thread, and every task of an event
+# loop runs on one: a second task must never become a savepoint inside the
+# first task's transaction (it would commit, or roll back, with it).
+
+
+def test_a_second_asyncio_task_never_joins_another_tasks_transaction(
+    app_store: Store, backend: Harness
+) -> None:
+    store = app_store
+    insert = backend.app_sql("INSERT INTO orders (id, item) VALUES (?, ?)")
+    seen: dict[str, BaseException] = {}
+
+    async def main() -> None:
+        inside, release = asyncio.Event(), asyncio.Event()
+        held: list[Any] = []
+
+        async def first() -> None:
+            with store.transaction() as tx:
+                tx.execute(insert, (1, "first's"))
+                tx.jobs.enqueue("ship", id="first-job")
+                held.append(tx)
+                inside.set()
+                await release.wait()  # an await inside the transaction, as handlers do
+                raise RuntimeError("first's payment declined")
+
+        async def second() -> None:
+            await inside.wait()
+            try:
+                with store.transaction() as tx:
+                    tx.jobs.enqueue("ship", id="second-job")
+            except GateRefused as exc:
+                seen["transaction"] = exc
+            try:
+                held[0].jobs.enqueue("ship", id="borrowed-job")
+            except StorageError as exc:
+                seen["borrowed"] = exc
+            try:
+                held[0].execute(insert, (2, "borrowed"))
+            except StorageError as exc:
+                seen["borrowed-execute"] = exc
+            release.set()
+
+        results = await asyncio.gather(first(), second(), return_exceptions=True)
+        assert isinstance(results[0], RuntimeError)
+        assert results[1] is None
+
+    asyncio.run(main())
+    assert seen["transaction"].details["reason"] == "task"
+    assert "asyncio" in str(seen["transaction"])
+    for key in ("borrowed", "borrowed-execute"):
+        assert "another asyncio task" in str(seen[key])
+    # first's rollback took first's writes; nothing of second's was ever written
+    assert backend.job_ids() == []
+    assert order_ids(backend) == []
+    # and each task commits alone once they take turns
+    with store.transaction() as tx:
+        tx.execute(insert, (3, "later"))
+    assert order_ids(backend) == [3]
+
+
+def test_nested_transactions_of_one_asyncio_task_are_savepoints(
+    app_store: Store, backend: Harness
+) -> None:
+    async def main() -> None:
+        with app_store.transaction() as outer:
+            outer.jobs.enqueue("k", id="outer-job")
+            await asyncio.sleep(0)
+            with app_store.transaction() as inner:
+                assert inner.depth == 1
+                inner.jobs.enqueue("k", id="inner-job")
+
+    asyncio.run(main())
+    assert backend.job_ids() == ["inner-job", "outer-job"]
+
+
+@pytest.mark.requires("gate")
+def test_a_root_call_of_a_second_task_during_a_transaction_is_refused_naming_threads(
+    app_store: Store, backend: Harness
+) -> None:
+    refused: list[GateRefused] = []
+
+    async def main() -> None:
+        inside, release = asyncio.Event(), asyncio.Event()
+
+        async def first() -> None:
+            with app_store.transaction() as tx:
+                tx.jobs.enqueue("ship", id="first-job")
+                inside.set()
+                await release.wait()
+
+        async def second() -> None:
+            await inside.wait()
+            try:
+                app_store.jobs.enqueue("ship", id="root-job")
+            except GateRefused as exc:
+                refused.append(exc)
+            release.set()
+
+        await asyncio.gather(first(), second())
+
+    asyncio.run(main())
+    [exc] = refused
+    assert exc.details["reason"] == "reentrant"
+    assert "asyncio.to_thread" in str(exc)
+    assert backend.job_ids() == ["first-job"]
 
 
 # ----------------------------------------------------------------- driver errors
