@@ -7,6 +7,14 @@ speak for it. See ``docs/`` for the concepts and the full API.
 
 from __future__ import annotations
 
+from .astore import (
+    AsyncCheckpointStore,
+    AsyncCursor,
+    AsyncJobs,
+    AsyncStore,
+    AsyncTransaction,
+    open_async_store,
+)
 from .checkpoints import CheckpointStore
 from .core.policy import backoff_seconds
 from .cursor import Barrier, Cursor, drain_page
@@ -53,6 +61,11 @@ from .worker import JobContext, Worker, WorkerStopped
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncCheckpointStore",
+    "AsyncCursor",
+    "AsyncJobs",
+    "AsyncStore",
+    "AsyncTransaction",
     "Barrier",
     "CancelScope",
     "CheckpointStore",
@@ -105,5 +118,6 @@ __all__ = [
     "compile_document",
     "create_dag_job_runner",
     "drain_page",
+    "open_async_store",
     "open_store",
 ]

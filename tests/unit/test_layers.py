@@ -24,7 +24,7 @@ LAYERS: list[set[str]] = [
     {"engine", "checkpoints", "batcher", "aio"},
     {"worker"},
     {"store"},
-    {"periodic", "dag", "contrib", "dashboard", "demo", "cli", "testing"},
+    {"astore", "periodic", "dag", "contrib", "dashboard", "demo", "cli", "testing"},
     {"__init__", "__main__"},
 ]
 
