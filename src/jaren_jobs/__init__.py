@@ -7,14 +7,15 @@ speak for it. See ``docs/`` for the concepts and the full API.
 
 from __future__ import annotations
 
+from .arunner import AsyncCheckpointStore
 from .astore import (
-    AsyncCheckpointStore,
     AsyncCursor,
     AsyncJobs,
     AsyncStore,
     AsyncTransaction,
     open_async_store,
 )
+from .aworker import AsyncJobContext, AsyncWorker
 from .checkpoints import CheckpointStore
 from .core.policy import backoff_seconds
 from .cursor import Barrier, Cursor, drain_page
@@ -63,9 +64,11 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncCheckpointStore",
     "AsyncCursor",
+    "AsyncJobContext",
     "AsyncJobs",
     "AsyncStore",
     "AsyncTransaction",
+    "AsyncWorker",
     "Barrier",
     "CancelScope",
     "CheckpointStore",

@@ -18,26 +18,24 @@ the loop) until the first commits. A task cancelled inside
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import threading
-from collections.abc import Awaitable, Callable, Generator, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from contextlib import AbstractContextManager
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
+from .arunner import AsyncCheckpointStore, ThreadRunner
+from .aworker import AsyncWorker, create_async_worker
 from .backend import Rows
-from .checkpoints import CheckpointStore
 from .cursor import Barrier, Cursor, Streaming
-from .records import ClaimedJob, Counts, Job, Lease, NewJob, StopOutcome
+from .records import ClaimedJob, Counts, Job, Lease, NewJob, Outcome, StopOutcome
 from .runtime import Defaults
 from .signals import SignalLike
 from .store import Jobs, Store, Transaction, current_task, open_store
 
 __all__ = [
-    "AsyncCheckpointStore",
     "AsyncCursor",
     "AsyncJobs",
     "AsyncStore",
@@ -52,40 +50,6 @@ Item = TypeVar("Item")
 _POOLED_ROOT_THREADS = 4
 
 
-class _Runner:
-    """Runs blocking calls on threads of its own and awaits them without blocking the loop."""
-
-    def __init__(self, name: str, threads: int) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
-
-    def submit(self, fn: Callable[[], T]) -> Future[T]:
-        # the caller's context (contextvars) goes with the call, as asyncio.to_thread does
-        return self._executor.submit(contextvars.copy_context().run, fn)
-
-    async def run(self, fn: Callable[[], T]) -> T:
-        return await asyncio.wrap_future(self.submit(fn))
-
-    async def run_to_end(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` and wait for it to finish even if this task is cancelled meanwhile
-        (a rollback or a close must not be left half done); the cancellation goes on after."""
-        future = asyncio.wrap_future(self.submit(fn))
-        cancelled = False
-        while True:
-            try:
-                result = await asyncio.shield(future)
-                break
-            except asyncio.CancelledError:
-                if future.done():
-                    raise
-                cancelled = True
-        if cancelled:
-            raise asyncio.CancelledError
-        return result
-
-    def shutdown(self) -> None:
-        self._executor.shutdown(wait=False)
-
-
 class AsyncCursor(Generic[Item]):
     """``page()`` under asyncio: ``async for`` and ``async with`` over a §5 cursor.
 
@@ -93,7 +57,7 @@ class AsyncCursor(Generic[Item]):
     still takes the store's connection per pull, never between pulls).
     """
 
-    def __init__(self, cursor: Cursor[Item], runner: _Runner) -> None:
+    def __init__(self, cursor: Cursor[Item], runner: ThreadRunner) -> None:
         self._cursor = cursor
         self._runner = runner
 
@@ -129,36 +93,11 @@ class AsyncCursor(Generic[Item]):
         await self.close()
 
 
-class AsyncCheckpointStore:
-    """``checkpoints_for(claimed)`` under asyncio (SPEC §6), bound to one attempt."""
-
-    def __init__(self, checkpoints: CheckpointStore, runner: _Runner) -> None:
-        self._checkpoints = checkpoints
-        self._runner = runner
-
-    @property
-    def job_id(self) -> str:
-        return self._checkpoints.job_id
-
-    @property
-    def generation(self) -> int:
-        return self._checkpoints.generation
-
-    async def load(self, run_id: str) -> dict[str, Any] | None:
-        return await self._runner.run(lambda: self._checkpoints.load(run_id))
-
-    async def save(self, run_id: str, node_id: str, value: Any) -> None:
-        await self._runner.run(lambda: self._checkpoints.save(run_id, node_id, value))
-
-    async def complete(self, run_id: str, result: Any = None) -> bool:
-        return await self._runner.run(lambda: self._checkpoints.complete(run_id, result))
-
-
 class AsyncJobs:
     """``store.jobs`` / ``tx.jobs`` under asyncio: every call of SPEC §3 as a coroutine,
     with the same arguments, results and errors."""
 
-    def __init__(self, jobs: Jobs, runner: _Runner) -> None:
+    def __init__(self, jobs: Jobs, runner: ThreadRunner) -> None:
         self._jobs = jobs
         self._runner = runner
 
@@ -302,6 +241,42 @@ class AsyncJobs:
     def checkpoints_for(self, claimed: ClaimedJob) -> AsyncCheckpointStore:
         return AsyncCheckpointStore(self._jobs.checkpoints_for(claimed), self._runner)
 
+    def create_worker(
+        self,
+        handlers: Mapping[str, Any],
+        *,
+        concurrency: int = 1,
+        poll_seconds: float | None = None,
+        lease_seconds: float | None = None,
+        owner: str | None = None,
+        renew: bool = True,
+        on_outcome: Callable[[Outcome], Any] | None = None,
+        backoff_base_seconds: float | None = None,
+        backoff_cap_seconds: float | None = None,
+        stop_grace_seconds: float | None = None,
+        on_renewal: Callable[[Lease], Any] | None = None,
+        on_idle: Callable[[], Any] | None = None,
+    ) -> AsyncWorker:
+        """An :class:`~jaren_jobs.AsyncWorker` for ``handlers``, not started (SPEC §11):
+        ``async def`` handlers are awaited on the calling loop, plain ones run on threads.
+        Called from a coroutine (the loop its handlers will run on)."""
+        return create_async_worker(
+            self._jobs,
+            self._runner,
+            handlers,
+            concurrency=concurrency,
+            poll_seconds=poll_seconds,
+            lease_seconds=lease_seconds,
+            owner=owner,
+            renew=renew,
+            on_outcome=on_outcome,
+            backoff_base_seconds=backoff_base_seconds,
+            backoff_cap_seconds=backoff_cap_seconds,
+            stop_grace_seconds=stop_grace_seconds,
+            on_renewal=on_renewal,
+            on_idle=on_idle,
+        )
+
 
 class AsyncTransaction:
     """An open ``async with store.transaction()``: the application's SQL and ``tx.jobs``.
@@ -309,7 +284,7 @@ class AsyncTransaction:
     Every call runs on the transaction's own lane (the thread that opened it).
     """
 
-    def __init__(self, transaction: Transaction, lane: _Runner) -> None:
+    def __init__(self, transaction: Transaction, lane: ThreadRunner) -> None:
         self._transaction = transaction
         self._lane = lane
         self.jobs = AsyncJobs(transaction.jobs, lane)
@@ -375,7 +350,7 @@ class _TransactionBlock:
 
     def __init__(self, store: AsyncStore) -> None:
         self._store = store
-        self._lane: _Runner | None = None
+        self._lane: ThreadRunner | None = None
         self._block: AbstractContextManager[Transaction] | None = None
         self._owned_lane = False
 
@@ -450,11 +425,11 @@ class AsyncStore:
     def __init__(self, store: Store) -> None:
         self._store = store
         threads = 1 if store.backend == "sqlite" else _POOLED_ROOT_THREADS
-        self._root = _Runner("jaren_jobs-async", threads)
+        self._root = ThreadRunner("jaren_jobs-async", threads)
         self.jobs = AsyncJobs(store.jobs, self._root)
         self._lanes_lock = threading.Lock()
-        self._idle_lanes: list[_Runner] = []
-        self._lanes_by_task: dict[asyncio.Task[Any] | None, _Runner] = {}
+        self._idle_lanes: list[ThreadRunner] = []
+        self._lanes_by_task: dict[asyncio.Task[Any] | None, ThreadRunner] = {}
 
     @property
     def store(self) -> Store:
@@ -495,13 +470,13 @@ class AsyncStore:
         in the same task it is a savepoint."""
         return _TransactionBlock(self)
 
-    def _take_lane(self) -> _Runner:
+    def _take_lane(self) -> ThreadRunner:
         with self._lanes_lock:
             if self._idle_lanes:
                 return self._idle_lanes.pop()
-        return _Runner("jaren_jobs-async-tx", 1)
+        return ThreadRunner("jaren_jobs-async-tx", 1)
 
-    def _return_lane(self, lane: _Runner) -> None:
+    def _return_lane(self, lane: ThreadRunner) -> None:
         with self._lanes_lock:
             self._idle_lanes.append(lane)
 

@@ -18,23 +18,33 @@ from jaren_jobs import (
     AsyncJobs,
     AsyncStore,
     AsyncTransaction,
+    AsyncWorker,
     CheckpointStore,
     Cursor,
     Store,
     Transaction,
+    Worker,
 )
 from jaren_jobs.store import Jobs
 
 # sync name -> why the async surface does not have it (yet)
 NOT_YET: dict[str, str] = {
-    "Jobs.create_worker": "the AsyncWorker (async def handlers awaited on the loop) comes next",
     "Store.connection": "the driver's connection is used from the loop only inside a lane",
 }
 # what the library itself calls on a sync transaction (the seam's TransactionState), not
 # the application: its async twin delegates to the sync transaction, which keeps them
 INTERNAL = {"Transaction.check_active", "Transaction.rolled_back", "Transaction.explain"}
 # names whose async form differs in kind, as SPEC §11 says
-NOT_COROUTINES = {"page", "checkpoints_for", "transaction", "after_commit"}
+# (stats() and leases() read what the worker holds in memory: no I/O, nothing to await)
+NOT_COROUTINES = {
+    "page",
+    "checkpoints_for",
+    "transaction",
+    "after_commit",
+    "create_worker",
+    "stats",
+    "leases",
+}
 
 PAIRS = [
     (Jobs, AsyncJobs),
@@ -42,6 +52,7 @@ PAIRS = [
     (Transaction, AsyncTransaction),
     (CheckpointStore, AsyncCheckpointStore),
     (Cursor, AsyncCursor),
+    (Worker, AsyncWorker),
 ]
 
 

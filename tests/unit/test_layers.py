@@ -24,6 +24,8 @@ LAYERS: list[set[str]] = [
     {"engine", "checkpoints", "batcher", "aio"},
     {"worker"},
     {"store"},
+    {"arunner"},
+    {"aworker"},
     {"astore", "periodic", "dag", "contrib", "dashboard", "demo", "cli", "testing"},
     {"__init__", "__main__"},
 ]
