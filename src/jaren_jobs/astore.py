@@ -48,6 +48,8 @@ Item = TypeVar("Item")
 
 # How many threads serve a pooled (PostgreSQL) store's root calls at once.
 _POOLED_ROOT_THREADS = 4
+# How many transactions may be open at once (each holds a thread, its lane).
+_LANES = 8
 
 
 class AsyncCursor(Generic[Item]):
@@ -362,7 +364,7 @@ class _TransactionBlock:
             # nested in the same task: a savepoint on the lane that holds the transaction
             lane = held
         else:
-            lane = store._take_lane()
+            lane = await store._take_lane()
             self._owned_lane = True
             store._lanes_by_task[task] = lane
         self._lane = lane
@@ -428,6 +430,7 @@ class AsyncStore:
         self._root = ThreadRunner("jaren_jobs-async", threads)
         self.jobs = AsyncJobs(store.jobs, self._root)
         self._lanes_lock = threading.Lock()
+        self._lane_slots = asyncio.Semaphore(_LANES)
         self._idle_lanes: list[ThreadRunner] = []
         self._lanes_by_task: dict[asyncio.Task[Any] | None, ThreadRunner] = {}
 
@@ -470,7 +473,10 @@ class AsyncStore:
         in the same task it is a savepoint."""
         return _TransactionBlock(self)
 
-    def _take_lane(self) -> ThreadRunner:
+    async def _take_lane(self) -> ThreadRunner:
+        # a bounded number of transactions at once, each on its own thread; the rest wait
+        # here, on the loop (SQLite runs one at a time anyway, behind its gate)
+        await self._lane_slots.acquire()
         with self._lanes_lock:
             if self._idle_lanes:
                 return self._idle_lanes.pop()
@@ -479,6 +485,7 @@ class AsyncStore:
     def _return_lane(self, lane: ThreadRunner) -> None:
         with self._lanes_lock:
             self._idle_lanes.append(lane)
+        self._lane_slots.release()
 
     async def close(self, *, grace_seconds: float | None = None) -> list[StopOutcome]:
         """Stop the store's workers (bounded), then close it (see ``Store.close``)."""
