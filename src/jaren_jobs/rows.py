@@ -24,7 +24,7 @@ from typing import Any
 from .codec import TOO_DEEP, datetime_from_ms
 from .records import ClaimedJob, CorruptJson, Job, Lease, assemble
 
-__all__ = ["claim_key", "claimed_from_row", "job_from_row", "lease_from_row"]
+__all__ = ["claim_key", "claimed_from_row", "job_from_row", "lease_from_row", "stored_text"]
 
 # epoch ms -> aware datetime; bounded, so memory never grows with jobs seen
 _TIMES: dict[Any, datetime | None] = {None: None}
@@ -89,6 +89,11 @@ def _text(stored: Any, codec: str) -> str:
         except UnicodeDecodeError:
             return stored.decode(codec, "backslashreplace")
     return str(stored)
+
+
+def stored_text(stored: Any, codec: str = "utf-8") -> str | None:
+    """Stored free text as a record shows it (``None`` stays ``None``)."""
+    return None if stored is None else _text(stored, codec)
 
 
 def _not_text(exc: UnicodeDecodeError) -> str:

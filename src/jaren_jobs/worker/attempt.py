@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from jaren_jobs.checkpoints import CheckpointStore
+from jaren_jobs.core.fence import FenceRow
 from jaren_jobs.engine import JobEngine
 from jaren_jobs.errors import (
     LeaseLost,
@@ -107,6 +108,7 @@ class _Attempt:
         "lease_lock",
         "lease_seq",
         "lost",
+        "lost_row",
         "renew_at",
         "scope",
     )
@@ -123,6 +125,9 @@ class _Attempt:
         self.scope = CancelScope()
         self.cancelled = False
         self.lost: LeaseLost | None = None
+        # the fence row the renewal that found the lease lost met: how the job
+        # ended, should this very attempt have settled it (a handler using its lease)
+        self.lost_row: FenceRow | None = None
         self.ended = False  # no renewal once set
         self.renew_at = 0.0  # time.monotonic() when the lease is next renewed
 

@@ -17,7 +17,7 @@ from jaren_jobs.core.fence import FenceRow
 from jaren_jobs.core.policy import failure_transition, retry_at_ms
 from jaren_jobs.core.settle import Completion, SettleBatch
 from jaren_jobs.records import ClaimedJob, Lease
-from jaren_jobs.rows import claim_key, claimed_from_row
+from jaren_jobs.rows import claim_key, claimed_from_row, stored_text
 from jaren_jobs.runtime import ResolvedRuntime
 
 from . import queries as sql
@@ -133,7 +133,9 @@ class Sequences:
     def fence_row_within(self, job_id: str, what: str) -> FenceRow | None:
         """The job's fence row as it stands (``None``: no such job)."""
         row = self._db.one(sql.FENCE_ROW, (job_id,), doing=what)
-        return None if row is None else FenceRow.from_row(row)
+        if row is None:
+            return None
+        return FenceRow.from_row(row[:6], stored_text(row[6], self._db.text_codec))
 
     def complete_within(self, lease: Lease, result: str, now: int, what: str) -> bool | Missed:
         params = {"result": result, "now": now, "id": lease.job_id, "token": lease.token}
