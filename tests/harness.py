@@ -59,6 +59,7 @@ __all__ = [
     "JOBS",
     "Harness",
     "MissingCapability",
+    "app_sql_for",
     "PostgresConnection",
     "PostgresUrl",
     "SqliteConnection",
@@ -383,6 +384,11 @@ def postgres_sql(statement: str) -> str:
     return _PLACEHOLDER.sub(lambda m: "%s" if m.group(0) == "?" else m.group(0), statement)
 
 
+def app_sql_for(store: Store, statement: str) -> str:
+    """``statement`` (``?`` placeholders) as ``store``'s driver takes it in ``tx.execute``."""
+    return postgres_sql(statement) if store.backend == "postgres" else statement
+
+
 def postgres_server_url() -> str | None:
     """The server the PostgreSQL harnesses use (set by .ci/run or the session fixture)."""
     return os.environ.get("JAREN_JOBS_TEST_POSTGRES_URL") or None
@@ -397,7 +403,8 @@ def with_search_path(url: str, schema: str) -> str:
 class _Postgres(Harness):
     """What both PostgreSQL harnesses share: a fresh schema of the test server per test."""
 
-    capabilities: ClassVar[frozenset[str]] = frozenset()
+    # one connection behind the store's gate, as on SQLite
+    capabilities: ClassVar[frozenset[str]] = frozenset({"gate"})
     driver_error: ClassVar[type[Exception]] = psycopg.Error if psycopg else Exception
     integrity_error: ClassVar[type[Exception]] = psycopg.IntegrityError if psycopg else Exception
 
@@ -475,8 +482,8 @@ class _Postgres(Harness):
             }
 
     def job_rows(self) -> list[tuple[Any, ...]]:
-        # no rowid: creation instant, then id, orders twins fed the same calls alike
-        return self.query(f'SELECT * FROM "{JOBS}" ORDER BY created_at, id')
+        # seq is the insertion order PostgreSQL's table keeps (SQLite's rowid)
+        return self.query(f'SELECT seq, * FROM "{JOBS}" ORDER BY seq')
 
     def write_raw_row(self, job_id: str, **columns: Any) -> None:
         assert columns, "write_raw_row() needs at least one column"

@@ -337,6 +337,10 @@ class StoreBackend(Protocol):
         """Open ``store.transaction()`` (waits for the connection, as bounded)."""
         ...
 
+    def wake_on_commits(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` when another process commits work (PostgreSQL: LISTEN); may do nothing."""
+        ...
+
     def close(self) -> None:
         """Close the database once the workers have stopped (waits for calls in flight)."""
         ...

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from .backend import AppParams, AppTransaction, Rows, StoreBackend
 from .backends.sqlite.connection import Connection, open_database
 from .backends.sqlite.store import SqliteBackend
-from .engine import EngineHub, JobEngine
+from .engine import EngineHub, JobEngine, session_of
 from .errors import GateRefused, JobsError, StorageError, TransactionAborted
 from .gate import Gate
 from .records import Lease, Outcome, StopOutcome
@@ -69,6 +69,8 @@ class Jobs(JobEngine):
         Its own database calls are root-scoped and tracked even when it is
         created through ``tx.jobs``: a worker never joins a transaction's fate.
         """
+        # other processes' enqueues wake it too, where the database can say so
+        session_of(self).store_backend.wake_on_commits(self._hub.wake)
         return create_worker(
             self,
             self._hub,
@@ -412,13 +414,49 @@ def open_store(
     resolved_runtime = resolve_runtime(runtime)
     resolved_defaults = resolve_defaults(defaults)
 
-    db, shown_path = open_database(
-        path,
-        connection,
-        durability=durability,
-        readonly=readonly,
-        busy_ms=round(busy * 1000),
-        gate=Gate(gate_timeout),
-    )
+    backend: StoreBackend
+    if _is_postgres(path, connection):
+        open_postgres = _postgres()
+        backend, shown_path = open_postgres(
+            None if path is None else os.fspath(path),
+            connection,
+            durability=durability,
+            readonly=readonly,
+            gate=Gate(gate_timeout),
+        )
+    else:
+        db, shown_path = open_database(
+            path,
+            connection,
+            durability=durability,
+            readonly=readonly,
+            busy_ms=round(busy * 1000),
+            gate=Gate(gate_timeout),
+        )
+        backend = SqliteBackend(db)
     hub = EngineHub(runtime=resolved_runtime, defaults=resolved_defaults)
-    return Store(SqliteBackend(db), hub, path=shown_path, readonly=readonly, durability=durability)
+    return Store(backend, hub, path=shown_path, readonly=readonly, durability=durability)
+
+
+def _is_postgres(path: object, connection: object) -> bool:
+    """A ``postgresql://`` / ``postgres://`` URL, or a psycopg connection (SPEC §10)."""
+    if connection is not None:
+        return type(connection).__module__.split(".")[0] == "psycopg"
+    if isinstance(path, (str, os.PathLike)):
+        text = os.fspath(path)
+        return isinstance(text, str) and text.startswith(("postgresql://", "postgres://"))
+    return False
+
+
+def _postgres() -> Any:
+    """The PostgreSQL backend, imported only when a store asks for it."""
+    try:
+        from .backends.postgres.store import open_postgres  # noqa: PLC0415 - optional extra
+    except ImportError as exc:
+        if getattr(exc, "name", None) in ("psycopg", "psycopg.pq") or "psycopg" in str(exc):
+            raise ImportError(
+                "PostgreSQL needs psycopg 3: pip install 'jaren_jobs[postgres]'",
+                name="psycopg",
+            ) from exc
+        raise
+    return open_postgres

@@ -116,7 +116,7 @@ def test_context_manager_closes(backend: Harness, runtime: Runtime) -> None:
 
 def test_transaction_commit_writes_both(app_store: Store, backend: Harness) -> None:
     with app_store.transaction() as tx:
-        tx.execute("INSERT INTO orders (id, item) VALUES (?, ?)", (1, "book"))
+        tx.execute(backend.app_sql("INSERT INTO orders (id, item) VALUES (?, ?)"), (1, "book"))
         job = tx.jobs.enqueue("ship", {"order": 1}, id="ship-1")
         assert isinstance(job, Job)
         assert tx.jobs.get("ship-1") == job  # visible inside the transaction
@@ -131,7 +131,7 @@ def test_transaction_commit_writes_both(app_store: Store, backend: Harness) -> N
 def test_transaction_exception_rolls_back_both(app_store: Store, backend: Harness) -> None:
     def checkout() -> None:
         with app_store.transaction() as tx:
-            tx.execute("INSERT INTO orders (id, item) VALUES (?, ?)", (1, "book"))
+            tx.execute(backend.app_sql("INSERT INTO orders (id, item) VALUES (?, ?)"), (1, "book"))
             tx.jobs.enqueue("ship", {"order": 1}, id="ship-1")
             raise RuntimeError("payment declined")
 
@@ -380,25 +380,51 @@ def test_a_root_call_of_a_second_task_during_a_transaction_is_refused_naming_thr
 # ----------------------------------------------------------------- driver errors
 
 
-def test_bad_sql_is_a_storage_error(app_store: Store, backend: Harness) -> None:
-    with app_store.transaction() as tx:
-        tx.execute("INSERT INTO orders (id, item) VALUES (1, 'book')")
-        with pytest.raises(StorageError) as info:
-            tx.execute("SELEC nonsense")
-        assert isinstance(info.value.__cause__, backend.driver_error)
-        assert info.value.code == "JD2099"
-        with pytest.raises(StorageError) as dup:
-            tx.execute("INSERT INTO orders (id, item) VALUES (1, 'again')")
-        assert isinstance(dup.value.__cause__, backend.integrity_error)
-        with pytest.raises(StorageError) as many:
-            tx.executemany("INSERT INTO orders (id, item) VALUES (?, ?)", [(2, None)])
-        assert isinstance(many.value.__cause__, backend.integrity_error)
-        with pytest.raises(StorageError):
-            tx.execute("SELECT * FROM no_such_table")
-        rows = tx.execute("SELECT id, item FROM orders")
-        assert rows.fetchall() == [(1, "book")]
-    # the caught errors did not spoil the transaction
-    assert order_ids(backend) == [1]
+BAD_STATEMENTS = {
+    # name: (statement with ? placeholders, parameters, many, which driver error)
+    "syntax": ("SELEC nonsense", None, False, "driver_error"),
+    "duplicate": (
+        "INSERT INTO orders (id, item) VALUES (1, 'again')",
+        None,
+        False,
+        "integrity_error",
+    ),
+    "not-null": (
+        "INSERT INTO orders (id, item) VALUES (?, ?)",
+        [(2, None)],
+        True,
+        "integrity_error",
+    ),
+    "no-table": ("SELECT * FROM no_such_table", None, False, "driver_error"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_STATEMENTS))
+def test_bad_sql_is_a_storage_error(app_store: Store, backend: Harness, bad: str) -> None:
+    statement, params, many, cause = BAD_STATEMENTS[bad]
+    statement = backend.app_sql(statement)
+
+    def checkout() -> None:
+        with app_store.transaction() as tx:
+            tx.execute("INSERT INTO orders (id, item) VALUES (1, 'book')")
+            with pytest.raises(StorageError) as info:
+                if many:
+                    tx.executemany(statement, params)
+                else:
+                    tx.execute(statement)
+            assert not isinstance(info.value, TransactionAborted)
+            assert isinstance(info.value.__cause__, getattr(backend, cause))
+            assert info.value.code == "JD2099"
+            rows = tx.execute("SELECT id, item FROM orders")
+            assert rows.fetchall() == [(1, "book")]
+
+    if "sqlite" in backend.capabilities:
+        checkout()  # SQLite undoes the one statement: the transaction goes on and commits
+        assert order_ids(backend) == [1]
+    else:
+        # PostgreSQL aborts the whole transaction: every later call says so, nothing commits
+        assert_aborted(checkout)
+        assert order_ids(backend) == []
 
 
 # Statements after which SQLite itself rolls the whole transaction back.

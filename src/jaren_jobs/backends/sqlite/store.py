@@ -8,7 +8,7 @@ is ``BEGIN IMMEDIATE … COMMIT`` holding the gate, nested ones savepoints.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from jaren_jobs.backend import AppParams, JobsSession, Rows, TransactionState
@@ -91,6 +91,9 @@ class SqliteBackend:
             db.gate.release()
             raise
         return SqliteTransaction(db)
+
+    def wake_on_commits(self, wake: Callable[[], None]) -> None:
+        """SQLite has no notifications: other processes' commits are found by polling."""
 
     def close(self) -> None:
         if self.db.gate.held_by_me():
