@@ -117,9 +117,9 @@ def test_quick_postgres_run_reports_workloads_one_to_six_beside_raw_psycopg(
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
+    argv = ["-m", "bench", "--quick", "--json", "--backend", "postgres", "--pg-url", url]
     completed = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--json", "--backend", "postgres"]
-        + ["--pg-url", url],
+        [sys.executable, *argv],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -139,7 +139,8 @@ def test_quick_postgres_run_reports_workloads_one_to_six_beside_raw_psycopg(
     figures = report["figures"]
     assert {f["workload"] for f in figures} == set(range(1, 7))
     for figure in figures:
-        assert figure["raw"] is not None and figure["raw"] > 0, figure["key"]
+        assert figure["raw"] is not None, figure["key"]
+        assert figure["raw"] > 0, figure["key"]
         assert figure["values"]["jaren_jobs"] >= 0, figure["key"]
         assert figure["ratios"]["jaren_jobs"] is not None
     assert {f["extra"]["concurrency"] for f in figures if f["workload"] == 4} == {1, 4, 16}
