@@ -82,14 +82,18 @@ def check_ledger(
     """Every expected job done exactly once (see the module docstring); returns tallies."""
     assert set(jobs) >= expected, f"{len(expected - set(jobs))} jobs lost"
     for job in jobs.values():
-        assert (job.state, job.lease_until, job.lease_owner) == ("done", None, None), job
+        assert (job.state, job.lease_until) == ("done", None), job
     runs: dict[str, dict[int, str]] = defaultdict(dict)
     for job_id, attempt, generation, incarnation in executions:
         assert attempt <= generation
         assert generation not in runs[job_id], f"{job_id} ran twice in generation {generation}"
         runs[job_id][generation] = incarnation
-    lost = {
-        (o["incarnation"], o["job_id"], o["generation"]) for o in outcomes if o["outcome"] == "lost"
+    # an attempt told its lease was lost, or whose failure was recorded (the server went
+    # away under it), may be followed by another execution; nothing else may
+    excused = {
+        (o["incarnation"], o["job_id"], o["generation"])
+        for o in outcomes
+        if o["outcome"] in ("lost", "failed")
     }
     completions: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for outcome in outcomes:
@@ -118,9 +122,9 @@ def check_ledger(
         for earlier, incarnation in runs[job_id].items():
             if earlier != generation:
                 tally["reexecuted"] += 1
-                assert incarnation in killed or (incarnation, job_id, earlier) in lost, (
+                assert incarnation in killed or (incarnation, job_id, earlier) in excused, (
                     f"{job_id}: generation {earlier} ran on {incarnation}, which was neither "
-                    f"killed nor told its lease was lost; runs {runs[job_id]}"
+                    f"killed nor told its attempt failed or lost its lease; runs {runs[job_id]}"
                 )
         if generation > 1:
             tally["rescued"] += 1
@@ -420,8 +424,11 @@ def test_connection_terminated_mid_settlement_settles_or_is_rescued_never_both(
                 release.unlink(missing_ok=True)
                 job_id = f"held-{n}"
                 store.jobs.enqueue(KIND, {"hold": True}, id=job_id, max_attempts=10)
-                got, generation, _ = started.get(timeout=30)
-                assert (got, generation) == (job_id, 1)
+                while True:  # skip the starts of earlier rounds' retries
+                    got, generation, _ = started.get(timeout=30)
+                    if got == job_id:
+                        break
+                assert generation == 1
                 with connect(pg_schema.url) as locker:
                     locker.autocommit = False
                     locker.execute(
