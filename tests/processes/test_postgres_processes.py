@@ -429,25 +429,28 @@ def test_connection_terminated_mid_settlement_settles_or_is_rescued_never_both(
                     if got == job_id:
                         break
                 assert generation == 1
-                with connect(pg_schema.url) as locker:
+                with connect(pg_schema.url) as locker, connect(pg_schema.url) as watcher:
                     locker.autocommit = False
                     locker.execute(
                         'SELECT 1 FROM "_jaren_jobs" WHERE id = %s FOR UPDATE', (job_id,)
                     )
                     release.write_text("1")  # the handler returns; its settlement meets our lock
+                    # watched from another session: pg_stat_activity is snapshotted once
+                    # per transaction, so the locker itself would never see a newcomer
                     end = time.monotonic() + 20
                     blocked: list[int] = []
                     while not blocked:
                         assert time.monotonic() < end, "the settlement never reached the row"
                         blocked = [
                             row[0]
-                            for row in locker.execute(
+                            for row in watcher.execute(
                                 "SELECT pid FROM pg_stat_activity "
-                                "WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+                                "WHERE %s = ANY(pg_blocking_pids(pid))",
+                                (locker.info.backend_pid,),
                             ).fetchall()
                         ]
                     for pid in blocked:
-                        locker.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                        watcher.execute("SELECT pg_terminate_backend(%s)", (pid,))
                         terminated += 1
                     locker.rollback()
                 # either it settled, or the lease expires and the job runs again
