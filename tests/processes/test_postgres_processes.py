@@ -134,7 +134,7 @@ def check_ledger(
 def executions_of(schema_url: str) -> list[tuple[str, int, int, str]]:
     with connect(schema_url) as conn:
         return [
-            tuple(row)  # type: ignore[misc]
+            (row[0], row[1], row[2], row[3])
             for row in conn.execute(
                 f"SELECT job_id, attempt, generation, incarnation FROM {EXECUTIONS}"
             ).fetchall()
@@ -221,7 +221,7 @@ def test_eight_processes_of_four_loops_drain_20000_jobs_each_exactly_once(
 ) -> None:
     prepare(pg_schema.url)
     with open_store(pg_schema.url) as store:
-        expected = set()
+        expected: set[str] = set()
         for start in range(0, 20_000, 1_000):
             created = store.jobs.enqueue_many(
                 NewJob(KIND, {"n": n}) for n in range(start, start + 1000)
