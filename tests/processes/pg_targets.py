@@ -85,6 +85,12 @@ def pg_worker(settings: dict[str, Any], ready: Any, stop: Any, started: Any = No
     counted: dict[str, int] = {}
     lock = threading.Lock()
     release = FileEvent(settings["release"]) if settings.get("release") else None
+    # psycopg's placeholders; "?" lets the same target run on an SQLite file (a dry run)
+    mark = settings.get("placeholder", "%s")
+    insert = (
+        f"INSERT INTO {EXECUTIONS} (job_id, attempt, generation, pid, incarnation) "
+        f"VALUES ({', '.join([mark] * 5)})"
+    )
 
     def record(event: Outcome) -> None:
         outcomes.write(
@@ -110,9 +116,7 @@ def pg_worker(settings: dict[str, Any], ready: Any, stop: Any, started: Any = No
                     started.put((ctx.job.id, lease.generation, time.monotonic()))
                 with store.transaction() as tx:
                     tx.execute(
-                        f"INSERT INTO {EXECUTIONS} (job_id, attempt, generation, pid, incarnation) "
-                        "VALUES (%s, %s, %s, %s, %s)",
-                        (ctx.job.id, lease.attempt, lease.generation, pid, incarnation),
+                        insert, (ctx.job.id, lease.attempt, lease.generation, pid, incarnation)
                     )
                 payload = payload or {}
                 if payload.get("hold") and release is not None:
