@@ -125,10 +125,12 @@ class Database:
     # first row inside execute.
 
     def one(self, statement: str, params: Params = (), *, doing: str) -> tuple[Any, ...] | None:
-        return self._read(statement, params, doing, _first_row)
+        row: tuple[Any, ...] | None = self._read(statement, params, doing, _FETCH_ONE)
+        return row
 
     def all(self, statement: str, params: Params = (), *, doing: str) -> list[tuple[Any, ...]]:
-        return self._read(statement, params, doing, _all_rows)
+        rows: list[tuple[Any, ...]] = self._read(statement, params, doing, _FETCH_ALL)
+        return rows
 
     def _read(
         self, statement: str, params: Params, doing: str, fetch: Callable[[sqlite3.Cursor], R]
@@ -140,7 +142,9 @@ class Database:
         try:
             cur = self.run(statement, params, doing=doing)
             try:
-                return fetch(cur)
+                answer = fetch(cur)
+                cur.close()  # the statement is done: reset it now, not when collected
+                return answer
             except sqlite3.Error as exc:
                 raise storage_error(exc, doing) from exc
         finally:
@@ -358,15 +362,9 @@ if hasattr(os, "register_at_fork"):  # POSIX; nothing forks elsewhere
     os.register_at_fork(after_in_child=_after_fork)
 
 
-def _first_row(cursor: sqlite3.Cursor) -> tuple[Any, ...] | None:
-    row: tuple[Any, ...] | None = cursor.fetchone()
-    cursor.close()
-    return row
-
-
-def _all_rows(cursor: sqlite3.Cursor) -> list[tuple[Any, ...]]:
-    rows: list[tuple[Any, ...]] = cursor.fetchall()
-    return rows
+# the cursor's own methods, called directly: a read is the hottest call there is
+_FETCH_ONE: Callable[[sqlite3.Cursor], Any] = sqlite3.Cursor.fetchone
+_FETCH_ALL: Callable[[sqlite3.Cursor], Any] = sqlite3.Cursor.fetchall
 
 
 def _max_variables(connection: sqlite3.Connection) -> int:

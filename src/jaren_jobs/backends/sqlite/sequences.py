@@ -227,6 +227,15 @@ class Sequences:
         one job meet the row the earlier ones left.
         """
         items = batch.settlements
+        if len(items) == 1:
+            # a lone complete()/fail(), or a worker's single settlement: the
+            # same statements as the loop below, without its bookkeeping
+            item = items[0]
+            if isinstance(item, Completion):
+                one = self.complete_within(item.lease, item.result, now, what)
+            else:
+                one = self.fail_within(item, now, what)
+            return self._answer((one,), batch, now, what)
         settled: list[bool | Missed] = [True] * len(items)
         rest: Sequence[int] = range(len(items))
         if len(items) > 1:
@@ -248,9 +257,17 @@ class Sequences:
                 settled[index] = self.complete_within(item.lease, item.result, now, what)
             else:
                 settled[index] = self.fail_within(item, now, what)
+        return self._answer(tuple(settled), batch, now, what)
+
+    def _answer(
+        self, settled: tuple[bool | Missed, ...], batch: SettleBatch, now: int, what: str
+    ) -> SettleAnswer:
+        """After the settlements: the batch's releases and claims, and the whole answer."""
         released = self.release_within(batch.releases, now, what) if batch.releases else 0
-        claimed = tuple(self.claim_within(request, count, what) for request, count in batch.claims)
-        return SettleAnswer(tuple(settled), released, claimed, now)
+        claimed: tuple[list[ClaimedJob], ...] = ()
+        if batch.claims:
+            claimed = tuple(self.claim_within(request, n, what) for request, n in batch.claims)
+        return SettleAnswer(settled, released, claimed, now)
 
     # ------------------------------------------------------------ statement sizes
 
