@@ -20,7 +20,7 @@ from .arguments import CliError
 
 def _require_db(path: str | None) -> str:
     if not path:
-        raise CliError("no database: pass --db PATH or set JAREN_JOBS_DB")
+        raise CliError("no database: pass --db PATH (or a postgresql:// URL) or set JAREN_JOBS_DB")
     if not Path(path).is_file():
         raise CliError(f"no database at {path!r}")
     return path
@@ -37,9 +37,42 @@ def _upgradable(refusal: SchemaError) -> bool:
     return version is None or version < SCHEMA_VERSION
 
 
+def _is_url(path: str | None) -> bool:
+    return bool(path) and str(path).startswith(("postgresql://", "postgres://"))
+
+
+def _shown(url: str) -> str:
+    """A URL as a message may show it: never its password."""
+    head, at, rest = url.rpartition("@")
+    if not at:
+        return url
+    scheme, _, who = head.partition("://")
+    return f"{scheme}://{who.split(':', 1)[0]}@{rest}"
+
+
+@contextlib.contextmanager
+def _opened_url(url: str, *, readonly: bool) -> Iterator[Store]:
+    """A PostgreSQL store: a read-only command uses read-only transactions and creates
+    nothing; a write command creates or upgrades the tables, as every open does."""
+    try:
+        store = open_store(url, readonly=readonly)
+    except SchemaError as exc:
+        raise CliError(f"{_shown(url)} has no jaren_jobs tables ({exc.message})") from None
+    except ImportError as exc:
+        raise CliError(str(exc)) from None
+    except JobsError as exc:
+        raise CliError(f"cannot open {_shown(url)}: {exc.message}") from None
+    with contextlib.closing(store):
+        yield store
+
+
 @contextlib.contextmanager
 def opened(path: str | None, *, readonly: bool) -> Iterator[Store]:
     """The store a command works on; a read-only command never changes the file."""
+    if path is not None and _is_url(path):
+        with _opened_url(path, readonly=readonly) as store:
+            yield store
+        return
     checked = _require_db(path)
     older: SchemaError | None = None
     try:
