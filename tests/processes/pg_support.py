@@ -113,6 +113,8 @@ def schema_on(base: str) -> Iterator[Schema]:
                 "WHERE pid <> pg_backend_pid() AND query LIKE %s",
                 (f"%{name}%",),
             )
+            # a session still holding a lock in it fails the teardown, never hangs it
+            admin.execute("SET lock_timeout = '30s'")
             admin.execute(f'DROP SCHEMA "{name}" CASCADE')
 
 

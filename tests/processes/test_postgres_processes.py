@@ -12,9 +12,11 @@ its lease was lost.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
+import queue
 import random
 import signal
 import subprocess
@@ -166,8 +168,11 @@ class Workers:
         self.live: dict[str, tuple[Any, Any, Any]] = {}
         self.started: list[str] = []
         self.killed: set[str] = set()
+        self.queue: Any = None  # the ``started`` queue the workers put into, if any
 
     def spawn(self, started: Any = None) -> str:
+        if started is not None:
+            self.queue = started
         name = f"w{len(self.started) + 1:03d}"
         ready, stop = SPAWN.Event(), SPAWN.Event()
         settings = {"folder": str(self.folder), "url": self.url, "incarnation": name}
@@ -194,7 +199,12 @@ class Workers:
             stop.set()
         codes: dict[str, int | None] = {}
         for name, (process, _, _) in self.live.items():
-            process.join(60)
+            end = time.monotonic() + 60
+            # a process does not exit before its queue's buffer is flushed: keep reading it
+            while self.queue is not None and process.is_alive() and time.monotonic() < end:
+                with contextlib.suppress(queue.Empty):
+                    self.queue.get(timeout=0.1)
+            process.join(max(0.0, end - time.monotonic()))
             if process.is_alive():  # pragma: no cover - only on a hung child
                 process.kill()
                 process.join(10)
