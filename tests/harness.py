@@ -59,11 +59,11 @@ __all__ = [
     "JOBS",
     "Harness",
     "MissingCapability",
-    "app_sql_for",
     "PostgresConnection",
     "PostgresUrl",
     "SqliteConnection",
     "SqliteFile",
+    "app_sql_for",
 ]
 
 JOBS = "_jaren_jobs"

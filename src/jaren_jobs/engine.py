@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .backend import JobsSession, Missed, Scope, SettleAnswer, StoreBackend
+from .checkpoints import CheckpointStore
 from .codec import check_aware, check_text, ms_from_datetime
 from .core import fence
 from .core.commands import (
@@ -45,7 +46,6 @@ from .runtime import Defaults, ResolvedRuntime, check_positive_int
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
 
 if TYPE_CHECKING:
-    from .checkpoints import CheckpointStore
     from .cursor import Cursor
 
 __all__ = ["ClaimRequest", "EngineHub", "Failure", "JobEngine", "backoff_seconds", "is_lease_lost"]
@@ -448,7 +448,6 @@ class JobEngine:
 
     def checkpoints_for(self, claimed: ClaimedJob) -> CheckpointStore:
         """The checkpoint store bound to this claimed attempt (SPEC §6)."""
-        from .checkpoints import CheckpointStore  # noqa: PLC0415 - built on this engine
 
         if not isinstance(claimed, ClaimedJob):
             raise LeaseRequired(
@@ -456,7 +455,9 @@ class JobEngine:
                 f"got {type(claimed).__name__}",
                 given=type(claimed).__name__,
             )
-        return CheckpointStore(self, claimed.id, lambda: claimed.lease)
+        return CheckpointStore(
+            self._session, self._runtime.now_ms, claimed.id, lambda: claimed.lease
+        )
 
 
 def _moved_or_refused(

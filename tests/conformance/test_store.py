@@ -407,11 +407,13 @@ def test_bad_sql_is_a_storage_error(app_store: Store, backend: Harness, bad: str
     def checkout() -> None:
         with app_store.transaction() as tx:
             tx.execute("INSERT INTO orders (id, item) VALUES (1, 'book')")
+            run = (
+                (lambda: tx.executemany(statement, params))
+                if many
+                else (lambda: tx.execute(statement))
+            )
             with pytest.raises(StorageError) as info:
-                if many:
-                    tx.executemany(statement, params)
-                else:
-                    tx.execute(statement)
+                run()
             assert not isinstance(info.value, TransactionAborted)
             assert isinstance(info.value.__cause__, getattr(backend, cause))
             assert info.value.code == "JD2099"

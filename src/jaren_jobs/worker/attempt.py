@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from jaren_jobs.checkpoints import CheckpointStore
 from jaren_jobs.core.fence import FenceRow
-from jaren_jobs.engine import JobEngine
+from jaren_jobs.engine import JobEngine, runtime_of, session_of
 from jaren_jobs.errors import (
     LeaseLost,
     StorageError,
@@ -164,7 +164,9 @@ class _AttemptCheckpoints(CheckpointStore):
     """``ctx.checkpoints``: the attempt's current lease, never racing a renewal."""
 
     def __init__(self, engine: JobEngine, attempt: _Attempt) -> None:
-        super().__init__(engine, attempt.job_id, lambda: attempt.lease)
+        super().__init__(
+            session_of(engine), runtime_of(engine).now_ms, attempt.job_id, lambda: attempt.lease
+        )
         self._attempt = attempt
 
     def load(self, run_id: str) -> dict[str, Any] | None:
