@@ -243,3 +243,50 @@ def test_a_broken_connection_fails_one_call_and_the_store_goes_on(pg: PostgresUr
     # the next call has a fresh connection; what failed was not written
     store.jobs.enqueue("k", id="after")
     assert pg.job_ids() == ["after", "before"]
+
+
+# ----------------------------------------------------------------- the command line
+
+
+def test_the_cli_takes_a_postgres_url_in_db_and_in_the_environment(pg: PostgresUrl) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    store = pg.open()
+    store.jobs.enqueue("send", {"to": "ada"}, id="one")
+    store.jobs.enqueue("send", {"to": "bob"}, id="two")
+
+    def cli(*args: str, env_db: str | None = None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "JAREN_JOBS_DB"}
+        if env_db is not None:
+            env["JAREN_JOBS_DB"] = env_db
+        return subprocess.run(
+            [sys.executable, "-m", "jaren_jobs", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+
+    counts = cli("--db", pg.url, "counts", "--json")
+    assert counts.returncode == 0, counts.stderr
+    assert json.loads(counts.stdout)["pending"] == 2
+    listed = cli("ls", "--json", env_db=pg.url)
+    assert listed.returncode == 0, listed.stderr
+    assert [json.loads(line)["id"] for line in listed.stdout.splitlines()] == ["one", "two"]
+    cancelled = cli("--db", pg.url, "cancel", "one")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert store.jobs.get("one").state == "cancelled"  # type: ignore[union-attr]
+    # a schema without the tables: a clear refusal, and nothing created by a read
+    empty = pg.sibling("empty")
+    refused = cli("--db", empty.url, "counts")  # type: ignore[attr-defined]
+    assert refused.returncode != 0
+    assert "Traceback" not in refused.stderr
+    assert "no jaren_jobs tables" in refused.stderr
+    assert empty.query(
+        "SELECT count(*) FROM information_schema.tables WHERE table_schema = ?",
+        (empty.schema,),  # type: ignore[attr-defined]
+    ) == [(0,)]
