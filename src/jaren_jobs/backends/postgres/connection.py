@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import pq
 
+from jaren_jobs.backends.scopes import TxScope as PgTxScope
 from jaren_jobs.errors import StorageError, StoreClosed
 from jaren_jobs.gate import Gate
 from jaren_jobs.signals import SignalLike
@@ -311,48 +312,6 @@ class PgRootScope:
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         callback()
-
-
-class PgTxScope:
-    """``tx.jobs``: inside the application's open transaction, writes under savepoints."""
-
-    root = False
-
-    def __init__(self, db: PgDatabase, transaction: Any) -> None:
-        self.db = db
-        self._transaction = transaction
-
-    def _check(self, what: str) -> None:
-        self.db.check_open(what)
-        self._transaction.check_active(what)
-
-    def _explained(self, error: StorageError) -> StorageError | None:
-        explained: StorageError = self._transaction.explain(error)
-        return None if explained is error else explained
-
-    def write(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
-        self._check(what)
-        try:
-            return self.db.savepoint(fn, doing=what)
-        except StorageError as exc:
-            if (explained := self._explained(exc)) is None:
-                raise
-            raise explained from exc.__cause__
-
-    def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
-        self._check(what)
-        try:
-            return fn()
-        except StorageError as exc:
-            if (explained := self._explained(exc)) is None:
-                raise
-            raise explained from exc.__cause__
-
-    def read_consistent(self, fn: Callable[[], T], what: str) -> T:
-        return self.read(fn, what)
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        self._transaction.after_commit(callback)
 
 
 # every PgDatabase of this process, for the fork hook (weak: a closed store leaves)

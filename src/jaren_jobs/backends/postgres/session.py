@@ -14,14 +14,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jaren_jobs.backend import Missed, Scope, SettleAnswer, StoreBackend
-from jaren_jobs.codec import datetime_from_ms, decode_json
 from jaren_jobs.core.commands import ClaimRequest, Failure, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
 from jaren_jobs.core.policy import failure_transition, retry_at_ms
 from jaren_jobs.core.settle import Completion, SettleBatch
 from jaren_jobs.errors import DuplicateJob
-from jaren_jobs.records import STATES, ClaimedJob, Counts, Job, Lease, assemble
-from jaren_jobs.rows import claim_key, claimed_from_row, job_from_row, lease_from_row
+from jaren_jobs.records import STATES, ClaimedJob, Counts, Job, Lease
+from jaren_jobs.rows import claim_key, claimed_from_row, inserted_job, job_from_row, lease_from_row
 from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike
 
@@ -131,7 +130,7 @@ class PostgresSession:
                 "job's whole life (until it is swept)",
                 job_id=job_id,
             )
-        return _new_job(job_id, prepared, run_at, now)
+        return inserted_job(job_id, prepared, run_at, now)
 
     def _insert_batch(self, prepared: Sequence[PreparedJob], now: int, what: str) -> list[Job]:
         """One statement for the batch, under a savepoint; a taken id replays it one by
@@ -161,7 +160,7 @@ class PostgresSession:
             replay = zip(ids, prepared, strict=True)
             return [self._insert(p._replace(id=job_id), now, what) for job_id, p in replay]
         return [
-            _new_job(job_id, p, run_at, now)
+            inserted_job(job_id, p, run_at, now)
             for job_id, p, run_at in zip(ids, prepared, run_ats, strict=True)
         ]
 
@@ -465,28 +464,3 @@ class PostgresSession:
 
 class _Skipped(Exception):
     """A row of a batch insert was skipped: its id was taken."""
-
-
-def _new_job(job_id: str, prepared: PreparedJob, run_at: int, now: int) -> Job:
-    """The record of a row just inserted at ``now``: exactly what was bound, never read back."""
-    created = datetime_from_ms(now)
-    return assemble(
-        Job,
-        {
-            "id": job_id,
-            "kind": prepared.kind,
-            "payload": decode_json(prepared.payload),
-            "state": "pending",
-            "priority": prepared.priority,
-            "attempts": 0,
-            "max_attempts": prepared.max_attempts,
-            "run_at": created if run_at == now else datetime_from_ms(run_at),
-            "lease_until": None,
-            "lease_owner": None,
-            "lease_generation": 0,
-            "last_error": None,
-            "result": None,
-            "created_at": created,
-            "updated_at": created,
-        },
-    )

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from jaren_jobs.backends.scopes import TxScope
 from jaren_jobs.errors import JobsError, StorageError, StoreClosed, TransactionAborted
 from jaren_jobs.gate import Gate
 from jaren_jobs.signals import SignalLike
@@ -449,49 +450,6 @@ class RootScope:
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         callback()
-
-
-class TxScope:
-    """``tx.jobs``: inside the application's open transaction, writes under savepoints."""
-
-    root = False
-
-    def __init__(self, db: Database, transaction: Any) -> None:
-        self.db = db
-        self._transaction = transaction
-
-    def _check(self, what: str) -> None:
-        self.db.check_open(what)
-        self._transaction.check_active(what)
-
-    def _explained(self, error: StorageError) -> StorageError | None:
-        """``error`` retold if it ended the transaction (None: re-raise it as it is)."""
-        explained: StorageError = self._transaction.explain(error)
-        return None if explained is error else explained
-
-    def write(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
-        self._check(what)
-        try:
-            return self.db.savepoint(fn, doing=what)
-        except StorageError as exc:
-            if (explained := self._explained(exc)) is None:
-                raise
-            raise explained from exc.__cause__
-
-    def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
-        self._check(what)
-        try:
-            return fn()
-        except StorageError as exc:
-            if (explained := self._explained(exc)) is None:
-                raise
-            raise explained from exc.__cause__
-
-    def read_consistent(self, fn: Callable[[], T], what: str) -> T:
-        return self.read(fn, what)
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        self._transaction.after_commit(callback)
 
 
 Connection = sqlite3.Connection

@@ -15,13 +15,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jaren_jobs.backend import Missed, Scope, SettleAnswer, StoreBackend
-from jaren_jobs.codec import EPOCH, datetime_from_ms, decode_json
 from jaren_jobs.core.commands import ClaimRequest, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
 from jaren_jobs.core.settle import SettleBatch
 from jaren_jobs.errors import DuplicateJob
-from jaren_jobs.records import STATES, ClaimedJob, Counts, Job, Lease, assemble
-from jaren_jobs.rows import job_from_row, lease_from_row
+from jaren_jobs.records import STATES, ClaimedJob, Counts, Job, Lease
+from jaren_jobs.rows import inserted_job, job_from_row, lease_from_row
 from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike
 
@@ -248,7 +247,7 @@ class SqliteSession:
                 "job's whole life (until it is swept)",
                 job_id=job_id,
             )
-        return _new_job(job_id, prepared, run_at, now, _instant(now))
+        return inserted_job(job_id, prepared, run_at, now)
 
     def _insert_batch(self, prepared: Sequence[PreparedJob], now: int, what: str) -> list[Job]:
         """Insert a batch with multi-row statements (inside the caller's write); all or none.
@@ -286,9 +285,8 @@ class SqliteSession:
         except _Skipped:
             replay = zip(ids, prepared, strict=True)
             return [self._insert(p._replace(id=job_id), now, what) for job_id, p in replay]
-        created = _instant(now)
         return [
-            _new_job(job_id, p, run_at, now, created)
+            inserted_job(job_id, p, run_at, now)
             for job_id, p, run_at in zip(ids, prepared, run_ats, strict=True)
         ]
 
@@ -386,42 +384,3 @@ class SqliteSession:
     def _prune(self, run_id: str, generation: int, what: str) -> None:
         params = {"run_id": run_id, "generation": generation}
         self._db.run(sql.CHECKPOINT_PRUNE, params, doing=what)
-
-
-def _instant(ms: int) -> datetime:
-    # one instant remembered (calls a few hundred microseconds apart share
-    # their ms), as one tuple: a thread never sees one call's ms with another's time
-    last_ms, last = _LAST_INSTANT[0]
-    if last_ms == ms:
-        return last
-    moment = datetime_from_ms(ms)
-    assert moment is not None
-    _LAST_INSTANT[0] = (ms, moment)
-    return moment
-
-
-_LAST_INSTANT: list[tuple[int, datetime]] = [(0, EPOCH)]
-
-
-def _new_job(job_id: str, prepared: PreparedJob, run_at: int, now: int, created: datetime) -> Job:
-    """The record of a row just inserted at ``now``: exactly what was bound, never read back."""
-    return assemble(
-        Job,
-        {
-            "id": job_id,
-            "kind": prepared.kind,
-            "payload": decode_json(prepared.payload),
-            "state": "pending",
-            "priority": prepared.priority,
-            "attempts": 0,
-            "max_attempts": prepared.max_attempts,
-            "run_at": created if run_at == now else _instant(run_at),
-            "lease_until": None,
-            "lease_owner": None,
-            "lease_generation": 0,
-            "last_error": None,
-            "result": None,
-            "created_at": created,
-            "updated_at": created,
-        },
-    )
