@@ -563,7 +563,8 @@ def print_text(report: Report) -> None:
         f"Python {m['python']}, SQLite {m['sqlite']}; files on {meta['filesystem']}; "
         f"load {meta['load_before']} → {meta['load_after']}"
     )
-    print("ratio = subject ÷ raw sqlite3 measured in this run (↑ higher is better, ↓ lower)")
+    baseline = meta.get("baseline", "raw sqlite3")
+    print(f"ratio = subject ÷ {baseline} measured in this run (↑ higher is better, ↓ lower)")
     current = 0
     for figure in report.figures:
         if figure.workload != current:
@@ -573,7 +574,7 @@ def print_text(report: Report) -> None:
         print(f"  {figure.label} ({figure.unit} {arrow})")
         raw_is = figure.extra.get("raw_is")
         print(
-            f"    {'raw sqlite3':<22}{format_value(figure.raw, figure.unit):>12}"
+            f"    {baseline:<22}{format_value(figure.raw, figure.unit):>12}"
             + (f"   ({raw_is})" if raw_is else "")
         )
         for subject, value in figure.values.items():
@@ -592,7 +593,7 @@ def print_text(report: Report) -> None:
         if duplicates:
             print(f"    (raw: {duplicates} duplicate executions)")
     if report.targets:
-        print("\ntargets (issue 7)")
+        print("\ntargets (issue 7)" if baseline == "raw sqlite3" else "\ntargets (reported)")
         for target in report.targets:
             print(f"  [{'met' if target.met else 'MISSED'}] {target.text}: {target.measured}")
     if report.notes:
@@ -606,7 +607,8 @@ def print_text(report: Report) -> None:
 
 def print_markdown(report: Report) -> None:
     subjects: list[str] = [JAREN, *report.meta["peers"]]
-    print("| workload | unit | raw sqlite3 | " + " | ".join(subjects) + " |")
+    baseline = report.meta.get("baseline", "raw sqlite3")
+    print(f"| workload | unit | {baseline} | " + " | ".join(subjects) + " |")
     print("|---|---|---:|" + "---:|" * len(subjects))
     for figure in report.figures:
         arrow = "↑" if figure.better == "higher" else "↓"
@@ -682,6 +684,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--dir", default=None, help="where the scratch databases go (default: the temp dir)"
     )
+    parser.add_argument(
+        "--backend",
+        choices=("sqlite", "postgres"),
+        default="sqlite",
+        help="postgres: workloads 1-6 on PostgreSQL beside raw psycopg (needs --pg-url)",
+    )
+    parser.add_argument(
+        "--pg-url",
+        default=None,
+        help="the PostgreSQL server for --backend postgres (each measurement in a schema "
+        "of its own, dropped after; default: $JAREN_JOBS_TEST_POSTGRES_URL)",
+    )
     return parser.parse_args(argv)
 
 
@@ -704,6 +718,8 @@ def choose_peers(option: str, skipped: list[str]) -> list[Peer]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = QUICK if args.quick else FULL
+    if args.backend == "postgres":
+        return main_postgres(args, sizes)
     only = {int(n) for n in args.only.split(",") if n.strip()} or set(WORKLOADS)
     unknown = only - set(WORKLOADS)
     if unknown:
@@ -756,6 +772,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         if why:
             skipped.append(why)
 
+    if args.save:
+        Path(args.save).write_text(dumps(to_json(report)) + "\n")
+    if args.json:
+        print(dumps(to_json(report)))
+    else:
+        print_text(report)
+        if args.markdown:
+            print()
+            print_markdown(report)
+    return 0
+
+
+def main_postgres(args: argparse.Namespace, sizes: Sizes) -> int:
+    from bench import pg_run
+
+    url = args.pg_url or os.environ.get("JAREN_JOBS_TEST_POSTGRES_URL")
+    if not url:
+        raise SystemExit("bench: --backend postgres needs --pg-url URL")
+    only = {int(n) for n in args.only.split(",") if n.strip()} or set(pg_run.PG_WORKLOADS)
+    unknown = only - set(pg_run.PG_WORKLOADS)
+    if unknown:
+        raise SystemExit(f"bench: no PostgreSQL workload {sorted(unknown)}; they are 1 to 6")
+    report = Report(
+        meta={
+            "mode": "quick" if args.quick else "full",
+            "backend": "postgres",
+            "durability": args.durability,
+            "machine": machine(),
+            "filesystem": "server",
+            "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+            "peers": [],
+            "peer_versions": {},
+            "workloads": sorted(only),
+            "skipped": [],
+        },
+    )
+    began = time.monotonic()
+    pg_run.run(report, sizes, args.durability, url, only)
+    report.meta["seconds"] = time.monotonic() - began
+    report.targets = pg_run.targets(report)
     if args.save:
         Path(args.save).write_text(dumps(to_json(report)) + "\n")
     if args.json:

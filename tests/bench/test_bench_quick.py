@@ -104,3 +104,74 @@ def test_the_cpu_comparison_runs_and_reports_every_call() -> None:
     figures = measure(jobs=200)
     assert set(figures) == {"enqueue", "enqueue_many", "claim_complete", "worker_c4"}
     assert all(value > 0 for value in figures.values())
+
+
+def test_the_asyncio_bench_reports_loop_lag_and_rates_beside_sync() -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.asyncio_lag", "--jobs", "200"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    figures = json.loads(completed.stdout)
+    for name in ("async enqueue, 8 tasks", "AsyncWorker, concurrency 16, no-op async jobs"):
+        assert figures[name]["jobs_per_s"] > 0
+        assert figures[name]["loop_lag"]["ticks"] > 0
+    assert set(figures["ratios"]) == {"async enqueue / sync enqueue", "AsyncWorker / thread Worker"}
+
+
+@pytest.mark.slow
+def test_quick_postgres_run_reports_workloads_one_to_six_beside_raw_psycopg(
+    tmp_path: Path,
+) -> None:
+    from tests.processes.pg_support import base_url
+
+    url = base_url()  # skips, saying how to start a server, when there is none
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    argv = ["-m", "bench", "--quick", "--json", "--backend", "postgres", "--pg-url", url]
+    completed = subprocess.run(
+        [sys.executable, *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    report = json.loads(completed.stdout)
+    meta = report["meta"]
+    assert (meta["backend"], meta["baseline"], meta["workloads"]) == (
+        "postgres",
+        "raw psycopg",
+        [1, 2, 3, 4, 5, 6],
+    )
+    assert meta["postgres"]["server_version"]
+    figures = report["figures"]
+    assert {f["workload"] for f in figures} == set(range(1, 7))
+    for figure in figures:
+        assert figure["raw"] is not None, figure["key"]
+        assert figure["raw"] > 0, figure["key"]
+        assert figure["values"]["jaren_jobs"] >= 0, figure["key"]
+        assert figure["ratios"]["jaren_jobs"] is not None
+    assert {f["extra"]["concurrency"] for f in figures if f["workload"] == 4} == {1, 4, 16}
+    (five,) = [f for f in figures if f["workload"] == 5]
+    assert five["extra"]["duplicates"] == {"raw": 0, "jaren_jobs": 0}
+    assert {f["key"] for f in figures if f["workload"] == 6} == {
+        "6.local.p50",
+        "6.local.p99",
+        "6.remote.p50",
+        "6.remote.p99",
+    }
+    assert report["targets"], "the targets were reported"

@@ -1,0 +1,361 @@
+"""PostgreSQL workloads: raw psycopg by hand, and jaren_jobs on a URL, side by side.
+
+Selected with ``python -m bench --backend postgres --pg-url URL``. Every
+measurement runs in a schema of its own (created, then dropped), so runs never
+see each other's rows and the server needs nothing but ``CREATE`` on the
+database. The raw baseline does the same work a careful programmer would write
+by hand against a table of the same shape: an ``INSERT`` per enqueue, a
+``SELECT ... FOR UPDATE SKIP LOCKED`` claim folded into an ``UPDATE``, an
+``UPDATE`` by id and token to complete, ``LISTEN``/``NOTIFY`` to wake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import jaren_jobs
+from bench import KIND, POLL_SECONDS, Channels, Timer, new_payload
+from jaren_jobs import NewJob, Store
+
+WAIT = 600.0
+# the idle poll of every latency consumer: a second, so a start much sooner than that
+# is a notification's doing, not a poll's
+PG_POLL = 1.0
+CHANNEL = "raw_jobs_wake"
+
+RAW_TABLE = """
+CREATE TABLE raw_jobs (
+  id TEXT PRIMARY KEY, kind TEXT NOT NULL, payload TEXT, state TEXT NOT NULL,
+  priority INTEGER NOT NULL DEFAULT 0, run_at BIGINT NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 0, lease_token TEXT, lease_until BIGINT,
+  result TEXT, created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL)
+"""
+RAW_INDEX = (
+    "CREATE INDEX raw_jobs_claim ON raw_jobs (priority DESC, run_at, created_at, id) "
+    "WHERE state = 'pending'"
+)
+INSERT = (
+    "INSERT INTO raw_jobs (id, kind, payload, state, run_at, created_at, updated_at) "
+    "VALUES (%s, %s, %s, 'pending', %s, %s, %s)"
+)
+CLAIM = (
+    "UPDATE raw_jobs SET state = 'leased', attempts = attempts + 1, lease_token = %s, "
+    "lease_until = %s, updated_at = %s WHERE id = (SELECT id FROM raw_jobs "
+    "WHERE state = 'pending' AND run_at <= %s ORDER BY priority DESC, run_at, created_at, id "
+    "LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id, payload, lease_token"
+)
+COMPLETE = (
+    "UPDATE raw_jobs SET state = 'done', result = %s, lease_token = NULL, lease_until = NULL, "
+    "updated_at = %s WHERE id = %s AND state = 'leased' AND lease_token = %s"
+)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def with_search_path(url: str, schema: str) -> str:
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "options"]
+    query.append(("options", f"-csearch_path={schema}"))
+    return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
+
+
+@contextlib.contextmanager
+def fresh_schema(base: str, name: str) -> Iterator[str]:
+    """A new schema for one measurement; yields a URL whose search_path is it."""
+    import psycopg
+
+    schema = f"bench_{name}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(base, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield with_search_path(base, schema)
+    finally:
+        with psycopg.connect(base, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+# ---------------------------------------------------------------- raw psycopg
+
+
+def raw_connect(url: str, durability: str) -> Any:
+    import psycopg
+
+    conn = psycopg.connect(url, autocommit=True)
+    conn.execute(f"SET synchronous_commit = {'on' if durability == 'full' else 'off'}")
+    return conn
+
+
+def raw_prepare(url: str) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(RAW_TABLE)
+        conn.execute(RAW_INDEX)
+
+
+def raw_fill(conn: Any, jobs: int, batch: int = 1_000) -> None:
+    now = now_ms()
+    for start in range(0, jobs, batch):
+        with conn.transaction(), conn.cursor() as cur:
+            cur.executemany(
+                INSERT,
+                [
+                    (str(uuid.uuid4()), KIND, json.dumps(new_payload(i)), now, now, now)
+                    for i in range(start, min(start + batch, jobs))
+                ],
+            )
+
+
+def raw_claim(conn: Any) -> tuple[str, str, str] | None:
+    now = now_ms()
+    row = conn.execute(CLAIM, (uuid.uuid4().hex, now + 30_000, now, now)).fetchone()
+    return None if row is None else (row[0], row[1], row[2])
+
+
+def raw_complete(conn: Any, job_id: str, token: str) -> None:
+    conn.execute(COMPLETE, (None, now_ms(), job_id, token))
+
+
+def raw_enqueue_one(url: str, durability: str, jobs: int) -> float:
+    raw_prepare(url)
+    with raw_connect(url, durability) as conn, Timer() as timer:
+        for i in range(jobs):
+            now = now_ms()
+            conn.execute(
+                INSERT, (str(uuid.uuid4()), KIND, json.dumps(new_payload(i)), now, now, now)
+            )
+    return jobs / timer.seconds
+
+
+def raw_enqueue_batches(url: str, durability: str, jobs: int, batch: int) -> float:
+    raw_prepare(url)
+    with raw_connect(url, durability) as conn, Timer() as timer:
+        raw_fill(conn, jobs, batch)
+    return jobs / timer.seconds
+
+
+def raw_claim_complete_one(url: str, durability: str, jobs: int) -> float:
+    raw_prepare(url)
+    with raw_connect(url, durability) as conn:
+        raw_fill(conn, jobs)
+        done = 0
+        with Timer() as timer:
+            while (row := raw_claim(conn)) is not None:
+                raw_complete(conn, row[0], row[2])
+                done += 1
+    assert done == jobs, (done, jobs)
+    return jobs / timer.seconds
+
+
+def raw_process_drainer(spec: dict[str, Any], channels: Channels) -> None:
+    with raw_connect(spec["url"], spec["durability"]) as conn:
+        channels.ready.set()
+        channels.go.wait()
+        while not channels.stop.is_set():
+            row = raw_claim(conn)
+            if row is None:
+                channels.stop.wait(0.005)
+                continue
+            raw_complete(conn, row[0], row[2])
+            channels.executed(json.loads(row[1])["n"])
+
+
+def raw_processes_setup(url: str, durability: str, jobs: int) -> dict[str, Any]:
+    raw_prepare(url)
+    with raw_connect(url, durability) as conn:
+        raw_fill(conn, jobs)
+    return {"url": url, "durability": durability}
+
+
+def _raw_enqueue_notify(conn: Any, n: int, t: float) -> None:
+    now = now_ms()
+    with conn.transaction():
+        conn.execute(INSERT, (str(uuid.uuid4()), KIND, json.dumps({"n": n, "t": t}), now, now, now))
+        conn.execute(f"NOTIFY {CHANNEL}")
+
+
+def _raw_consume(url: str, durability: str, report: Any, stop: Any, ready: Any) -> None:
+    """LISTEN on one connection, claim + complete on another; poll as the fallback."""
+    import psycopg
+
+    listener = psycopg.connect(url, autocommit=True)
+    listener.execute(f"LISTEN {CHANNEL}")
+    with raw_connect(url, durability) as conn:
+        ready.set()
+        while not stop.is_set():
+            while (row := raw_claim(conn)) is not None:
+                payload = json.loads(row[1])
+                report((payload["n"], time.monotonic() - payload["t"]))
+                raw_complete(conn, row[0], row[2])
+            for _ in listener.notifies(timeout=PG_POLL, stop_after=1):
+                pass
+    listener.close()
+
+
+def raw_latency_local(url: str, durability: str, samples: int) -> list[float]:
+    raw_prepare(url)
+    started: queue.Queue[tuple[int, float]] = queue.Queue()
+    stop, ready = threading.Event(), threading.Event()
+    consumer = threading.Thread(
+        target=_raw_consume, args=(url, durability, started.put, stop, ready), daemon=True
+    )
+    consumer.start()
+    ready.wait(30)
+    latencies = []
+    with raw_connect(url, durability) as producer:
+        try:
+            stop.wait(0.2)
+            for n in range(samples):
+                _raw_enqueue_notify(producer, n, time.monotonic())
+                latencies.append(started.get(timeout=30)[1])
+        finally:
+            stop.set()
+            consumer.join(10)
+    return latencies
+
+
+def raw_latency_consumer(spec: dict[str, Any], reports: Any, ready: Any, stop: Any) -> None:
+    _raw_consume(spec["url"], spec["durability"], reports.put, stop, ready)
+
+
+def raw_latency_remote_setup(url: str, durability: str) -> tuple[dict[str, Any], Any, Any]:
+    raw_prepare(url)
+    conn = raw_connect(url, durability)
+    return (
+        {"url": url, "durability": durability},
+        lambda n, t: _raw_enqueue_notify(conn, n, t),
+        conn.close,
+    )
+
+
+# ---------------------------------------------------------------- jaren_jobs on PostgreSQL
+
+
+def open_(url: str, durability: str) -> Store:
+    return jaren_jobs.open_store(url, durability=durability)  # type: ignore[arg-type]
+
+
+def fill(store: Store, jobs: int, batch: int = 1_000) -> None:
+    for start in range(0, jobs, batch):
+        store.jobs.enqueue_many(
+            [NewJob(KIND, new_payload(i)) for i in range(start, min(start + batch, jobs))]
+        )
+
+
+def enqueue_one(url: str, durability: str, jobs: int) -> float:
+    with open_(url, durability) as store:
+        enqueue = store.jobs.enqueue
+        with Timer() as timer:
+            for i in range(jobs):
+                enqueue(KIND, new_payload(i))
+    return jobs / timer.seconds
+
+
+def enqueue_batches(url: str, durability: str, jobs: int, batch: int) -> float:
+    with open_(url, durability) as store, Timer() as timer:
+        fill(store, jobs, batch)
+    return jobs / timer.seconds
+
+
+def claim_complete_one(url: str, durability: str, jobs: int) -> float:
+    with open_(url, durability) as store:
+        fill(store, jobs)
+        claim, complete, kinds = store.jobs.claim, store.jobs.complete, [KIND]
+        done = 0
+        with Timer() as timer:
+            while (claimed := claim(kinds, owner="bench")) is not None:
+                complete(claimed.lease, None)
+                done += 1
+    assert done == jobs, (done, jobs)
+    return jobs / timer.seconds
+
+
+def drain(url: str, durability: str, jobs: int, concurrency: int) -> float:
+    from bench.workloads import Finished, noop
+
+    with open_(url, durability) as store:
+        fill(store, jobs)
+        finished = Finished(jobs)
+        worker = store.jobs.create_worker(
+            {KIND: noop}, concurrency=concurrency, on_outcome=finished
+        )
+        start = time.perf_counter()
+        worker.start()
+        if not finished.done.wait(WAIT):
+            raise TimeoutError(f"bench: the worker drained {finished.count} of {jobs}")
+        worker.stop()
+        if finished.other:
+            raise RuntimeError(f"bench: {finished.other} attempts did not complete")
+    return jobs / (finished.at - start)
+
+
+def process_drainer(spec: dict[str, Any], channels: Channels) -> None:
+    def handler(payload: Any, ctx: Any) -> None:
+        channels.executed(payload["n"])
+
+    with open_(spec["url"], spec["durability"]) as store:
+        worker = store.jobs.create_worker(
+            {KIND: handler}, concurrency=spec["concurrency"], poll_seconds=POLL_SECONDS
+        )
+        channels.ready.set()
+        channels.go.wait()
+        worker.start()
+        channels.stop.wait()
+        worker.stop()
+
+
+def processes_setup(url: str, durability: str, jobs: int, concurrency: int) -> dict[str, Any]:
+    with open_(url, durability) as store:
+        fill(store, jobs)
+    return {"url": url, "durability": durability, "concurrency": concurrency}
+
+
+def latency_local(url: str, durability: str, samples: int) -> list[float]:
+    started: queue.Queue[float] = queue.Queue()
+
+    def handler(payload: Any, ctx: Any) -> None:
+        started.put(time.monotonic() - payload["t"])
+
+    latencies = []
+    with open_(url, durability) as store:
+        worker = store.jobs.create_worker({KIND: handler}, poll_seconds=PG_POLL)
+        worker.start()
+        try:
+            threading.Event().wait(0.2)
+            for n in range(samples):
+                store.jobs.enqueue(KIND, {"n": n, "t": time.monotonic()})
+                latencies.append(started.get(timeout=30))
+        finally:
+            worker.stop()
+    return latencies
+
+
+def latency_consumer(spec: dict[str, Any], reports: Any, ready: Any, stop: Any) -> None:
+    def handler(payload: Any, ctx: Any) -> None:
+        reports.put((payload["n"], time.monotonic() - payload["t"]))
+
+    with open_(spec["url"], spec["durability"]) as store:
+        worker = store.jobs.create_worker({KIND: handler}, poll_seconds=PG_POLL)
+        worker.start()
+        ready.set()
+        stop.wait()
+        worker.stop()
+
+
+def latency_remote_setup(url: str, durability: str) -> tuple[dict[str, Any], Any, Any]:
+    store = open_(url, durability)
+
+    def enqueue(n: int, t: float) -> None:
+        store.jobs.enqueue(KIND, {"n": n, "t": t})
+
+    return {"url": url, "durability": durability}, enqueue, store.close
