@@ -120,37 +120,90 @@ CLAIM_ROWS = f"""UPDATE {JOBS} AS j SET state = 'leased', lease_owner = %(owner)
   RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}"""
 
 
-def fenced(update: str) -> str:
-    """``update`` (``UPDATE … WHERE id = %(id)s AND FENCE RETURNING …``) plus the job's
-    fence row as the statement found it, in one round trip: ``(written, fence columns…)``."""
-    return f"""WITH target AS (SELECT {FENCE_COLUMNS} FROM {JOBS} WHERE id = %(id)s),
-  written AS ({update} RETURNING 1)
-SELECT (SELECT count(*) FROM written), t.* FROM (SELECT 1) AS one
-  LEFT JOIN target AS t ON true"""
+def _qualified(alias: str, columns: str) -> str:
+    return ", ".join(f"{alias}.{c.strip()}" for c in columns.split(","))
 
 
-RENEW = f"""UPDATE {JOBS} SET lease_until = %(until)s, lease_token = %(new_token)s,
-    updated_at = %(now)s
-  WHERE id = %(id)s AND {FENCE}
-  RETURNING {JOB_COLUMNS}"""
+def _fence_on(alias: str, token: str = "%(token)s") -> str:
+    """:data:`FENCE` on the row named ``alias``."""
+    return (
+        f"{alias}.state = 'leased' AND {alias}.lease_token = {token} "
+        f"AND {alias}.lease_until > %(now)s"
+    )
 
-SETTLE_DONE = fenced(
-    f"""UPDATE {JOBS} SET state = 'done', result = %(result)s, lease_until = NULL,
-    lease_token = NULL, settled_generation = lease_generation, updated_at = %(now)s
-  WHERE id = %(id)s AND {FENCE}"""
+
+# A fenced write and the job's fence row in ONE round trip. ``cur`` locks the
+# row first: a locking read sees its latest committed version, even after
+# waiting out another transaction's lock, so a refusal is named from the row
+# the write met, never from an older snapshot. The write joins ``cur``, so it
+# runs after the lock, guarded on the locked row and on the row it updates.
+# The answer: ``(written, <returning>..., fence columns...)``, the fence
+# columns all NULL when there is no such job.
+_CUR = f"cur AS (SELECT {FENCE_COLUMNS} FROM {JOBS} WHERE id = %(id)s FOR UPDATE)"
+_ANSWER = "FROM (SELECT 1) AS one LEFT JOIN cur ON true"
+
+
+def fenced(assignments: str, *, guard: str = "", returning: str | None = None) -> str:
+    """``UPDATE … SET assignments`` of job ``%(id)s`` under the fence (and ``guard``),
+    answering whether it wrote, ``returning``'s columns (if any), then the fence row."""
+    written = "(SELECT count(*) FROM written)"
+    if returning is None:
+        return f"""WITH {_CUR},
+  written AS (UPDATE {JOBS} AS j SET {assignments}
+    FROM cur WHERE j.id = %(id)s AND {_fence_on("cur")} AND {_fence_on("j")}{guard}
+    RETURNING 1)
+SELECT {written}, cur.* {_ANSWER}"""
+    return f"""WITH {_CUR},
+  written AS (UPDATE {JOBS} AS j SET {assignments}
+    FROM cur WHERE j.id = %(id)s AND {_fence_on("cur")} AND {_fence_on("j")}{guard}
+    RETURNING {returning})
+SELECT {written}, w.*, cur.* {_ANSWER} LEFT JOIN written AS w ON true"""
+
+
+RENEW = fenced(
+    "lease_until = %(until)s, lease_token = %(new_token)s, updated_at = %(now)s",
+    returning=_qualified("j", JOB_COLUMNS),
 )
 
-# many completions in one statement; the ids settled come back
-SETTLE_DONE_MANY = f"""UPDATE {JOBS} AS j SET state = 'done', result = i.result,
-    lease_until = NULL, lease_token = NULL, settled_generation = j.lease_generation,
-    updated_at = %(now)s
-  FROM unnest(%(ids)s::text[], %(tokens)s::text[], %(results)s::text[]) AS i(id, token, result)
-  WHERE j.id = i.id AND j.state = 'leased' AND j.lease_token = i.token
-    AND j.lease_until > %(now)s
-  RETURNING j.id"""
+SETTLE_DONE = fenced(
+    "state = 'done', result = %(result)s, lease_until = NULL, lease_token = NULL, "
+    "settled_generation = j.lease_generation, updated_at = %(now)s"
+)
 
-FENCE_ROWS = f"SELECT id, {FENCE_COLUMNS} FROM {JOBS} WHERE id = ANY(%(ids)s::text[])"
+# Many completions of distinct jobs in one statement: every row locked (in id
+# order, so overlapping batches never deadlock), each guarded by its own
+# token; per item, whether it was written and its fence row.
+SETTLE_DONE_MANY = f"""WITH item AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::text[], %(results)s::text[])
+      AS i(id, token, result)),
+  cur AS (SELECT j.id, {_qualified("j", FENCE_COLUMNS)} FROM {JOBS} AS j
+    WHERE j.id = ANY(%(ids)s::text[]) ORDER BY j.id FOR UPDATE),
+  written AS (UPDATE {JOBS} AS j SET state = 'done', result = item.result,
+      lease_until = NULL, lease_token = NULL, settled_generation = j.lease_generation,
+      updated_at = %(now)s
+    FROM item, cur
+    WHERE j.id = item.id AND cur.id = item.id
+      AND {_fence_on("cur", "item.token")} AND {_fence_on("j", "item.token")}
+    RETURNING j.id)
+SELECT item.id, written.id IS NOT NULL, {_qualified("cur", FENCE_COLUMNS)}
+  FROM item LEFT JOIN cur ON cur.id = item.id LEFT JOIN written ON written.id = item.id"""
 
+# A failure in one statement: a retry (``failed``, run_at the backoff's) while
+# attempts remain and ``%(retry)s``, else the dead letter — the transition of
+# core.policy.failure_transition, on the row's own counts. ``%(attempts)s`` is
+# the attempt whose backoff ``%(run_at)s`` was computed for (the lease's);
+# a row that says otherwise is not written here (the caller reads it and
+# writes by the row's own count).
+FAIL = fenced(
+    "state = CASE WHEN %(retry)s AND j.attempts < j.max_attempts THEN 'failed' ELSE 'dead' END, "
+    "run_at = CASE WHEN %(retry)s AND j.attempts < j.max_attempts THEN %(run_at)s "
+    "ELSE j.run_at END, "
+    "last_error = %(error)s, lease_until = NULL, lease_token = NULL, "
+    "settled_generation = j.lease_generation, updated_at = %(now)s",
+    guard=" AND j.attempts = %(attempts)s",
+)
+
+# the fallback of FAIL for a lease whose attempt number is not its row's
 READ_ATTEMPTS = f"""SELECT attempts, max_attempts FROM {JOBS}
   WHERE id = %(id)s AND {FENCE} FOR UPDATE"""
 
@@ -175,10 +228,8 @@ CANCEL_QUEUED = f"""UPDATE {JOBS} SET state = 'cancelled', last_error = 'cancell
   WHERE id = %(id)s AND state IN ('pending', 'failed')"""
 
 CANCEL_LEASED = fenced(
-    f"""UPDATE {JOBS} SET state = 'cancelled', last_error = 'cancelled',
-    lease_until = NULL, lease_token = NULL, settled_generation = lease_generation,
-    updated_at = %(now)s
-  WHERE id = %(id)s AND {FENCE}"""
+    "state = 'cancelled', last_error = 'cancelled', lease_until = NULL, lease_token = NULL, "
+    "settled_generation = j.lease_generation, updated_at = %(now)s"
 )
 
 REQUEUE = f"""UPDATE {JOBS} SET state = 'pending', run_at = %(now)s, lease_until = NULL,
@@ -216,12 +267,16 @@ def page_jobs(by_state: bool, by_kind: bool) -> str:
 CHECKPOINT_LOAD = f"""SELECT node_id, value FROM {CHECKPOINTS}
   WHERE run_id = %(run_id)s AND generation <= %(generation)s"""
 
-CHECKPOINT_FENCE = f"SELECT 1 FROM {JOBS} WHERE id = %(id)s AND {FENCE} FOR SHARE"
-
-CHECKPOINT_SAVE = f"""INSERT INTO {CHECKPOINTS} (run_id, node_id, value, generation)
-  VALUES (%(run_id)s, %(node_id)s, %(value)s, %(generation)s)
-  ON CONFLICT (run_id, node_id) DO UPDATE
-    SET value = excluded.value, generation = excluded.generation"""
+# the fence and the save in one round trip: the row is share-locked (a
+# settlement waits for the save, the save for a settlement in flight) and the
+# value is written only while the lease holds; the fence row comes back either way
+CHECKPOINT_SAVE = f"""WITH cur AS (SELECT {FENCE_COLUMNS} FROM {JOBS} WHERE id = %(id)s FOR SHARE),
+  written AS (INSERT INTO {CHECKPOINTS} (run_id, node_id, value, generation)
+    SELECT %(run_id)s, %(node_id)s, %(value)s, %(generation)s FROM cur WHERE {_fence_on("cur")}
+    ON CONFLICT (run_id, node_id) DO UPDATE
+      SET value = excluded.value, generation = excluded.generation
+    RETURNING 1)
+SELECT (SELECT count(*) FROM written), cur.* {_ANSWER}"""
 
 CHECKPOINT_PRUNE = f"""DELETE FROM {CHECKPOINTS}
   WHERE run_id = %(run_id)s AND generation <= %(generation)s"""

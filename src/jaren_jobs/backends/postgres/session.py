@@ -42,6 +42,20 @@ def _fence_row(values: Sequence[Any]) -> FenceRow | None:
     return FenceRow.from_row(tuple(values[:6]), None if values[6] is None else str(values[6]))
 
 
+_JOB_WIDTH = 16  # the columns of sql.JOB_COLUMNS
+
+
+def _holds(fence: FenceRow | None, token: str, now: int) -> bool:
+    """Whether the fence row shows ``token``'s lease live at ``now``."""
+    return (
+        fence is not None
+        and fence.state == "leased"
+        and fence.token == token
+        and fence.lease_until is not None
+        and fence.lease_until > now
+    )
+
+
 def _pg_text(text: str) -> str:
     # PostgreSQL's text cannot hold NUL: kept as its escape, as lone surrogates are
     return text.replace("\x00", "\\x00") if "\x00" in text else text
@@ -225,22 +239,12 @@ class PostgresSession:
     def _fenced(
         self, statement: str, params: dict[str, Any], lease: Lease, what: str
     ) -> bool | Missed:
+        """A ``sql.fenced`` write: ``True``, or the fence row it met, from the same round trip."""
         row = self._db.one(statement, params, doing=what)
         assert row is not None
         if row[0]:
             return True
-        fence = _fence_row(row[1:])
-        if (
-            fence is not None
-            and fence.state == "leased"
-            and fence.token == lease.token
-            and fence.lease_until is not None
-            and fence.lease_until > params["now"]
-        ):
-            # the row the statement's snapshot saw would have matched: another
-            # transaction changed it meanwhile; read it as it is now
-            fence = self._fence_row(lease.job_id, what)
-        return Missed(fence)
+        return Missed(_fence_row(row[1:]))
 
     def renew(self, lease: Lease, lease_ms: int, what: str) -> Lease | Missed:
         def work() -> Lease | Missed:
@@ -253,9 +257,10 @@ class PostgresSession:
                 "token": lease.token,
             }
             row = self._db.one(sql.RENEW, params, doing=what)
-            if row is not None:
-                return lease_from_row(row, lease.claim_key)
-            return Missed(self._fence_row(lease.job_id, what))
+            assert row is not None
+            if row[0]:
+                return lease_from_row(row[1 : 1 + _JOB_WIDTH], lease.claim_key)
+            return Missed(_fence_row(row[1 + _JOB_WIDTH :]))
 
         return self._scope.write(work, what)
 
@@ -342,38 +347,59 @@ class PostgresSession:
     def _complete_many(
         self, items: Sequence[tuple[int, Completion]], now: int, what: str
     ) -> dict[int, bool | Missed]:
-        """Distinct jobs' completions in one statement; the missed ones' fence rows in one more."""
+        """Distinct jobs' completions in one statement, which also answers the missed ones'
+        fence rows."""
         params = {
             "now": now,
             "ids": [c.lease.job_id for _, c in items],
             "tokens": [c.lease.token for _, c in items],
             "results": [c.result for _, c in items],
         }
-        settled = {row[0] for row in self._db.all(sql.SETTLE_DONE_MANY, params, doing=what)}
-        answers: dict[int, bool | Missed] = {}
-        missed = [(index, c) for index, c in items if c.lease.job_id not in settled]
-        rows: dict[str, FenceRow | None] = {}
-        if missed:
-            found = self._db.all(
-                sql.FENCE_ROWS, {"ids": [c.lease.job_id for _, c in missed]}, doing=what
-            )
-            rows = {row[0]: _fence_row(row[1:]) for row in found}
-        for index, c in items:
-            answers[index] = True if c.lease.job_id in settled else Missed(rows.get(c.lease.job_id))
-        return answers
+        found = {
+            row[0]: True if row[1] else Missed(_fence_row(row[2:]))
+            for row in self._db.all(sql.SETTLE_DONE_MANY, params, doing=what)
+        }
+        return {index: found[c.lease.job_id] for index, c in items}
 
     def fail_within(self, failure: Failure, now: int, what: str) -> bool | Missed:
+        """One statement: the retry or dead letter under the fence, or the fence row it met.
+
+        The backoff is computed for the lease's attempt (the row's, while the
+        lease holds). A retry draws the runtime's random() before the write
+        knows whether attempts remain, so a failure that turns out dead has
+        drawn one (SQLite draws only for a retry).
+        """
         current = failure.lease
         fenced = {"id": current.job_id, "token": current.token, "now": now}
+        error = _pg_text(failure.message)
+        run_at = 0
+        draw = 0.0
+        if failure.retry:
+            draw = self._runtime.random()
+            run_at = retry_at_ms(now, current.attempt, failure.base, failure.cap, draw)
+        params = {
+            **fenced,
+            "error": error,
+            "retry": bool(failure.retry),
+            "run_at": run_at,
+            "attempts": current.attempt,
+        }
+        answer = self._db.one(sql.FAIL, params, doing=what)
+        assert answer is not None
+        if answer[0]:
+            return True
+        fence = _fence_row(answer[1:])
+        if not _holds(fence, current.token, now):
+            return Missed(fence)
+        # held, but the lease names another attempt number than its row (a
+        # lease made by hand): decide by the row's own counts
         row = self._db.one(sql.READ_ATTEMPTS, fenced, doing=what)
         if row is None:
             return Missed(self._fence_row(current.job_id, what))
         attempts, max_attempts = int(row[0]), int(row[1])
-        error = _pg_text(failure.message)
         if failure_transition(attempts, max_attempts, retry=failure.retry) == "dead":
             self._db.run(sql.SETTLE_DEAD, {**fenced, "error": error}, doing=what)
-        else:
-            draw = self._runtime.random()
+        else:  # the draw made for the lease's attempt, recomputed for the row's
             run_at = retry_at_ms(now, attempts, failure.base, failure.cap, draw)
             self._db.run(sql.SETTLE_RETRY, {**fenced, "error": error, "run_at": run_at}, doing=what)
         return True
@@ -428,18 +454,20 @@ class PostgresSession:
         self, lease: Lease, run_id: str, node_id: str, value: str, what: str
     ) -> bool | Missed:
         def work() -> bool | Missed:
-            now = self._runtime.now_ms()
-            fenced = {"id": lease.job_id, "token": lease.token, "now": now}
-            if self._db.one(sql.CHECKPOINT_FENCE, fenced, doing=what) is None:
-                return Missed(self._fence_row(lease.job_id, what))
             params = {
+                "id": lease.job_id,
+                "token": lease.token,
+                "now": self._runtime.now_ms(),
                 "run_id": run_id,
                 "node_id": node_id,
                 "value": value,
                 "generation": lease.generation,
             }
-            self._db.run(sql.CHECKPOINT_SAVE, params, doing=what)
-            return True
+            row = self._db.one(sql.CHECKPOINT_SAVE, params, doing=what)
+            assert row is not None
+            if row[0]:
+                return True
+            return Missed(_fence_row(row[1:]))
 
         return self._scope.write(work, what)
 

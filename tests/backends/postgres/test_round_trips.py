@@ -1,0 +1,266 @@
+"""PostgreSQL's fenced writes: each answers in ONE round trip, written or refused.
+
+A fenced write (renew, complete, fail, leased cancel, checkpoint save, a
+batch of completions) is one statement that locks the job's row, writes
+under the fence, and hands back the fence row either way: the refusal's
+reason comes back with the write that was refused, never from a second
+read, and never from a snapshot older than the row the write met.
+
+Round trips are counted on the wire: libpq's protocol trace of the store's
+own connection (with psycopg's automatic prepare off, so every statement
+carries its text).
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from jaren_jobs import (
+    JobSettled,
+    LeaseExpired,
+    LeaseSuperseded,
+    Runtime,
+    Store,
+)
+from jaren_jobs.core.settle import Completion, SettleBatch
+from jaren_jobs.engine import settle
+from tests.conftest import FakeClock, Sequence, require_postgres
+from tests.harness import PostgresUrl
+
+psycopg = pytest.importorskip("psycopg", reason="the dev extra installs psycopg")
+pq = psycopg.pq
+
+WAIT = 10.0
+_SENT = re.compile(r"^F\t\d+\t(?:Parse\t \"[^\"]*\"|Query\t) \"(.*)", re.S)
+
+
+@pytest.fixture
+def pg(tmp_path: Path) -> Iterator[PostgresUrl]:
+    require_postgres()
+    harness = PostgresUrl(tmp_path / "unused.db")
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store(pg: PostgresUrl, clock: FakeClock) -> Store:
+    ids = Sequence()
+    return pg.open(runtime=Runtime(now=clock.now, random=ids.random, uuid=ids.uuid))
+
+
+@contextmanager
+def wire(store: Store) -> Iterator[list[str]]:
+    """The statements the store's connection sends while inside, as their SQL text."""
+    conn = store._backend.db.connection  # type: ignore[attr-defined]
+    sent: list[str] = []
+    threshold = conn.prepare_threshold
+    conn.prepare_threshold = None  # every statement is parsed, so its text is on the wire
+    with tempfile.TemporaryFile("w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            yield sent
+        finally:
+            conn.pgconn.untrace()
+            conn.prepare_threshold = threshold
+            trace.seek(0)
+            for message in trace.read().split("\nF\t"):
+                text = message if message.startswith("F\t") else "F\t" + message
+                found = _SENT.match(text)
+                if found:
+                    sent.append(found.group(1))
+
+
+def _on_tables(sent: list[str]) -> list[str]:
+    """The statements that read or write the job tables (not BEGIN, COMMIT, SET …)."""
+    return [s for s in sent if "_jaren_job" in s]
+
+
+def _one_round_trip(sent: list[str]) -> None:
+    touching = _on_tables(sent)
+    assert len(touching) == 1, "expected one statement on the job tables, got:\n" + "\n---\n".join(
+        touching
+    )
+
+
+def test_a_renewal_refused_answers_why_in_its_own_round_trip(
+    store: Store, clock: FakeClock
+) -> None:
+    store.jobs.enqueue("k", id="a")
+    claimed = store.jobs.claim(["k"], owner="w", lease_seconds=10)
+    assert claimed is not None
+    renewed = store.jobs.renew(claimed.lease, lease_seconds=10)
+    with wire(store) as sent, pytest.raises(LeaseSuperseded):
+        store.jobs.renew(claimed.lease, lease_seconds=10)  # the old token: superseded
+    _one_round_trip(sent)
+    clock.advance(11)
+    with wire(store) as sent, pytest.raises(LeaseExpired):
+        store.jobs.renew(renewed, lease_seconds=10)
+    _one_round_trip(sent)
+
+
+def test_a_renewal_that_holds_is_one_round_trip(store: Store) -> None:
+    store.jobs.enqueue("k", id="a")
+    claimed = store.jobs.claim(["k"], owner="w", lease_seconds=10)
+    assert claimed is not None
+    with wire(store) as sent:
+        store.jobs.renew(claimed.lease, lease_seconds=10)
+    _one_round_trip(sent)
+
+
+@pytest.mark.parametrize("retry", [True, False])
+def test_a_failure_is_one_round_trip_written_or_refused(
+    store: Store, clock: FakeClock, retry: bool
+) -> None:
+    store.jobs.enqueue("k", id="a", max_attempts=3)
+    claimed = store.jobs.claim(["k"], owner="w", lease_seconds=10)
+    assert claimed is not None
+    with wire(store) as sent:
+        assert store.jobs.fail(claimed.lease, "boom", retry=retry) is True
+    _one_round_trip(sent)
+    job = store.jobs.get("a")
+    assert job is not None
+    assert job.state == ("failed" if retry else "dead")
+    assert job.last_error == "boom"
+    if retry:
+        # the backoff of attempt 1 (base 1 s by default, draw 0.5): 0.75 s
+        expected = clock.now() + store.defaults.backoff_base_seconds * 0.75
+        assert job.run_at.timestamp() == pytest.approx(expected, abs=0.001)
+        clock.advance(60)
+        again = store.jobs.claim(["k"], owner="w", lease_seconds=10)
+        assert again is not None
+        clock.advance(11)
+        with wire(store) as sent, pytest.raises(LeaseExpired):
+            store.jobs.fail(again.lease, "late")
+        _one_round_trip(sent)
+        # the first attempt's lease, after another claim: superseded
+        with wire(store) as sent, pytest.raises(LeaseSuperseded):
+            store.jobs.fail(claimed.lease, "again")
+        _one_round_trip(sent)
+    else:
+        # the same attempt again, once its job is dead: idempotent, nothing written
+        with wire(store) as sent:
+            store.jobs.fail(claimed.lease, "again")
+        _one_round_trip(sent)
+        job = store.jobs.get("a")
+        assert job is not None
+        assert (job.state, job.last_error) == ("dead", "boom")
+
+
+def test_a_failure_of_the_last_attempt_is_dead_in_one_round_trip(store: Store) -> None:
+    store.jobs.enqueue("k", id="a", max_attempts=1)
+    claimed = store.jobs.claim(["k"], owner="w", lease_seconds=10)
+    assert claimed is not None
+    with wire(store) as sent:
+        assert store.jobs.fail(claimed.lease, "boom") is True
+    _one_round_trip(sent)
+    job = store.jobs.get("a")
+    assert job is not None
+    assert (job.state, job.attempts, job.last_error) == ("dead", 1, "boom")
+
+
+def test_a_checkpoint_save_is_one_round_trip_written_or_refused(
+    store: Store, clock: FakeClock
+) -> None:
+    store.jobs.enqueue("k", id="a")
+    claimed = store.jobs.claim(["k"], owner="w", lease_seconds=10)
+    assert claimed is not None
+    checkpoints = store.jobs.checkpoints_for(claimed)
+    with wire(store) as sent:
+        checkpoints.save("a", "n1", {"v": 1})
+    _one_round_trip(sent)
+    assert checkpoints.load("a") == {"n1": {"v": 1}}
+    clock.advance(11)
+    with wire(store) as sent, pytest.raises(LeaseExpired):
+        checkpoints.save("a", "n2", 2)
+    _one_round_trip(sent)
+    assert checkpoints.load("a") == {"n1": {"v": 1}}
+
+
+def test_a_batch_of_completions_with_refusals_is_one_round_trip(
+    store: Store, clock: FakeClock
+) -> None:
+    store.jobs.enqueue_many([])
+    for name in "abcd":
+        store.jobs.enqueue("k", id=name)
+    claimed = store.jobs.claim_many(["k"], owner="w", limit=4, lease_seconds=10)
+    assert [c.id for c in claimed] == ["a", "b", "c", "d"]
+    store.jobs.cancel("c", lease=claimed[2].lease)
+    batch = SettleBatch(tuple(Completion(c.lease, '"ok"') for c in claimed))
+    with wire(store) as sent:
+        answer = settle(store.jobs, batch, "complete()")
+    _one_round_trip(sent)
+    assert answer.settled[0] is True
+    assert answer.settled[1] is True
+    assert answer.settled[3] is True
+    missed = answer.settled[2]
+    assert not isinstance(missed, bool)
+    assert missed.row is not None
+    assert missed.row.state == "cancelled"
+
+
+def test_a_fenced_write_that_waited_on_a_row_answers_the_row_it_met(
+    pg: PostgresUrl, store: Store
+) -> None:
+    """A write that waited on another transaction's lock is refused by the row that
+    transaction committed, in the same round trip (never a re-read, never the older
+    snapshot, which would have matched)."""
+    store.jobs.enqueue("k", id="a")
+    claimed = store.jobs.claim(["k"], owner="w", lease_seconds=10)
+    assert claimed is not None
+    other = psycopg.connect(pg.url)  # not autocommit: holds its lock until commit
+    try:
+        other.execute(
+            "UPDATE \"_jaren_jobs\" SET state = 'cancelled', lease_token = NULL WHERE id = 'a'"
+        )
+        outcome: dict[str, object] = {}
+        with wire(store) as sent:
+
+            def complete() -> None:
+                try:
+                    outcome["answer"] = store.jobs.complete(claimed.lease, 1)
+                except Exception as exc:
+                    outcome["answer"] = exc
+
+            thread = threading.Thread(target=complete)
+            thread.start()
+            _wait_for_lock_wait(pg)
+            other.commit()
+            thread.join(WAIT)
+            assert not thread.is_alive()
+        _one_round_trip(sent)
+        answer = outcome["answer"]
+        assert isinstance(answer, JobSettled), answer
+        assert answer.details["state"] == "cancelled"
+    finally:
+        other.close()
+
+
+def _wait_for_lock_wait(pg: PostgresUrl) -> None:
+    deadline = time.monotonic() + WAIT
+    with psycopg.connect(pg.server_url, autocommit=True) as admin:
+        while time.monotonic() < deadline:
+            row = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE %s",
+                ("%_jaren_jobs%",),
+            ).fetchone()
+            if row is not None and row[0] > 0:
+                return
+            time.sleep(0.01)
+    raise AssertionError("the store's write never waited on the held row")
