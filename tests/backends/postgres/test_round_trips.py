@@ -27,6 +27,7 @@ from jaren_jobs import (
     JobSettled,
     LeaseExpired,
     LeaseSuperseded,
+    NewJob,
     Runtime,
     Store,
 )
@@ -264,3 +265,39 @@ def _wait_for_lock_wait(pg: PostgresUrl) -> None:
                 return
             time.sleep(0.01)
     raise AssertionError("the store's write never waited on the held row")
+
+
+def test_the_one_round_trip_writes_use_the_primary_key(pg: PostgresUrl) -> None:
+    """Each fenced statement reaches its rows by id, whatever the table holds: never a scan."""
+    from jaren_jobs.backends.postgres import queries as sql
+
+    store = pg.open()
+    for start in range(0, 20_000, 1_000):
+        store.jobs.enqueue_many([NewJob("busy", {"n": n}) for n in range(start, start + 1_000)])
+    for job in store.jobs.claim_many(["busy"], owner="w", limit=500):
+        store.jobs.complete(job.lease)
+    store.jobs.claim_many(["busy"], owner="w", limit=500)
+    fence = {"id": "x", "token": "t", "now": 2**62}
+    statements = {
+        "renew": (sql.RENEW, {**fence, "until": 2**62, "new_token": "n"}),
+        "complete": (sql.SETTLE_DONE, {**fence, "result": None}),
+        "cancel": (sql.CANCEL_LEASED, fence),
+        "fail": (
+            sql.FAIL,
+            {**fence, "error": "e", "retry": True, "run_at": 1, "attempts": 1},
+        ),
+        "checkpoint": (
+            sql.CHECKPOINT_SAVE,
+            {**fence, "run_id": "x", "node_id": "n", "value": "1", "generation": 1},
+        ),
+        "complete many": (
+            sql.SETTLE_DONE_MANY,
+            {"now": 2**62, "ids": ["x", "y"], "tokens": ["t", "u"], "results": ["1", "2"]},
+        ),
+    }
+    with psycopg.connect(pg.url, autocommit=True) as conn:
+        conn.execute("ANALYZE _jaren_jobs")
+        for name, (statement, params) in statements.items():
+            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + statement, params))
+            assert "_jaren_jobs_pkey" in plan, (name, plan)
+            assert "Seq Scan" not in plan, (name, plan)
