@@ -34,12 +34,32 @@ Params = Sequence[Any] | Mapping[str, Any]
 # a half-open connection must not hang a worker for hours (SPEC §10)
 CONNECT_TIMEOUT_SECONDS = 10
 STATEMENT_TIMEOUT_MS = 120_000
-KEEPALIVES: dict[str, Any] = {
+# libpq settings of every connection a store opens, unless its URL sets them:
+# keepalives notice an idle connection whose peer vanished; tcp_user_timeout
+# bounds data sent to a vanished peer and never acknowledged (no keepalive is
+# sent meanwhile: without it, the kernel's retransmissions take ~15 minutes)
+CONNECT_DEFAULTS: dict[str, Any] = {
+    "connect_timeout": CONNECT_TIMEOUT_SECONDS,
     "keepalives": 1,
     "keepalives_idle": 10,
     "keepalives_interval": 5,
     "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
 }
+
+
+def connect_settings(conninfo: str) -> dict[str, Any]:
+    """:data:`CONNECT_DEFAULTS` less what ``conninfo`` sets itself: the URL's own win.
+
+    (``psycopg.connect``'s keyword arguments override the URL's, so the
+    defaults must leave out what it names.) A URL psycopg cannot parse is
+    left for the connect to refuse.
+    """
+    try:
+        given = psycopg.conninfo.conninfo_to_dict(conninfo)
+    except psycopg.Error:
+        given = {}
+    return {key: value for key, value in CONNECT_DEFAULTS.items() if key not in given}
 
 
 class PgDatabase:
@@ -77,8 +97,7 @@ class PgDatabase:
             conn = psycopg.connect(
                 self.conninfo,
                 autocommit=True,
-                connect_timeout=CONNECT_TIMEOUT_SECONDS,
-                **KEEPALIVES,
+                **connect_settings(self.conninfo),
             )
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from .connection import CONNECT_TIMEOUT_SECONDS, KEEPALIVES
+from .connection import connect_settings
 
 __all__ = ["Listener"]
 
@@ -61,9 +61,7 @@ class Listener:
                 _log.exception("jaren_jobs: a wake-up callback raised")
 
     def _listen(self) -> psycopg.Connection[tuple[object, ...]]:
-        conn = psycopg.connect(
-            self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS, **KEEPALIVES
-        )
+        conn = psycopg.connect(self._conninfo, autocommit=True, **connect_settings(self._conninfo))
         conn.execute(f"LISTEN {self._channel}")
         return conn
 
