@@ -389,7 +389,8 @@ def test_server_stopped_immediately_and_restarted_under_load(
         report = json.loads((tmp_path / "report-enqueuer.json").read_text())
         assert report == {"error": None, "raw": []}, report
         assert refused, "no enqueue failed: the server never went away"
-        assert {r["error"] for r in refused} == {"StorageError"}, refused[:5]
+        # the library's own errors only (a pool may answer GateRefused while it reconnects)
+        assert {r["error"] for r in refused} <= {"StorageError", "GateRefused"}, refused[:5]
         outcomes = read_lines(tmp_path, "outcomes-*.jsonl")
         tally = check_ledger(
             jobs, executions_of(url), outcomes, expected=enqueued | {"probe"}, killed=set()
