@@ -12,6 +12,7 @@ have it, and the summary says how many were left out and why.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,8 @@ import pytest
 
 import jaren_jobs
 from jaren_jobs import Runtime, Store
-from tests.harness import CAPABILITIES, HARNESSES, Harness
+from tests import postgres_server
+from tests.harness import CAPABILITIES, HARNESSES, POSTGRES_HARNESSES, Harness, psycopg
 
 START = 1_800_000_000.0  # 2027-01-15, a fixed epoch for every fake clock
 
@@ -89,6 +91,10 @@ def required_capabilities(node: pytest.Item | pytest.Function) -> frozenset[str]
     found: set[str] = set()
     for mark in node.iter_markers("requires"):
         found.update(mark.args)
+    if node.nodeid.startswith("tests/backends/sqlite/") and "backend" in getattr(
+        node, "fixturenames", ()
+    ):
+        found.add("sqlite")  # SQLite's own mechanics: its folder runs on its harnesses only
     unknown = found - set(CAPABILITIES)
     if unknown:
         raise pytest.UsageError(
@@ -96,6 +102,53 @@ def required_capabilities(node: pytest.Item | pytest.Function) -> frozenset[str]
             f"(known: {sorted(CAPABILITIES)})"
         )
     return frozenset(found)
+
+
+# Why the PostgreSQL harnesses cannot run here (None: they can), and the
+# server this session started for them (stopped at the end of the session).
+_POSTGRES_CHECKED = False
+_POSTGRES_MISSING: str | None = None
+_SESSION_SERVER: postgres_server.PostgresServer | None = None
+
+
+def _find_postgres() -> str | None:
+    """Point JAREN_JOBS_TEST_POSTGRES_URL at a server, starting one if none is named."""
+    global _SESSION_SERVER
+    if psycopg is None:
+        return "psycopg is not installed: pip install -e '.[dev]' (or jaren_jobs[postgres])"
+    if os.environ.get("JAREN_JOBS_TEST_POSTGRES_URL"):
+        return None
+    try:
+        _SESSION_SERVER = postgres_server.start()
+    except postgres_server.ServerUnavailable as exc:
+        return str(exc)
+    # spawned worker processes of the tests inherit it
+    os.environ["JAREN_JOBS_TEST_POSTGRES_URL"] = _SESSION_SERVER.url
+    return None
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _SESSION_SERVER
+    if _SESSION_SERVER is not None:
+        _SESSION_SERVER.destroy()
+        _SESSION_SERVER = None
+
+
+def require_postgres() -> str:
+    """The test server's URL; skips the test (fails it in CI) when there is none.
+
+    The first call of a session finds (or starts) the server, so a run of tests
+    that never touch PostgreSQL never starts one.
+    """
+    global _POSTGRES_CHECKED, _POSTGRES_MISSING
+    if not _POSTGRES_CHECKED:
+        _POSTGRES_CHECKED = True
+        _POSTGRES_MISSING = _find_postgres()
+    if _POSTGRES_MISSING is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"PostgreSQL tests must run in CI: {_POSTGRES_MISSING}")
+        pytest.skip(_POSTGRES_MISSING)
+    return os.environ["JAREN_JOBS_TEST_POSTGRES_URL"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -170,6 +223,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def backend(request: pytest.FixtureRequest, db_path: Path) -> Iterator[Harness]:
     """The database under test, reached through its harness (see tests/harness.py)."""
     harness_class: type[Harness] = request.param
+    if harness_class in POSTGRES_HARNESSES:
+        require_postgres()
     needs = required_capabilities(request.node)
     missing = needs - harness_class.capabilities
     if missing:  # collection leaves these out; reaching here is a wiring mistake
@@ -193,4 +248,4 @@ def real_store(backend: Harness) -> Store:
     return backend.open()
 
 
-__all__ = ["START", "FakeClock", "Sequence", "jaren_jobs"]
+__all__ = ["START", "FakeClock", "Sequence", "jaren_jobs", "require_postgres"]

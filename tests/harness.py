@@ -17,10 +17,13 @@ so that a new backend is one more class:
 * :meth:`sibling`: a second, independent database of the same backend (twin
   stores compared row for row), and :meth:`reset`.
 
-A PostgreSQL harness is one more subclass: ``open`` passes a URL (or a
-``psycopg.Connection``), the raw helpers use psycopg, ``driver_error`` is
-``psycopg.Error``, and its ``capabilities`` leave out ``file`` and
-``sqlite``.
+The PostgreSQL harnesses (:class:`PostgresUrl`, :class:`PostgresConnection`)
+give each test a schema of its own on the server named by
+``JAREN_JOBS_TEST_POSTGRES_URL`` (or on the throwaway server
+``tests/postgres_server.py`` starts for the session when that is unset), and
+the store finds its tables there through ``search_path``. Statements handed
+to :meth:`query` / :meth:`execute` / :meth:`app_sql` may use ``?``
+placeholders on every backend: a PostgreSQL harness turns them into ``%s``.
 
 Capabilities. A test that needs something not every backend has declares it
 with ``@pytest.mark.requires("file")`` (or ``"sqlite"``); it then runs only
@@ -33,12 +36,21 @@ capability the test did not declare fails the test at once
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import secrets
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import quote
 
 from jaren_jobs import Runtime, Store, open_store
+
+try:  # the PostgreSQL harnesses need the driver (the extra jaren_jobs[postgres]); SQLite's do not
+    import psycopg
+except ImportError:  # pragma: no cover - the dev extra installs it
+    psycopg = None  # type: ignore[assignment]
 
 __all__ = [
     "CAPABILITIES",
@@ -47,8 +59,11 @@ __all__ = [
     "JOBS",
     "Harness",
     "MissingCapability",
+    "PostgresConnection",
+    "PostgresUrl",
     "SqliteConnection",
     "SqliteFile",
+    "app_sql_for",
 ]
 
 JOBS = "_jaren_jobs"
@@ -153,6 +168,11 @@ class Harness:
         raise NotImplementedError
 
     # ------------------------------------------------------------ raw access
+
+    def app_sql(self, statement: str) -> str:
+        """``statement`` (written with ``?`` placeholders) in this backend's driver's style,
+        for ``tx.execute``, which hands SQL to the driver as it is."""
+        return statement
 
     def query(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Rows of ``statement``, read on a connection of the harness's own (committed state)."""
@@ -353,4 +373,197 @@ class SqliteConnection(_Sqlite):
             self.connections.pop().close()
 
 
-HARNESSES: tuple[type[Harness], ...] = (SqliteFile, SqliteConnection)
+# ---------------------------------------------------------------- PostgreSQL
+
+_PLACEHOLDER = re.compile(r"'[^']*'|\"[^\"]*\"|\?")
+
+
+def postgres_sql(statement: str) -> str:
+    """``?`` placeholders (outside quotes) as psycopg's ``%s``; a literal ``%`` doubled."""
+    statement = statement.replace("%", "%%")
+    return _PLACEHOLDER.sub(lambda m: "%s" if m.group(0) == "?" else m.group(0), statement)
+
+
+def app_sql_for(store: Store, statement: str) -> str:
+    """``statement`` (``?`` placeholders) as ``store``'s driver takes it in ``tx.execute``."""
+    return postgres_sql(statement) if store.backend == "postgres" else statement
+
+
+def postgres_server_url() -> str | None:
+    """The server the PostgreSQL harnesses use (set by .ci/run or the session fixture)."""
+    return os.environ.get("JAREN_JOBS_TEST_POSTGRES_URL") or None
+
+
+def with_search_path(url: str, schema: str) -> str:
+    """``url`` whose connections find their tables in ``schema`` (first in search_path)."""
+    options = quote(f"-csearch_path={schema}", safe="")
+    return f"{url}{'&' if '?' in url else '?'}options={options}"
+
+
+class _Postgres(Harness):
+    """What both PostgreSQL harnesses share: a fresh schema of the test server per test."""
+
+    # one connection behind the store's gate, as on SQLite
+    capabilities: ClassVar[frozenset[str]] = frozenset({"gate"})
+    driver_error: ClassVar[type[Exception]] = psycopg.Error if psycopg else Exception
+    integrity_error: ClassVar[type[Exception]] = psycopg.IntegrityError if psycopg else Exception
+
+    def __init__(self, db_path: Path, *, declared: Sequence[str] | None = None) -> None:
+        super().__init__(db_path, declared=declared)
+        assert psycopg is not None, "the backend fixture checks for the driver first"
+        server = postgres_server_url()
+        assert server is not None, "the backend fixture checks for a server first"
+        self._psycopg = psycopg
+        self.server_url = server
+        self.schema = f"jt_{secrets.token_hex(6)}"
+        self.url = with_search_path(server, self.schema)
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f'CREATE SCHEMA "{self.schema}"')
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} schema {self.schema}>"
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            with self._psycopg.connect(self.server_url, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+
+    def _sibling(self, name: str) -> Harness:
+        return type(self)(self.db_path.with_name(f"{self.db_path.stem}-{name}.db"))
+
+    def app_sql(self, statement: str) -> str:
+        return postgres_sql(statement)
+
+    @contextlib.contextmanager
+    def _raw(self) -> Iterator[Any]:
+        # a fresh autocommit connection per call: it sees what is committed and holds no lock;
+        # jaren.harness marks it, so the refusing() trigger lets the harness itself write
+        conn = self._psycopg.connect(self.url, autocommit=True)
+        try:
+            conn.execute("SELECT set_config('jaren.harness', 'on', false)")
+            yield conn
+        finally:
+            conn.close()
+
+    def query(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._raw() as conn:
+            return list(conn.execute(postgres_sql(statement), tuple(params)).fetchall())
+
+    def execute(self, statement: str, params: Sequence[Any] = ()) -> int:
+        with self._raw() as conn:
+            return int(conn.execute(postgres_sql(statement), tuple(params)).rowcount)
+
+    def raw_row(self, job_id: str) -> dict[str, Any] | None:
+        with self._raw() as conn:
+            cursor = conn.execute(f'SELECT * FROM "{JOBS}" WHERE id = %s', (job_id,))
+            row = cursor.fetchone()
+            if row is None:
+                return None
+            names = [column.name for column in cursor.description]
+            return dict(zip(names, row, strict=True))
+
+    def _tables(self, conn: Any) -> list[str]:
+        return [
+            r[0]
+            for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = %s AND table_type = 'BASE TABLE' ORDER BY table_name",
+                (self.schema,),
+            )
+        ]
+
+    def snapshot(self) -> dict[str, list[tuple[Any, ...]]]:
+        with self._raw() as conn:
+            return {
+                t: list(conn.execute(f'SELECT * FROM "{t}" ORDER BY 1, 2').fetchall())
+                for t in self._tables(conn)
+            }
+
+    def job_rows(self) -> list[tuple[Any, ...]]:
+        # seq is the insertion order PostgreSQL's table keeps (SQLite's rowid)
+        return self.query(f'SELECT seq, * FROM "{JOBS}" ORDER BY seq')
+
+    def write_raw_row(self, job_id: str, **columns: Any) -> None:
+        assert columns, "write_raw_row() needs at least one column"
+        for value in columns.values():
+            if isinstance(value, bytes):
+                self.need("sqlite")  # PostgreSQL's text is always valid UTF-8
+        sets = ", ".join(f'"{column}" = %s' for column in columns)
+        with self._raw() as conn:
+            changed = conn.execute(
+                f'UPDATE "{JOBS}" SET {sets} WHERE id = %s', (*columns.values(), job_id)
+            ).rowcount
+            assert changed == 1, f"no job {job_id!r} to write"
+
+    @contextlib.contextmanager
+    def refusing(self, store: Store, operation: str, table: str, message: str) -> Iterator[None]:
+        assert operation in ("INSERT", "UPDATE", "DELETE"), operation
+        assert "'" not in message
+        assert "$" not in message
+        with self._raw() as conn:
+            conn.execute(
+                "CREATE FUNCTION harness_refuses() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "IF current_setting('jaren.harness', true) IS DISTINCT FROM 'on' THEN "
+                f"RAISE EXCEPTION '{message}'; END IF; "
+                "IF TG_OP = 'DELETE' THEN RETURN OLD; END IF; RETURN NEW; END $$"
+            )
+            conn.execute(
+                f'CREATE TRIGGER harness_refuses BEFORE {operation} ON "{table}" '
+                "FOR EACH ROW EXECUTE FUNCTION harness_refuses()"
+            )
+        try:
+            yield
+        finally:
+            with self._raw() as conn:
+                conn.execute(f'DROP TRIGGER IF EXISTS harness_refuses ON "{table}"')
+                conn.execute("DROP FUNCTION IF EXISTS harness_refuses()")
+
+    def reset(self) -> None:
+        with self._raw() as conn:
+            conn.execute(f'DROP SCHEMA "{self.schema}" CASCADE')
+            conn.execute(f'CREATE SCHEMA "{self.schema}"')
+
+
+class PostgresUrl(_Postgres):
+    """``open_store("postgresql://...")``: the store opens and owns a small pool."""
+
+    name: ClassVar[str] = "postgres"
+
+    def _open(self, *, runtime: Runtime | None, **options: Any) -> Store:
+        return open_store(self.url, runtime=runtime, **options)
+
+
+class PostgresConnection(_Postgres):
+    """``open_store(connection=conn)``: the application's own ``psycopg.Connection``,
+    made as an application makes it (``psycopg.connect(url)``, not autocommit); the
+    harness, like the application, closes it after the store."""
+
+    name: ClassVar[str] = "postgres-connection"
+
+    def __init__(self, db_path: Path, *, declared: Sequence[str] | None = None) -> None:
+        super().__init__(db_path, declared=declared)
+        self.connections: list[Any] = []
+
+    def connect(self) -> Any:
+        """A connection as the application makes it (closed by :meth:`close`)."""
+        conn = self._psycopg.connect(self.url)
+        self.connections.append(conn)
+        return conn
+
+    def _open(self, *, runtime: Runtime | None, **options: Any) -> Store:
+        return open_store(connection=self.connect(), runtime=runtime, **options)
+
+    def _close_connections(self) -> None:
+        while self.connections:
+            self.connections.pop().close()
+
+
+HARNESSES: tuple[type[Harness], ...] = (
+    SqliteFile,
+    SqliteConnection,
+    PostgresUrl,
+    PostgresConnection,
+)
+POSTGRES_HARNESSES: frozenset[type[Harness]] = frozenset({PostgresUrl, PostgresConnection})

@@ -7,6 +7,15 @@ speak for it. See ``docs/`` for the concepts and the full API.
 
 from __future__ import annotations
 
+from .arunner import AsyncCheckpointStore
+from .astore import (
+    AsyncCursor,
+    AsyncJobs,
+    AsyncStore,
+    AsyncTransaction,
+    open_async_store,
+)
+from .aworker import AsyncJobContext, AsyncWorker
 from .checkpoints import CheckpointStore
 from .core.policy import backoff_seconds
 from .cursor import Barrier, Cursor, drain_page
@@ -53,6 +62,13 @@ from .worker import JobContext, Worker, WorkerStopped
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncCheckpointStore",
+    "AsyncCursor",
+    "AsyncJobContext",
+    "AsyncJobs",
+    "AsyncStore",
+    "AsyncTransaction",
+    "AsyncWorker",
     "Barrier",
     "CancelScope",
     "CheckpointStore",
@@ -105,5 +121,6 @@ __all__ = [
     "compile_document",
     "create_dag_job_runner",
     "drain_page",
+    "open_async_store",
     "open_store",
 ]

@@ -10,11 +10,20 @@ with the job's fence row, and the engine names the refusal.
 
 The ``settle_within`` call runs the same statements for a caller that is already
 inside one of the session's writes (group commit).
+
+Above the sessions sits the store-level seam, what ``Store``, ``Transaction``
+and the worker need of an open database whatever it is: a
+:class:`StoreBackend` (lifecycle, the root session, the application's
+connection) and the :class:`AppTransaction` it opens for
+``store.transaction()`` (the application's SQL, savepoints, commit). A
+:class:`Scope` is how a session reaches its database — the root (each call a
+unit of work of its own) or an open transaction — and the worker wraps the
+root one to count and bar its calls.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -22,15 +31,27 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from .core.commands import ClaimRequest, PreparedJob
 from .core.fence import FenceRow
 from .core.settle import SettleBatch
+from .errors import StorageError
 from .records import ClaimedJob, Counts, Job, Lease
 from .signals import SignalLike
 
 if TYPE_CHECKING:
     from .cursor import Cursor
 
-__all__ = ["JobsSession", "Missed", "SettleAnswer"]
+__all__ = [
+    "AppParams",
+    "AppTransaction",
+    "JobsSession",
+    "Missed",
+    "Rows",
+    "Scope",
+    "SettleAnswer",
+    "StoreBackend",
+]
 
 T = TypeVar("T")
+
+AppParams = Sequence[Any] | Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +77,37 @@ class SettleAnswer:
     now: int
 
 
+class Scope(Protocol):
+    """How a session reaches its database: the root, or inside an open transaction."""
+
+    @property
+    def root(self) -> bool:
+        """True for the root (each call its own unit of work), False inside a transaction."""
+        ...
+
+    def write(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T: ...
+
+    def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T: ...
+
+    def read_consistent(self, fn: Callable[[], T], what: str) -> T:
+        """A multi-statement read from one snapshot."""
+        ...
+
+    def after_commit(self, callback: Callable[[], None]) -> None: ...
+
+
 class JobsSession(Protocol):
     """What the engine needs of a database, for one scope."""
 
-    def rescoped(self, scope: Any) -> JobsSession:
+    @property
+    def scope(self) -> Scope: ...
+
+    @property
+    def store_backend(self) -> StoreBackend:
+        """The open database this session belongs to."""
+        ...
+
+    def rescoped(self, scope: Scope) -> JobsSession:
         """The same store over another scope of it (a worker's tracked views)."""
         ...
 
@@ -131,3 +179,168 @@ class JobsSession(Protocol):
     ) -> bool | Missed: ...
 
     def complete_run(self, lease: Lease, run_id: str, result: str, what: str) -> bool | Missed: ...
+
+
+# ---------------------------------------------------------------- store level
+
+
+class Rows:
+    """The result of ``tx.execute``: the driver's cursor, its errors translated.
+
+    ``translate`` turns one of the driver's exceptions into the
+    :class:`~jaren_jobs.errors.StorageError` to raise (saying whether the
+    failure ended the transaction); anything else passes through.
+    """
+
+    def __init__(
+        self,
+        cursor: Any,
+        driver_error: type[BaseException] | tuple[type[BaseException], ...],
+        translate: Callable[[BaseException], Exception],
+    ) -> None:
+        self._cursor = cursor
+        self._driver_error = driver_error
+        self._translate = translate
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except self._driver_error as exc:
+            # a row's step can fail and end the transaction too (a trigger)
+            raise self._translate(exc) from exc
+
+    def fetchone(self) -> Any:
+        return self._call(self._cursor.fetchone)
+
+    def fetchall(self) -> list[Any]:
+        return list(self._call(self._cursor.fetchall))
+
+    def fetchmany(self, size: int = 1) -> list[Any]:
+        return list(self._call(lambda: self._cursor.fetchmany(size)))
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            row = self.fetchone()
+            if row is None:
+                return
+            yield row
+
+    @property
+    def rowcount(self) -> int:
+        return int(self._cursor.rowcount)
+
+    @property
+    def lastrowid(self) -> int | None:
+        return getattr(self._cursor, "lastrowid", None)
+
+    @property
+    def description(self) -> Any:
+        return self._cursor.description
+
+
+class TransactionState(Protocol):
+    """What an :class:`AppTransaction` needs of the ``Transaction`` it serves."""
+
+    def check_active(self, what: str) -> None: ...
+
+    def explain(self, error: StorageError) -> StorageError: ...
+
+    def after_commit(self, callback: Callable[[], None]) -> None: ...
+
+
+class AppTransaction(Protocol):
+    """One open ``store.transaction()`` on the database: it holds the store's
+    connection (its gate, or a connection taken from the pool) until
+    :meth:`release`."""
+
+    def session(self, transaction: TransactionState, runtime: Any, idle_claims: Any) -> JobsSession:
+        """The session ``tx.jobs`` runs on: every write a savepoint inside this transaction."""
+        ...
+
+    def execute(
+        self,
+        statement: str,
+        parameters: AppParams | Iterable[AppParams],
+        *,
+        many: bool,
+        what: str,
+        transaction: TransactionState,
+    ) -> Rows:
+        """The application's own statement, handed to the driver as it is."""
+        ...
+
+    def ended_by_database(self) -> bool:
+        """Whether the database ended (rolled back, or aborted) the transaction under us."""
+        ...
+
+    @property
+    def ended_message(self) -> str:
+        """How a failed statement's error explains that it ended the transaction."""
+        ...
+
+    @property
+    def aborted_text(self) -> str:
+        """Who ended the transaction and what can do so (``TransactionAborted``'s message)."""
+        ...
+
+    def savepoint(self, name: str, what: str) -> None: ...
+
+    def release_savepoint(self, name: str, what: str) -> None: ...
+
+    def rollback_to_savepoint(self, name: str, what: str) -> None: ...
+
+    def commit(self, what: str) -> None: ...
+
+    def rollback_quietly(self) -> None: ...
+
+    def release(self) -> None:
+        """Give the connection back (the gate, or the pool); the last call on a handle."""
+        ...
+
+
+class StoreBackend(Protocol):
+    """One open database under a ``Store``: what the store and its workers need of it."""
+
+    @property
+    def name(self) -> str:
+        """``"sqlite"`` or ``"postgres"`` (``store.backend``)."""
+        ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def forked(self) -> bool:
+        """True in a child of ``os.fork()``: the connection is the parent's."""
+        ...
+
+    @property
+    def wait_seconds(self) -> float:
+        """How long a call may wait for the store's connection (``gate_timeout_seconds``)."""
+        ...
+
+    def check_open(self, what: str) -> None:
+        """Raise ``StoreClosed`` if the store is closed (or inherited through fork)."""
+        ...
+
+    def root_session(self, runtime: Any, idle_claims: Any) -> JobsSession: ...
+
+    def connection(self) -> Any:
+        """The connection ``store.connection`` hands out."""
+        ...
+
+    def in_my_transaction(self) -> bool:
+        """Whether the calling thread holds this store's open ``store.transaction()``."""
+        ...
+
+    def begin(self, what: str) -> AppTransaction:
+        """Open ``store.transaction()`` (waits for the connection, as bounded)."""
+        ...
+
+    def wake_on_commits(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` when another process commits work (PostgreSQL: LISTEN); may do nothing."""
+        ...
+
+    def close(self) -> None:
+        """Close the database once the workers have stopped (waits for calls in flight)."""
+        ...

@@ -35,12 +35,13 @@ lone call, so a ``TypeError`` never reaches the batch.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .backend import Missed
 from .core import fence
 from .core.commands import Failure, prepare_complete
+from .core.fence import FenceRow
 from .core.settle import CLAIM, COMPLETE, FAIL, RELEASE, Completion, SettleBatch, Settlement, merge
 from .engine import JobEngine, prepare_failure, settle
 from .records import ClaimedJob, Lease
@@ -60,13 +61,16 @@ class Settled:
     already). ``release_error`` is why the hand-back failed (``None``: it
     committed; leases no longer held are skipped). Per claim: the jobs it
     leased, in claim order, or the error that rolled the claim back (its
-    jobs are nobody's to run).
+    jobs are nobody's to run). ``rows``: per settlement, the fence row its
+    fenced write met when it wrote nothing (``None``: it wrote, or the write
+    failed), so a caller can tell how the job ended without reading it again.
     """
 
     settled: list[bool | BaseException]
     wrote: list[bool]
     claimed: list[list[ClaimedJob] | BaseException]
     release_error: BaseException | None = None
+    rows: list[FenceRow | None] = field(default_factory=list)
 
     @classmethod
     def failed(cls, batch: SettleBatch, error: BaseException) -> Settled:
@@ -76,6 +80,7 @@ class Settled:
             wrote=[False] * len(batch.settlements),
             claimed=[error] * len(batch.claims),
             release_error=error if batch.releases else None,
+            rows=[None] * len(batch.settlements),
         )
 
     def result(self, index: int = 0) -> bool:
@@ -89,6 +94,10 @@ class Settled:
         """Settlement ``index``'s refusal or error; ``None`` when it holds."""
         answer = self.settled[index]
         return answer if isinstance(answer, BaseException) else None
+
+    def row(self, index: int = 0) -> FenceRow | None:
+        """The fence row settlement ``index`` met when it wrote nothing; else ``None``."""
+        return self.rows[index] if index < len(self.rows) else None
 
     def jobs(self, index: int = 0) -> list[ClaimedJob]:
         """The jobs claim ``index`` leased (none when its claim failed)."""
@@ -256,6 +265,7 @@ class SettlementBatcher:
         for index, item in enumerate(batch.settlements):
             part = self._retry(SettleBatch((item,)))
             answer.settled[index], answer.wrote[index] = part.settled[0], part.wrote[0]
+            answer.rows[index] = part.row(0)
         if batch.releases:
             answer.release_error = self._retry(SettleBatch(releases=batch.releases)).release_error
         for index, claim in enumerate(batch.claims):
@@ -282,22 +292,25 @@ class SettlementBatcher:
             batch = group.batch
             settled: list[bool | BaseException] = []
             wrote: list[bool] = []
+            rows: list[FenceRow | None] = []
             for item in batch.settlements:
                 got = answer.settled[at]
                 at += 1
                 if got is True:
                     settled.append(True)
                     wrote.append(True)
+                    rows.append(None)
                     continue
                 assert isinstance(got, Missed)
                 refusal = fence.refusal(got.row, item.lease, now, _of(item))
                 settled.append(True if refusal is None else refusal)  # None: idempotent
                 wrote.append(False)
+                rows.append(got.row)
             claimed: list[list[ClaimedJob] | BaseException] = []
             for (index, offset), (_, count) in zip(place, batch.claims, strict=True):
                 jobs = [] if index < 0 else answer.claimed[index][offset : offset + count]
                 claimed.append(jobs)
-            group.answer = Settled(settled, wrote, claimed)
+            group.answer = Settled(settled, wrote, claimed, rows=rows)
 
 
 def _of(item: Settlement) -> str:

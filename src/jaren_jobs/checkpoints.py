@@ -14,18 +14,13 @@ attempt from erasing a live one's work:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .backend import Missed
+from .backend import JobsSession, Missed
 from .codec import check_text, decode_json, encode_json, encode_result
 from .core import fence
-from .engine import runtime_of, session_of
 from .errors import JobSettled, StorageError
 from .records import Lease
-
-if TYPE_CHECKING:
-    from .engine import JobEngine
-
 
 __all__ = ["CheckpointStore"]
 
@@ -33,10 +28,17 @@ __all__ = ["CheckpointStore"]
 class CheckpointStore:
     """Checkpoints of one attempt; ``run_id`` is the job's id."""
 
-    def __init__(self, engine: JobEngine, job_id: str, lease: Callable[[], Lease]) -> None:
-        self._engine = engine
-        self._session = session_of(engine)
-        self._now_ms = runtime_of(engine).now_ms
+    def __init__(
+        self,
+        session: JobsSession,
+        now_ms: Callable[[], int],
+        job_id: str,
+        lease: Callable[[], Lease],
+    ) -> None:
+        # the engine's session and clock, not the engine: checkpoints sit beside
+        # the engine in the layers, and neither imports the other's module
+        self._session = session
+        self._now_ms = now_ms
         self._job_id = job_id
         # a callable, so a worker's store follows the attempt's CURRENT lease
         # across renewals (the generation never changes within an attempt)

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .backend import JobsSession, Missed, SettleAnswer
+from .backend import JobsSession, Missed, Scope, SettleAnswer, StoreBackend
+from .checkpoints import CheckpointStore
 from .codec import check_aware, check_text, ms_from_datetime
 from .core import fence
 from .core.commands import (
@@ -45,8 +46,6 @@ from .runtime import Defaults, ResolvedRuntime, check_positive_int
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
 
 if TYPE_CHECKING:
-    from .backends.sqlite.connection import Database
-    from .checkpoints import CheckpointStore
     from .cursor import Cursor
 
 __all__ = ["ClaimRequest", "EngineHub", "Failure", "JobEngine", "backoff_seconds", "is_lease_lost"]
@@ -449,7 +448,6 @@ class JobEngine:
 
     def checkpoints_for(self, claimed: ClaimedJob) -> CheckpointStore:
         """The checkpoint store bound to this claimed attempt (SPEC §6)."""
-        from .checkpoints import CheckpointStore  # noqa: PLC0415 - built on this engine
 
         if not isinstance(claimed, ClaimedJob):
             raise LeaseRequired(
@@ -457,7 +455,9 @@ class JobEngine:
                 f"got {type(claimed).__name__}",
                 given=type(claimed).__name__,
             )
-        return CheckpointStore(self, claimed.id, lambda: claimed.lease)
+        return CheckpointStore(
+            self._session, self._runtime.now_ms, claimed.id, lambda: claimed.lease
+        )
 
 
 def _moved_or_refused(
@@ -496,10 +496,20 @@ def session_of(engine: JobEngine) -> JobsSession:
     return engine._session
 
 
-def db_of(engine: JobEngine) -> Database:
-    """The SQLite database under an engine view (the thread worker's tracked scopes wrap it)."""
-    db: Database = engine._session.db  # type: ignore[attr-defined]
-    return db
+def store_backend_of(engine: JobEngine) -> StoreBackend:
+    """The open database under an engine view (the worker checks it is open, and its bound)."""
+    return engine._session.store_backend
+
+
+def root_scope_of(engine: JobEngine) -> Scope:
+    """The root scope of an engine's store (the worker's tracked scopes wrap it).
+
+    A worker created through ``tx.jobs`` still works at the root: it never joins
+    an application transaction's fate.
+    """
+    return engine._session.store_backend.root_session(
+        engine._runtime, engine._hub.idle_claims
+    ).scope
 
 
 def runtime_of(engine: JobEngine) -> ResolvedRuntime:
@@ -507,7 +517,7 @@ def runtime_of(engine: JobEngine) -> ResolvedRuntime:
     return engine._runtime
 
 
-def rescoped(engine: JobEngine, scope: Any) -> JobEngine:
+def rescoped(engine: JobEngine, scope: Scope) -> JobEngine:
     """The same engine over another scope of the same store (a worker's tracked views)."""
     return JobEngine(engine._session.rescoped(scope), engine._hub)
 

@@ -10,6 +10,7 @@ aborts, or when the store closes. A thread that already holds the gate
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import deque
@@ -31,6 +32,18 @@ class _Waiter:
         self.thread = thread
         self.event = threading.Event()
         self.granted = False
+
+
+_ASYNC_HINT = (
+    " (under asyncio every task of the loop shares this thread, so another task's "
+    "transaction may hold it: run each task's store calls in a thread of its own, "
+    "asyncio.to_thread)"
+)
+
+
+def _in_event_loop() -> bool:
+    """Whether the calling thread is running an asyncio event loop."""
+    return asyncio.events._get_running_loop() is not None
 
 
 class Gate:
@@ -73,7 +86,9 @@ class Gate:
                 raise GateRefused(
                     f"{what}: this thread holds the store's transaction; call tx.jobs "
                     "(the transaction's own view) instead of store.jobs, or finish the "
-                    "transaction first — waiting here would deadlock",
+                    "transaction first — waiting here would deadlock"
+                    + _ASYNC_HINT
+                    * _in_event_loop(),
                     reason="reentrant",
                 )
             if signal is not None and signal.aborted:

@@ -21,10 +21,18 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from .codec import TOO_DEEP, datetime_from_ms
+from .codec import TOO_DEEP, datetime_from_ms, decode_json
+from .core.commands import PreparedJob
 from .records import ClaimedJob, CorruptJson, Job, Lease, assemble
 
-__all__ = ["claim_key", "claimed_from_row", "job_from_row", "lease_from_row"]
+__all__ = [
+    "claim_key",
+    "claimed_from_row",
+    "inserted_job",
+    "job_from_row",
+    "lease_from_row",
+    "stored_text",
+]
 
 # epoch ms -> aware datetime; bounded, so memory never grows with jobs seen
 _TIMES: dict[Any, datetime | None] = {None: None}
@@ -89,6 +97,11 @@ def _text(stored: Any, codec: str) -> str:
         except UnicodeDecodeError:
             return stored.decode(codec, "backslashreplace")
     return str(stored)
+
+
+def stored_text(stored: Any, codec: str = "utf-8") -> str | None:
+    """Stored free text as a record shows it (``None`` stays ``None``)."""
+    return None if stored is None else _text(stored, codec)
 
 
 def _not_text(exc: UnicodeDecodeError) -> str:
@@ -180,3 +193,28 @@ def claimed_from_row(
         },
     )
     return assemble(ClaimedJob, fields)
+
+
+def inserted_job(job_id: str, prepared: PreparedJob, run_at: int, now: int) -> Job:
+    """The record of a row just inserted at ``now``: exactly what was bound, never read back."""
+    created = _instant(now)
+    return assemble(
+        Job,
+        {
+            "id": job_id,
+            "kind": prepared.kind,
+            "payload": decode_json(prepared.payload),
+            "state": "pending",
+            "priority": prepared.priority,
+            "attempts": 0,
+            "max_attempts": prepared.max_attempts,
+            "run_at": created if run_at == now else _instant(run_at),
+            "lease_until": None,
+            "lease_owner": None,
+            "lease_generation": 0,
+            "last_error": None,
+            "result": None,
+            "created_at": created,
+            "updated_at": created,
+        },
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -9,11 +10,10 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Literal
 
-from .backends.sqlite import queries as sql
-from .backends.sqlite.apptx import Rows, run_app_statement
-from .backends.sqlite.connection import Connection, Database, RootScope, TxScope, open_database
-from .backends.sqlite.session import SqliteSession
-from .engine import EngineHub, JobEngine
+from .backend import AppParams, AppTransaction, Rows, StoreBackend
+from .backends.sqlite.connection import Connection, open_database
+from .backends.sqlite.store import SqliteBackend
+from .engine import EngineHub, JobEngine, session_of
 from .errors import GateRefused, JobsError, StorageError, TransactionAborted
 from .gate import Gate
 from .records import Lease, Outcome, StopOutcome
@@ -31,6 +31,18 @@ __all__ = ["Jobs", "Rows", "Store", "Transaction", "open_store"]
 Durability = Literal["full", "normal"]
 
 _MAX_BUSY_MS = 2**31 - 1
+
+_USE_ASYNC = (
+    "a store's transaction belongs to a thread, and the tasks of a loop share one: "
+    "run each task's transaction in a thread of its own (asyncio.to_thread)"
+)
+
+
+def current_task() -> asyncio.Task[Any] | None:
+    """The running asyncio task, or None outside an event loop."""
+    if asyncio.events._get_running_loop() is None:
+        return None
+    return asyncio.current_task()
 
 
 class Jobs(JobEngine):
@@ -57,6 +69,8 @@ class Jobs(JobEngine):
         Its own database calls are root-scoped and tracked even when it is
         created through ``tx.jobs``: a worker never joins a transaction's fate.
         """
+        # other processes' enqueues wake it too, where the database can say so
+        session_of(self).store_backend.wake_on_commits(self._hub.wake)
         return create_worker(
             self,
             self._hub,
@@ -85,14 +99,16 @@ class Transaction:
     def __init__(
         self,
         store: Store,
-        db: Database,
+        handle: AppTransaction,
         hub: EngineHub,
         depth: int,
         outermost: Transaction | None = None,
     ) -> None:
         self._store = store
-        self._db = db
+        self._handle = handle
         self._thread = threading.get_ident()
+        # under asyncio, the task that opened it: tasks of one loop share a thread
+        self._task = current_task()
         self._active = True
         self._callbacks: list[Callable[[], None]] = []
         # the store.transaction() this one nests in (itself at depth 0): a
@@ -100,7 +116,7 @@ class Transaction:
         self._outermost = self if outermost is None else outermost
         self._rolled_back = False  # read on the outermost only
         self.depth = depth
-        self.jobs = Jobs(SqliteSession(db, TxScope(db, self), hub.runtime, hub.idle_claims), hub)
+        self.jobs = Jobs(handle.session(self, hub.runtime, hub.idle_claims), hub)
 
     def check_active(self, what: str) -> None:
         if not self._active:
@@ -113,18 +129,24 @@ class Transaction:
                 f"{what}: a transaction is used only from the thread that opened it",
                 doing=what,
             )
+        if self._task is not None and current_task() is not self._task:
+            raise StorageError(
+                f"{what}: this transaction belongs to another asyncio task; a task never "
+                f"joins another's transaction — {_USE_ASYNC}",
+                doing=what,
+            )
         if self.rolled_back():
             raise self._aborted(what)
 
     def rolled_back(self) -> bool:
-        """Whether SQLite ended the transaction under us; once seen, it stays so.
+        """Whether the database ended the transaction under us; once seen, it stays so.
 
         Without this, a later statement would run in autocommit and commit
         on its own (a job for an order that does not exist).
         """
         outermost = self._outermost
-        if not outermost._rolled_back and not self._db.closed:
-            outermost._rolled_back = not self._db.connection.in_transaction
+        if not outermost._rolled_back:
+            outermost._rolled_back = self._handle.ended_by_database()
         return outermost._rolled_back
 
     def explain(self, error: StorageError) -> StorageError:
@@ -132,47 +154,46 @@ class Transaction:
         if not self.rolled_back():
             return error
         return StorageError(
-            f"{error.message} — SQLite rolled back the whole transaction; nothing in it "
-            "will be committed: leave the with block and retry in a new store.transaction()",
+            f"{error.message} — {self._handle.ended_message}",
             **error.details,
             rolled_back=True,
         )
 
     def _aborted(self, what: str) -> TransactionAborted:
         return TransactionAborted(
-            f"{what}: SQLite rolled back this store.transaction() after a failure inside "
-            "it (INSERT OR ROLLBACK, ON CONFLICT ROLLBACK, RAISE(ROLLBACK), a full disk); "
-            "nothing in it was committed and nothing more runs in it — leave the with "
-            "block and retry in a new store.transaction()",
+            f"{what}: {self._handle.aborted_text}; nothing in it was committed and nothing "
+            "more runs in it — leave the with block and retry in a new store.transaction()",
             doing=what,
         )
 
-    def execute(self, statement: str, parameters: Sequence[Any] | Mapping[str, Any] = ()) -> Rows:
-        """Run the application's own SQL inside this transaction."""
-        what = "tx.execute()"
+    def _run(
+        self,
+        what: str,
+        statement: str,
+        parameters: AppParams | Iterable[AppParams],
+        *,
+        many: bool,
+    ) -> Rows:
         self.check_active(what)
-        self._db.check_open(what)
+        self._store._backend.check_open(what)
         try:
-            cursor = run_app_statement(self._db, statement, parameters, many=False, doing=what)
+            rows = self._handle.execute(
+                statement, parameters, many=many, what=what, transaction=self
+            )
         except StorageError as exc:
             raise self.explain(exc) from exc.__cause__
         self.rolled_back()  # a statement that succeeded can end it too (ROLLBACK)
-        return Rows(cursor, what, self)
+        return rows
+
+    def execute(self, statement: str, parameters: Sequence[Any] | Mapping[str, Any] = ()) -> Rows:
+        """Run the application's own SQL inside this transaction, as its driver takes it
+        (``?`` placeholders on SQLite, ``%s`` on psycopg)."""
+        return self._run("tx.execute()", statement, parameters, many=False)
 
     def executemany(
         self, statement: str, seq_of_parameters: Iterable[Sequence[Any] | Mapping[str, Any]]
     ) -> Rows:
-        what = "tx.executemany()"
-        self.check_active(what)
-        self._db.check_open(what)
-        try:
-            cursor = run_app_statement(
-                self._db, statement, seq_of_parameters, many=True, doing=what
-            )
-        except StorageError as exc:
-            raise self.explain(exc) from exc.__cause__
-        self.rolled_back()
-        return Rows(cursor, what, self)
+        return self._run("tx.executemany()", statement, seq_of_parameters, many=True)
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once the outermost transaction has committed (never on rollback)."""
@@ -185,31 +206,36 @@ class Transaction:
 
 
 class Store:
-    """An open job store over one SQLite database. Use :func:`open_store`."""
+    """An open job store over one database. Use :func:`open_store`."""
 
     def __init__(
         self,
-        db: Database,
+        backend: StoreBackend,
         hub: EngineHub,
         *,
         path: str | None,
         readonly: bool,
         durability: Durability,
     ) -> None:
-        self._db = db
+        self._backend = backend
         self._hub = hub
         self.path = path
         self.readonly = readonly
         self.durability = durability
         self._stack: list[Transaction] = []
         self._close_lock = threading.Lock()
-        self.jobs = Jobs(SqliteSession(db, RootScope(db), hub.runtime, hub.idle_claims), hub)
+        self.jobs = Jobs(backend.root_session(hub.runtime, hub.idle_claims), hub)
 
     # ------------------------------------------------------------ lifecycle
 
     @property
+    def backend(self) -> str:
+        """Which database the store is on: ``"sqlite"`` or ``"postgres"``."""
+        return self._backend.name
+
+    @property
     def closed(self) -> bool:
-        return self._db.closed
+        return self._backend.closed
 
     @property
     def runtime(self) -> Any:
@@ -220,28 +246,13 @@ class Store:
         return self._hub.defaults
 
     @property
-    def connection(self) -> Connection:
+    def connection(self) -> Any:
         """The underlying connection (use it only inside ``store.transaction()``).
 
-        Its ``busy_timeout`` is the store's, as configured, when it is handed
-        out (unless another thread is using the store at that moment).
+        On SQLite its ``busy_timeout`` is the store's, as configured, when it
+        is handed out (unless another thread is using the store at that moment).
         """
-        db = self._db
-        if db.forked:
-            db.check_open("store.connection")  # the parent's connection: never handed out
-        if db.busy_is_off() and not db.closed:
-            # a write left it at 0 (Database.begin): the application's own
-            # statements wait out a lock as configured. Never wait for the
-            # gate here: a thread holding it restores it itself on its next read.
-            gate = db.gate
-            if gate.held_by_me():
-                db.restore_busy("store.connection")
-            elif gate.try_acquire():
-                try:
-                    db.restore_busy("store.connection")
-                finally:
-                    gate.release()
-        return db.connection
+        return self._backend.connection()
 
     def close(self, *, grace_seconds: float | None = None) -> list[StopOutcome]:
         """Stop every worker of this store (bounded), then close.
@@ -251,12 +262,13 @@ class Store:
         of ``os.fork()`` it does nothing: the connection and the workers are
         the parent's (and a lock may have been copied held).
         """
-        if self._db.forked:
+        backend = self._backend
+        if backend.forked:
             return []
         with self._close_lock:
-            if self._db.closed:
+            if backend.closed:
                 return []
-            if self._db.gate.held_by_me():
+            if backend.in_my_transaction():
                 raise GateRefused(
                     "close() was called inside this store's transaction; finish it first",
                     reason="reentrant",
@@ -266,10 +278,7 @@ class Store:
                 workers = list(self._hub.workers)
             for worker in workers:
                 outcomes.append(worker.stop(grace_seconds))
-            gate = self._db.gate
-            gate.close()
-            gate.wait_idle(gate.timeout_seconds)
-            self._db.close()
+            backend.close()
             return outcomes
 
     def __enter__(self) -> Store:
@@ -291,34 +300,36 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:
-        """``BEGIN IMMEDIATE … COMMIT`` holding the gate; rollback on exception.
+        """One transaction of the database (SQLite: ``BEGIN IMMEDIATE … COMMIT``
+        holding the gate); rollback on exception.
 
         Nested inside a transaction of the same thread it is a savepoint.
         """
         what = "store.transaction()"
-        self._db.check_open(what)
-        if self._db.gate.held_by_me() and self._stack:
+        backend = self._backend
+        backend.check_open(what)
+        if self._stack and backend.in_my_transaction():
+            if self._stack[0]._task is not current_task():
+                # another task of this thread's event loop holds the transaction:
+                # a savepoint inside it would share that task's fate (and commit)
+                raise GateRefused(
+                    f"{what}: another asyncio task on this thread holds the store's "
+                    f"transaction — {_USE_ASYNC}",
+                    reason="task",
+                )
             yield from self._nested(what)
             return
-        self._db.gate.acquire(what)
-        tx = Transaction(self, self._db, self._hub, depth=0)
+        handle = backend.begin(what)
         callbacks: list[Callable[[], None]] = []
         try:
-            if self._db.in_transaction:
-                raise StorageError(
-                    f"{what}: the connection has an open transaction that jaren_jobs did not "
-                    "start; commit it first",
-                    doing=what,
-                )
-            # the application's own statements wait out a lock as configured
-            self._db.begin(immediate=True, doing=what, keep_busy=True)
+            tx = Transaction(self, handle, self._hub, depth=0)
             self._stack.append(tx)
             try:
                 yield tx
             except BaseException:
                 self._stack.pop()
                 tx._end()
-                self._db.rollback_quietly()
+                handle.rollback_quietly()
                 raise
             self._stack.pop()
             callbacks = tx._end()
@@ -326,25 +337,26 @@ class Store:
                 # the block caught the failure and ended normally: never a
                 # COMMIT of whatever ran since, nor a silent success
                 callbacks = []
-                self._db.rollback_quietly()
+                handle.rollback_quietly()
                 raise tx._aborted(what)
             try:
-                self._db.run(sql.COMMIT, doing=what)
+                handle.commit(what)
             except JobsError:
                 callbacks = []
-                self._db.rollback_quietly()
+                handle.rollback_quietly()
                 raise
         finally:
-            self._db.gate.release()
+            handle.release()
         for callback in callbacks:
             callback()
 
     def _nested(self, what: str) -> Iterator[Transaction]:
         parent = self._stack[-1]
         parent.check_active(what)
+        handle = parent._handle
         name = f"jaren_jobs_tx_{len(self._stack)}"
-        tx = Transaction(self, self._db, self._hub, len(self._stack), parent._outermost)
-        self._db.run(sql.savepoint(name), doing=what)
+        tx = Transaction(self, handle, self._hub, len(self._stack), parent._outermost)
+        handle.savepoint(name, what)
         self._stack.append(tx)
         try:
             yield tx
@@ -352,8 +364,8 @@ class Store:
             self._stack.pop()
             tx._end()
             try:
-                self._db.run(sql.rollback_to_savepoint(name), doing=what)
-                self._db.run(sql.release_savepoint(name), doing=what)
+                handle.rollback_to_savepoint(name, what)
+                handle.release_savepoint(name, what)
             except JobsError:
                 pass  # the outer rollback undoes it anyway
             raise
@@ -363,7 +375,7 @@ class Store:
             raise tx._aborted(what)  # the savepoint went with the whole transaction
         for callback in callbacks:
             parent.after_commit(callback)
-        self._db.run(sql.release_savepoint(name), doing=what)
+        handle.release_savepoint(name, what)
 
 
 def open_store(
@@ -402,13 +414,49 @@ def open_store(
     resolved_runtime = resolve_runtime(runtime)
     resolved_defaults = resolve_defaults(defaults)
 
-    db, shown_path = open_database(
-        path,
-        connection,
-        durability=durability,
-        readonly=readonly,
-        busy_ms=round(busy * 1000),
-        gate=Gate(gate_timeout),
-    )
+    backend: StoreBackend
+    if _is_postgres(path, connection):
+        open_postgres = _postgres()
+        backend, shown_path = open_postgres(
+            None if path is None else os.fspath(path),
+            connection,
+            durability=durability,
+            readonly=readonly,
+            gate=Gate(gate_timeout),
+        )
+    else:
+        db, shown_path = open_database(
+            path,
+            connection,
+            durability=durability,
+            readonly=readonly,
+            busy_ms=round(busy * 1000),
+            gate=Gate(gate_timeout),
+        )
+        backend = SqliteBackend(db)
     hub = EngineHub(runtime=resolved_runtime, defaults=resolved_defaults)
-    return Store(db, hub, path=shown_path, readonly=readonly, durability=durability)
+    return Store(backend, hub, path=shown_path, readonly=readonly, durability=durability)
+
+
+def _is_postgres(path: object, connection: object) -> bool:
+    """A ``postgresql://`` / ``postgres://`` URL, or a psycopg connection (SPEC §10)."""
+    if connection is not None:
+        return type(connection).__module__.split(".")[0] == "psycopg"
+    if isinstance(path, (str, os.PathLike)):
+        text = os.fspath(path)
+        return isinstance(text, str) and text.startswith(("postgresql://", "postgres://"))
+    return False
+
+
+def _postgres() -> Any:
+    """The PostgreSQL backend, imported only when a store asks for it."""
+    try:
+        from .backends.postgres.store import open_postgres  # noqa: PLC0415 - optional extra
+    except ImportError as exc:
+        if getattr(exc, "name", None) in ("psycopg", "psycopg.pq") or "psycopg" in str(exc):
+            raise ImportError(
+                "PostgreSQL needs psycopg 3: pip install 'jaren_jobs[postgres]'",
+                name="psycopg",
+            ) from exc
+        raise
+    return open_postgres

@@ -84,7 +84,7 @@ def write(jobs: JobEngine, fn: Callable[[], T], what: str = "test") -> T:
 
 def scope_of(jobs: JobEngine) -> Any:
     """The scope (root or transaction) the engine view's session writes through."""
-    return session_of(jobs).scope  # type: ignore[attr-defined]
+    return session_of(jobs).scope
 
 
 def now_ms(jobs: JobEngine) -> int:

@@ -106,6 +106,28 @@ def test_the_cpu_comparison_runs_and_reports_every_call() -> None:
     assert all(value > 0 for value in figures.values())
 
 
+def test_the_asyncio_bench_reports_loop_lag_and_rates_beside_sync() -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.asyncio_lag", "--jobs", "200"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    figures = json.loads(completed.stdout)
+    for name in ("async enqueue, 8 tasks", "AsyncWorker, concurrency 16, no-op async jobs"):
+        assert figures[name]["jobs_per_s"] > 0
+        assert figures[name]["loop_lag"]["ticks"] > 0
+    assert set(figures["ratios"]) == {"async enqueue / sync enqueue", "AsyncWorker / thread Worker"}
+
+
 @pytest.mark.slow
 def test_quick_postgres_run_reports_workloads_one_to_six_beside_raw_psycopg(
     tmp_path: Path,

@@ -21,7 +21,7 @@ from jaren_jobs import (
     Store,
 )
 from tests.conftest import FakeClock
-from tests.harness import CHECKPOINTS, Harness
+from tests.harness import CHECKPOINTS, Harness, app_sql_for
 
 LEASE = 10.0
 
@@ -206,8 +206,11 @@ def test_a_completed_run_prunes_its_rows_up_to_its_generation_only(
     # hold one) is beyond this completion's reach
     with store.transaction() as tx:
         tx.execute(
-            'INSERT INTO "_jaren_job_checkpoints" (run_id, node_id, value, generation) '
-            "VALUES (?, 'later', '\"newer\"', 3)",
+            app_sql_for(
+                store,
+                'INSERT INTO "_jaren_job_checkpoints" (run_id, node_id, value, generation) '
+                "VALUES (?, 'later', '\"newer\"', 3)",
+            ),
             (job_id,),
         )
     assert second.complete(job_id, {"out": 2}) is True

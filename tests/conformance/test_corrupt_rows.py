@@ -9,12 +9,14 @@ from typing import Any
 import pytest
 
 from jaren_jobs import CorruptJson, NewJob, Outcome, Store
-from tests.harness import Harness
+from tests.harness import Harness, app_sql_for
 
 
 def corrupt(store: Store, job_id: str, text: str = "{not json") -> None:
     with store.transaction() as tx:
-        tx.execute('UPDATE "_jaren_jobs" SET payload = ? WHERE id = ?', (text, job_id))
+        tx.execute(
+            app_sql_for(store, 'UPDATE "_jaren_jobs" SET payload = ? WHERE id = ?'), (text, job_id)
+        )
 
 
 def test_get_and_page_still_work_and_name_the_bad_row(store: Store) -> None:

@@ -27,7 +27,7 @@ from jaren_jobs import (
     backoff_seconds,
 )
 from tests.conftest import START, FakeClock, Sequence
-from tests.harness import Harness
+from tests.harness import Harness, app_sql_for
 
 NOW_MS = int(START * 1000)
 
@@ -1053,8 +1053,11 @@ def test_requeue_pending(store: Store) -> None:
 def _checkpoint(store: Store, run_id: str, node_id: str) -> None:
     with store.transaction() as tx:
         tx.execute(
-            'INSERT INTO "_jaren_job_checkpoints" (run_id, node_id, value, generation) '
-            "VALUES (?, ?, '1', 1)",
+            app_sql_for(
+                store,
+                'INSERT INTO "_jaren_job_checkpoints" (run_id, node_id, value, generation) '
+                "VALUES (?, ?, '1', 1)",
+            ),
             (run_id, node_id),
         )
 

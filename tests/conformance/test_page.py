@@ -29,7 +29,7 @@ from jaren_jobs import (
 )
 from jaren_jobs.records import STATES
 from tests.conftest import START, FakeClock
-from tests.harness import Harness
+from tests.harness import Harness, app_sql_for
 
 WAIT = 5.0
 
@@ -56,7 +56,7 @@ def wait_for(predicate: Callable[[], bool], what: str) -> None:
 
 def queued_on_gate(store: Store) -> int:
     # how a test knows a pull is really waiting (rather than not yet started)
-    return store._db.gate.waiting()
+    return store._backend.db.gate.waiting()
 
 
 class HeldTransaction:
@@ -435,7 +435,10 @@ def test_a_transaction_cursor_refuses_once_its_transaction_ended(store: Store) -
 def test_a_corrupt_stored_payload_is_named_and_paging_goes_on(store: Store) -> None:
     made = fill(store, 3)
     with store.transaction() as tx:
-        tx.execute('UPDATE "_jaren_jobs" SET payload = ? WHERE id = ?', ("{not json", made[1]))
+        tx.execute(
+            app_sql_for(store, 'UPDATE "_jaren_jobs" SET payload = ? WHERE id = ?'),
+            ("{not json", made[1]),
+        )
     with store.jobs.page() as cursor:
         jobs = list(cursor)
     assert [job.id for job in jobs] == made

@@ -65,7 +65,8 @@ LEASE_MS = (None, 1, 500, 1000, 4000)
 ADVANCE_MS = (1, 250, 999, 1000, 2000, 3000, 30_000)
 
 _EXAMPLES = os.environ.get("JAREN_MODEL_EXAMPLES")
-MAX_EXAMPLES = int(_EXAMPLES) if _EXAMPLES else (300 if os.environ.get("CI") else 60)
+# in CI, 300 examples per database (SQLite's two harnesses, PostgreSQL's two)
+MAX_EXAMPLES = int(_EXAMPLES) if _EXAMPLES else (600 if os.environ.get("CI") else 60)
 # the runs are shared out between the backends (each gets at least one)
 EXAMPLES_PER_BACKEND = max(1, math.ceil(MAX_EXAMPLES / len(HARNESSES)))
 

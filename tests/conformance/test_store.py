@@ -9,6 +9,7 @@ own order in .../test_gate.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import select
@@ -39,7 +40,7 @@ WAIT = 10.0  # generous bound for anything a test waits on; never reached when a
 
 def queued(store: Store) -> int:
     """How many calls wait in the store's gate queue right now."""
-    return store._db.gate.waiting()
+    return store._backend.db.gate.waiting()
 
 
 def wait_until(predicate: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
@@ -115,7 +116,7 @@ def test_context_manager_closes(backend: Harness, runtime: Runtime) -> None:
 
 def test_transaction_commit_writes_both(app_store: Store, backend: Harness) -> None:
     with app_store.transaction() as tx:
-        tx.execute("INSERT INTO orders (id, item) VALUES (?, ?)", (1, "book"))
+        tx.execute(backend.app_sql("INSERT INTO orders (id, item) VALUES (?, ?)"), (1, "book"))
         job = tx.jobs.enqueue("ship", {"order": 1}, id="ship-1")
         assert isinstance(job, Job)
         assert tx.jobs.get("ship-1") == job  # visible inside the transaction
@@ -130,7 +131,7 @@ def test_transaction_commit_writes_both(app_store: Store, backend: Harness) -> N
 def test_transaction_exception_rolls_back_both(app_store: Store, backend: Harness) -> None:
     def checkout() -> None:
         with app_store.transaction() as tx:
-            tx.execute("INSERT INTO orders (id, item) VALUES (?, ?)", (1, "book"))
+            tx.execute(backend.app_sql("INSERT INTO orders (id, item) VALUES (?, ?)"), (1, "book"))
             tx.jobs.enqueue("ship", {"order": 1}, id="ship-1")
             raise RuntimeError("payment declined")
 
@@ -267,28 +268,165 @@ def test_root_write_from_another_thread_waits_for_commit(app_store: Store) -> No
     assert claimed.id == "first"
 
 
+# ----------------------------------------------------------------- asyncio tasks
+#
+# A sync store's transaction belongs to a thread, and every task of an event
+# loop runs on one: a second task must never become a savepoint inside the
+# first task's transaction (it would commit, or roll back, with it).
+
+
+def test_a_second_asyncio_task_never_joins_another_tasks_transaction(
+    app_store: Store, backend: Harness
+) -> None:
+    store = app_store
+    insert = backend.app_sql("INSERT INTO orders (id, item) VALUES (?, ?)")
+    seen: dict[str, BaseException] = {}
+
+    async def main() -> None:
+        inside, release = asyncio.Event(), asyncio.Event()
+        held: list[Any] = []
+
+        async def first() -> None:
+            with store.transaction() as tx:
+                tx.execute(insert, (1, "first's"))
+                tx.jobs.enqueue("ship", id="first-job")
+                held.append(tx)
+                inside.set()
+                await release.wait()  # an await inside the transaction, as handlers do
+                raise RuntimeError("first's payment declined")
+
+        async def second() -> None:
+            await inside.wait()
+            try:
+                with store.transaction() as tx:
+                    tx.jobs.enqueue("ship", id="second-job")
+            except GateRefused as exc:
+                seen["transaction"] = exc
+            try:
+                held[0].jobs.enqueue("ship", id="borrowed-job")
+            except StorageError as exc:
+                seen["borrowed"] = exc
+            try:
+                held[0].execute(insert, (2, "borrowed"))
+            except StorageError as exc:
+                seen["borrowed-execute"] = exc
+            release.set()
+
+        results = await asyncio.gather(first(), second(), return_exceptions=True)
+        assert isinstance(results[0], RuntimeError)
+        assert results[1] is None
+
+    asyncio.run(main())
+    assert seen["transaction"].details["reason"] == "task"
+    assert "asyncio" in str(seen["transaction"])
+    for key in ("borrowed", "borrowed-execute"):
+        assert "another asyncio task" in str(seen[key])
+    # first's rollback took first's writes; nothing of second's was ever written
+    assert backend.job_ids() == []
+    assert order_ids(backend) == []
+    # and each task commits alone once they take turns
+    with store.transaction() as tx:
+        tx.execute(insert, (3, "later"))
+    assert order_ids(backend) == [3]
+
+
+def test_nested_transactions_of_one_asyncio_task_are_savepoints(
+    app_store: Store, backend: Harness
+) -> None:
+    async def main() -> None:
+        with app_store.transaction() as outer:
+            outer.jobs.enqueue("k", id="outer-job")
+            await asyncio.sleep(0)
+            with app_store.transaction() as inner:
+                assert inner.depth == 1
+                inner.jobs.enqueue("k", id="inner-job")
+
+    asyncio.run(main())
+    assert backend.job_ids() == ["inner-job", "outer-job"]
+
+
+@pytest.mark.requires("gate")
+def test_a_root_call_of_a_second_task_during_a_transaction_is_refused_naming_threads(
+    app_store: Store, backend: Harness
+) -> None:
+    refused: list[GateRefused] = []
+
+    async def main() -> None:
+        inside, release = asyncio.Event(), asyncio.Event()
+
+        async def first() -> None:
+            with app_store.transaction() as tx:
+                tx.jobs.enqueue("ship", id="first-job")
+                inside.set()
+                await release.wait()
+
+        async def second() -> None:
+            await inside.wait()
+            try:
+                app_store.jobs.enqueue("ship", id="root-job")
+            except GateRefused as exc:
+                refused.append(exc)
+            release.set()
+
+        await asyncio.gather(first(), second())
+
+    asyncio.run(main())
+    [exc] = refused
+    assert exc.details["reason"] == "reentrant"
+    assert "asyncio.to_thread" in str(exc)
+    assert backend.job_ids() == ["first-job"]
+
+
 # ----------------------------------------------------------------- driver errors
 
 
-def test_bad_sql_is_a_storage_error(app_store: Store, backend: Harness) -> None:
-    with app_store.transaction() as tx:
-        tx.execute("INSERT INTO orders (id, item) VALUES (1, 'book')")
-        with pytest.raises(StorageError) as info:
-            tx.execute("SELEC nonsense")
-        assert isinstance(info.value.__cause__, backend.driver_error)
-        assert info.value.code == "JD2099"
-        with pytest.raises(StorageError) as dup:
-            tx.execute("INSERT INTO orders (id, item) VALUES (1, 'again')")
-        assert isinstance(dup.value.__cause__, backend.integrity_error)
-        with pytest.raises(StorageError) as many:
-            tx.executemany("INSERT INTO orders (id, item) VALUES (?, ?)", [(2, None)])
-        assert isinstance(many.value.__cause__, backend.integrity_error)
-        with pytest.raises(StorageError):
-            tx.execute("SELECT * FROM no_such_table")
-        rows = tx.execute("SELECT id, item FROM orders")
-        assert rows.fetchall() == [(1, "book")]
-    # the caught errors did not spoil the transaction
-    assert order_ids(backend) == [1]
+BAD_STATEMENTS = {
+    # name: (statement with ? placeholders, parameters, many, which driver error)
+    "syntax": ("SELEC nonsense", None, False, "driver_error"),
+    "duplicate": (
+        "INSERT INTO orders (id, item) VALUES (1, 'again')",
+        None,
+        False,
+        "integrity_error",
+    ),
+    "not-null": (
+        "INSERT INTO orders (id, item) VALUES (?, ?)",
+        [(2, None)],
+        True,
+        "integrity_error",
+    ),
+    "no-table": ("SELECT * FROM no_such_table", None, False, "driver_error"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_STATEMENTS))
+def test_bad_sql_is_a_storage_error(app_store: Store, backend: Harness, bad: str) -> None:
+    statement, params, many, cause = BAD_STATEMENTS[bad]
+    statement = backend.app_sql(statement)
+
+    def checkout() -> None:
+        with app_store.transaction() as tx:
+            tx.execute("INSERT INTO orders (id, item) VALUES (1, 'book')")
+            run = (
+                (lambda: tx.executemany(statement, params))
+                if many
+                else (lambda: tx.execute(statement))
+            )
+            with pytest.raises(StorageError) as info:
+                run()
+            assert not isinstance(info.value, TransactionAborted)
+            assert isinstance(info.value.__cause__, getattr(backend, cause))
+            assert info.value.code == "JD2099"
+            rows = tx.execute("SELECT id, item FROM orders")
+            assert rows.fetchall() == [(1, "book")]
+
+    if "sqlite" in backend.capabilities:
+        checkout()  # SQLite undoes the one statement: the transaction goes on and commits
+        assert order_ids(backend) == [1]
+    else:
+        # PostgreSQL aborts the whole transaction: every later call says so, nothing commits
+        assert_aborted(checkout)
+        assert order_ids(backend) == []
 
 
 # Statements after which SQLite itself rolls the whole transaction back.
@@ -532,7 +670,7 @@ def test_a_forked_child_is_refused_at_once_and_never_touches_the_connection(
                 holding.set()
                 assert done.wait(3 * WAIT)  # past the child's own bound
         else:  # the gate's mutex, as a thread forked in the middle of acquire() holds it
-            gate = store._db.gate
+            gate = store._backend.db.gate
             with gate._mutex:  # the state a fork can catch in the middle of acquire()
                 holding.set()
                 assert done.wait(3 * WAIT)  # past the child's own bound
@@ -553,7 +691,7 @@ def test_a_forked_child_is_refused_at_once_and_never_touches_the_connection(
             "transaction": refusal(lambda: enter_transaction(store)),
             "connection": refusal(lambda: store.connection),
             # the gate itself, held (or its lock held) by a parent thread the child lacks
-            "gate": refusal(lambda: store._db.gate.acquire("the gate")),
+            "gate": refusal(lambda: store._backend.db.gate.acquire("the gate")),
         }
         started = time.monotonic()
         outcomes = store.close()

@@ -756,7 +756,9 @@ def test_another_process_enqueue_is_seen_at_the_next_poll(backend: Harness, runt
         worker.start()
         job = other.jobs.enqueue("k")  # a separate store: no in-process wake reaches the worker
         assert outcomes.wait_for(1)[0].job_id == job.id
-        assert worker.stats().wakes == 0
+        if store.backend == "sqlite":
+            assert worker.stats().wakes == 0  # polling found it
+        # (PostgreSQL's NOTIFY may wake it first: tests/backends/postgres/test_mechanics.py)
         worker.stop()
 
 

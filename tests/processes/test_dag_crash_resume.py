@@ -10,14 +10,16 @@ the test counts executions across both processes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import multiprocessing
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from jaren_jobs import Outcome, Store, create_dag_job_runner
+from jaren_jobs import AsyncStore, Outcome, Store, create_dag_job_runner
 from jaren_jobs.dag import RUN_IDENTITY_NODE
 from tests.conftest import START, FakeClock
 from tests.processes.dag_targets import (
@@ -51,9 +53,12 @@ def lines(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines()
 
 
-@pytest.mark.parametrize("crash_in", ["n3", "n1", "n5"])
-def test_a_crashed_run_resumes_in_another_worker_without_rerunning_recorded_nodes(
-    store: Store, db_path: Path, clock: FakeClock, tmp_path: Path, crash_in: str
+@pytest.mark.requires("file")  # the child opens the same file by its path
+@pytest.mark.parametrize(
+    ("crash_in", "api"), [("n3", "sync"), ("n1", "sync"), ("n5", "sync"), ("n3", "async")]
+)
+def test_a_crashed_run_resumes_in_another_worker_without_rerunning_recorded_nodes(  # noqa: PLR0917
+    store: Store, db_path: Path, clock: FakeClock, tmp_path: Path, crash_in: str, api: str
 ) -> None:
     assert CHILD_START == START  # the child and this store's fake clock share an epoch
     side_file = tmp_path / "executions.txt"
@@ -96,18 +101,29 @@ def test_a_crashed_run_resumes_in_another_worker_without_rerunning_recorded_node
     assert (orphan.state, orphan.attempts, orphan.lease_owner) == ("leased", 1, "doomed-child")
 
     outcomes: list[Outcome] = []
-    worker = create_dag_job_runner(
-        store,
-        documents={KIND: DOCUMENT},
-        tasks=make_tasks(side_file, marker, crash_in),
-        lease_seconds=LEASE_SECONDS,
-        renew=False,
-        owner="rescuer",
-        on_outcome=outcomes.append,
-    )
-    assert worker.run_once() is False  # the dead child's lease is still in force
-    clock.advance(LEASE_SECONDS)
-    assert worker.run_once() is True  # expired: re-claimed and resumed
+    options: dict[str, Any] = {
+        "documents": {KIND: DOCUMENT},
+        "tasks": make_tasks(side_file, marker, crash_in),
+        "lease_seconds": LEASE_SECONDS,
+        "renew": False,
+        "owner": "rescuer",
+        "on_outcome": outcomes.append,
+    }
+    if api == "sync":
+        worker = create_dag_job_runner(store, **options)
+        assert worker.run_once() is False  # the dead child's lease is still in force
+        clock.advance(LEASE_SECONDS)
+        assert worker.run_once() is True  # expired: re-claimed and resumed
+    else:
+        # the same rescue by an AsyncWorker (the DAG's tasks run on its threads)
+
+        async def rescue() -> None:
+            aworker: Any = create_dag_job_runner(AsyncStore(store), **options)
+            assert await aworker.run_once() is False
+            clock.advance(LEASE_SECONDS)
+            assert await aworker.run_once() is True
+
+        asyncio.run(rescue())
 
     assert [(o.outcome, o.attempt) for o in outcomes] == [("completed", 2)]
     done = store.jobs.get(job.id)

@@ -254,9 +254,11 @@ def test_eight_processes_of_four_loops_drain_20000_jobs_each_exactly_once(
     outcomes = read_lines(tmp_path, "outcomes-*.jsonl")
     executions = executions_of(pg_schema.url)
     tally = check_ledger(jobs, executions, outcomes, expected=expected)
-    # nobody was killed and the leases were long: one execution and one claim per job
+    # nobody was killed and the leases were long: one execution and one attempt per job
+    # (a worker may hand back unstarted jobs stuck behind a slow batch: such a job is
+    # claimed again, a generation later, but the released claim spent no attempt)
     assert len(executions) == 20_000, tally
-    assert all(job.lease_generation == 1 for job in jobs.values())
+    assert all(job.attempts == 1 for job in jobs.values())
     reports = check_reports(tmp_path, workers.started)
     assert sum(r["stats"]["completions"] for r in reports) == 20_000
     assert sum(r["stats"]["lost_settlements"] for r in reports) == 0

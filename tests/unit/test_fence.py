@@ -14,7 +14,15 @@ from datetime import datetime, timezone
 import pytest
 
 from jaren_jobs import JobSettled, Lease, LeaseExpired, LeaseLost, LeaseSuperseded
-from jaren_jobs.core.fence import FenceRow, Verdict, classify, refusal
+from jaren_jobs.backend import Missed
+from jaren_jobs.core.fence import (
+    FenceRow,
+    Verdict,
+    classify,
+    refusal,
+    renewal_refusal,
+    settled_by,
+)
 
 NOW = 1_800_000_000_000
 TOKEN = "tok-live-0123456789"
@@ -129,3 +137,51 @@ def test_refusal_is_none_only_for_the_settling_attempt_and_never_a_false_success
 def test_a_fence_row_is_read_from_the_drivers_tuple() -> None:
     row = FenceRow.from_row(("leased", TOKEN, NOW, "3", None, memoryview(KEY)))
     assert row == FenceRow("leased", TOKEN, NOW, GENERATION, None, KEY)
+    assert row.last_error is None  # a backend that does not read it leaves the default
+
+
+def test_a_fence_row_carries_the_stored_error_for_the_outcome() -> None:
+    row = FenceRow.from_row(("dead", None, None, 3, 3, KEY), last_error="ValueError: boom")
+    assert row == FenceRow("dead", None, None, GENERATION, GENERATION, KEY, "ValueError: boom")
+    assert row.last_error == "ValueError: boom"
+
+
+def test_a_fence_row_never_shows_its_token() -> None:
+    row = FenceRow("leased", TOKEN, NOW, GENERATION, None, KEY)
+    assert TOKEN not in repr(row)
+    assert TOKEN not in str(row)
+    assert TOKEN not in repr(Missed(row))
+
+
+SETTLED_BY_CASES = [
+    ("this attempt settled it", FenceRow("done", None, None, GENERATION, GENERATION, KEY), True),
+    ("failed by it", FenceRow("failed", None, None, GENERATION, GENERATION, KEY), True),
+    ("still leased", FenceRow("leased", TOKEN, NOW, GENERATION, GENERATION, KEY), False),
+    ("another claim", FenceRow("done", None, None, GENERATION, GENERATION, b"o" * 16), False),
+    ("another generation", FenceRow("done", None, None, 4, 4, KEY), False),
+    ("nobody settled it", FenceRow("pending", None, None, GENERATION, None, KEY), False),
+    ("no such job", None, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "case_row", "expected"), SETTLED_BY_CASES, ids=[c for c, _, _ in SETTLED_BY_CASES]
+)
+def test_settled_by_agrees_with_the_classification(
+    case: str, case_row: FenceRow | None, expected: bool
+) -> None:
+    assert settled_by(case_row, LEASE) is expected
+    verdict = classify(case_row, LEASE, NOW, "complete()")
+    assert (verdict is Verdict.SETTLED_BY_THIS_ATTEMPT) is expected
+
+
+def test_a_renewal_is_refused_even_for_the_attempts_own_settlement() -> None:
+    own = FenceRow("done", None, None, GENERATION, GENERATION, KEY)
+    refused = renewal_refusal(own, LEASE, NOW, "renew()")
+    assert isinstance(refused, JobSettled)
+    assert "already settled (by this attempt)" in str(refused)
+    assert TOKEN not in str(refused)
+    other = FenceRow("done", None, None, GENERATION, GENERATION, b"o" * 16)
+    assert renewal_refusal(other, LEASE, NOW, "renew()").details["state"] == "done"
+    held = FenceRow("leased", TOKEN, NOW - 1, GENERATION, None, KEY)
+    assert isinstance(renewal_refusal(held, LEASE, NOW, "renew()"), LeaseExpired)

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from jaren_jobs import StorageError
+from tests.conftest import require_postgres
 from tests.harness import (
     CAPABILITIES,
     HARNESSES,
+    POSTGRES_HARNESSES,
     Harness,
     MissingCapability,
     SqliteConnection,
@@ -29,8 +31,11 @@ def test_every_harness_has_a_distinct_name_and_known_capabilities() -> None:
     names = [harness.name for harness in HARNESSES]
     assert len(set(names)) == len(names)
     for harness in HARNESSES:
-        assert harness.capabilities, harness
         assert harness.capabilities <= set(CAPABILITIES), harness
+        # the SQLite harnesses have everything; PostgreSQL's have neither a file nor SQLite's SQL
+        sqlite = harness.name.startswith("sqlite")
+        assert ("sqlite" in harness.capabilities) is sqlite, harness
+        assert ("file" in harness.capabilities) is sqlite, harness
         assert issubclass(harness.driver_error, Exception)
 
 
@@ -84,6 +89,8 @@ def test_the_connection_harness_hands_its_own_connection_and_closes_it(tmp_path:
 def test_siblings_are_independent_and_closed_with_their_parent(
     tmp_path: Path, harness: type[Harness]
 ) -> None:
+    if harness in POSTGRES_HARNESSES:
+        require_postgres()
     backend = harness(tmp_path / "jobs.db")
     twin = backend.sibling("twin")
     first, second = backend.open(), twin.open()
@@ -99,6 +106,8 @@ def test_siblings_are_independent_and_closed_with_their_parent(
 def test_refusing_makes_the_statement_fail_only_while_inside(
     tmp_path: Path, harness: type[Harness]
 ) -> None:
+    if harness in POSTGRES_HARNESSES:
+        require_postgres()
     backend = harness(tmp_path / "jobs.db")
     try:
         store = backend.open()

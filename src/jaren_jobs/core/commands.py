@@ -12,10 +12,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from jaren_jobs.codec import check_identifier, encode_json, encode_result, ms_from_aware
+from jaren_jobs.codec import check_identifier, check_text, encode_json, encode_result, ms_from_aware
 from jaren_jobs.core.policy import lease_ms
 from jaren_jobs.errors import LeaseRequired, describe_error
-from jaren_jobs.records import Lease
+from jaren_jobs.records import STATES, Lease
 from jaren_jobs.runtime import Defaults, check_positive_int, check_seconds
 
 __all__ = [
@@ -211,3 +211,48 @@ def prepare_fail(
         else check_seconds(backoff_cap_seconds, f"{what}: backoff_cap_seconds")
     )
     return Failure(current, describe_error(error), retry, base, cap)
+
+
+# ---------------------------------------------------------------- page filters (SPEC §5)
+
+
+class PageFilterTypeError(TypeError, ValueError):
+    """A page filter of the wrong type: an argument mistake (TypeError) and a bad filter
+    (ValueError, as the contract names every bad filter)."""
+
+
+def check_page_filters(
+    state: object, kind: object, after: object, limit: object, what: str
+) -> tuple[str | None, str | None, str, int]:
+    if state is not None:
+        if not isinstance(state, str):
+            raise PageFilterTypeError(
+                f"{what}: state must be one of {list(STATES)} or None, got {type(state).__name__}"
+            )
+        if state not in STATES:
+            raise ValueError(f"{what}: state must be one of {list(STATES)}, got {state!r}")
+        state = STATES[STATES.index(state)]  # the plain str, even for a JobState
+    if kind is not None:
+        if not isinstance(kind, str):
+            raise PageFilterTypeError(
+                f"{what}: kind must be a non-empty str or None, got {type(kind).__name__}"
+            )
+        if kind == "":
+            raise ValueError(f"{what}: kind must be a non-empty string (or None for every kind)")
+        check_text(kind, f"{what}: kind")
+    if after is None:
+        after = ""  # ids are non-empty, so every id sorts after ""
+    elif not isinstance(after, str):
+        raise PageFilterTypeError(
+            f"{what}: after must be the str id to continue past, or None; "
+            f"got {type(after).__name__}"
+        )
+    else:
+        check_text(after, f"{what}: after")
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise PageFilterTypeError(
+            f"{what}: limit must be a positive int, got {type(limit).__name__}"
+        )
+    if limit < 1:
+        raise ValueError(f"{what}: limit must be >= 1, got {limit}")
+    return state, kind, after, limit

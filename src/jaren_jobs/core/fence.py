@@ -9,13 +9,13 @@ backend, which only reports what the row holds.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jaren_jobs.errors import JobSettled, LeaseExpired, LeaseLost, LeaseSuperseded
 from jaren_jobs.records import Lease
 
-__all__ = ["FenceRow", "Verdict", "classify", "refusal"]
+__all__ = ["FenceRow", "Verdict", "classify", "refusal", "renewal_refusal", "settled_by"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,18 +26,28 @@ class FenceRow:
     settled the row (``None`` while nobody has): a generation alone repeats
     once a swept id is enqueued again; the claim key (a digest of the
     claim's token) does not.
+
+    ``last_error`` is the row's stored error text, so that a worker whose
+    settlement met a row its own attempt had already failed reports that
+    failure from the answer alone, without reading the row again. It
+    defaults to ``None`` for a backend that does not read it. The token is
+    left out of the repr: a fence row in a log must not hand out the lease.
     """
 
     state: str
-    token: str | None
+    token: str | None = field(repr=False)
     lease_until: int | None
     generation: int
     settled_generation: int | None
     claim_key: bytes | None
+    last_error: str | None = None
 
     @classmethod
-    def from_row(cls, row: tuple[Any, ...]) -> FenceRow:
-        """From the driver's ``(state, token, until, generation, settled, key)`` tuple."""
+    def from_row(cls, row: tuple[Any, ...], last_error: str | None = None) -> FenceRow:
+        """From the driver's ``(state, token, until, generation, settled, key)`` tuple.
+
+        ``last_error`` comes as text the backend already decoded.
+        """
         state, token, until, generation, settled, key = row
         return cls(
             state=str(state),
@@ -46,6 +56,7 @@ class FenceRow:
             generation=int(generation),
             settled_generation=None if settled is None else int(settled),
             claim_key=None if key is None else bytes(key),
+            last_error=last_error,
         )
 
 
@@ -73,7 +84,7 @@ def classify(row: FenceRow | None, lease: Lease, now_ms: int, what: str) -> Verd
             state=None,
         )
     if row.state != "leased":
-        if _settled_by(row, lease):
+        if settled_by(row, lease):
             return Verdict.SETTLED_BY_THIS_ATTEMPT
         return JobSettled(
             f"{what} refused: job {job_id!r} is {row.state!r}, not leased — it was settled "
@@ -119,12 +130,27 @@ def refusal(row: FenceRow | None, lease: Lease, now_ms: int, what: str) -> Lease
     return verdict
 
 
-def _settled_by(row: FenceRow, lease: Lease) -> bool:
+def renewal_refusal(row: FenceRow | None, lease: Lease, now_ms: int, what: str) -> LeaseLost:
+    """The refusal for a renewal that matched nothing: a settled job is never renewed.
+
+    Where a settlement's repeat is idempotent, a renewal of a job this very
+    attempt settled is refused too (``JobSettled``), whoever settled it.
+    """
+    return refusal(row, lease, now_ms, what) or JobSettled(
+        f"{what} refused: job {lease.job_id!r} is already settled (by this attempt)",
+        job_id=lease.job_id,
+    )
+
+
+def settled_by(row: FenceRow | None, lease: Lease) -> bool:
+    """Whether the attempt ``lease`` belongs to is what settled ``row`` (not leased now)."""
     # this very attempt settled it: the claim that began it, not merely its
     # generation (which repeats after a sweep and reuse); an empty key (a
     # hand-made lease) names no claim
     return (
-        row.settled_generation is not None
+        row is not None
+        and row.state != "leased"
+        and row.settled_generation is not None
         and row.settled_generation == lease.generation
         and bool(row.claim_key)
         and row.claim_key == lease.claim_key

@@ -33,7 +33,7 @@ Each attempt has exactly one :class:`~jaren_jobs.records.Outcome`:
 """
 
 from .attempt import Handler, JobContext, WorkerStopped
-from .options import create_worker
+from .options import create_worker, is_async
 from .pacing import _MAX_AHEAD
 from .settler import _POSTED_LIMIT
 from .threaded import Worker
@@ -41,4 +41,4 @@ from .threaded import Worker
 # the bounds tests state their limits by (not public API)
 _BOUNDS = (_MAX_AHEAD, _POSTED_LIMIT)
 
-__all__ = ["Handler", "JobContext", "Worker", "WorkerStopped", "create_worker"]
+__all__ = ["Handler", "JobContext", "Worker", "WorkerStopped", "create_worker", "is_async"]

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from jaren_jobs.checkpoints import CheckpointStore
-from jaren_jobs.engine import JobEngine
+from jaren_jobs.core.fence import FenceRow
+from jaren_jobs.engine import JobEngine, runtime_of, session_of
 from jaren_jobs.errors import (
     LeaseLost,
     StorageError,
@@ -107,6 +108,7 @@ class _Attempt:
         "lease_lock",
         "lease_seq",
         "lost",
+        "lost_row",
         "renew_at",
         "scope",
     )
@@ -123,6 +125,9 @@ class _Attempt:
         self.scope = CancelScope()
         self.cancelled = False
         self.lost: LeaseLost | None = None
+        # the fence row the renewal that found the lease lost met: how the job
+        # ended, should this very attempt have settled it (a handler using its lease)
+        self.lost_row: FenceRow | None = None
         self.ended = False  # no renewal once set
         self.renew_at = 0.0  # time.monotonic() when the lease is next renewed
 
@@ -159,7 +164,9 @@ class _AttemptCheckpoints(CheckpointStore):
     """``ctx.checkpoints``: the attempt's current lease, never racing a renewal."""
 
     def __init__(self, engine: JobEngine, attempt: _Attempt) -> None:
-        super().__init__(engine, attempt.job_id, lambda: attempt.lease)
+        super().__init__(
+            session_of(engine), runtime_of(engine).now_ms, attempt.job_id, lambda: attempt.lease
+        )
         self._attempt = attempt
 
     def load(self, run_id: str) -> dict[str, Any] | None:

@@ -49,11 +49,12 @@ def _check_handlers(handlers: object) -> dict[str, Handler]:
 
 def _check_handler_shape(kind: str, handler: Callable[..., Any]) -> None:
     """Refuse a handler that can only fail at run time: ``async def``, or the wrong arity."""
-    if _is_async(handler):
+    if is_async(handler):
         raise TypeError(
             f"create_worker(): the handler for kind {kind!r} is an async def function; this "
-            "worker calls handlers on threads as plain functions, handler(payload, ctx) "
-            "(run the coroutine with asyncio.run() inside a plain handler)"
+            "worker calls handlers on threads as plain functions, handler(payload, ctx). "
+            "An AsyncStore's worker awaits async def handlers on the event loop: "
+            "store = await jaren_jobs.open_async_store(...); store.jobs.create_worker(...)"
         )
     try:
         signature = inspect.signature(handler)
@@ -68,7 +69,7 @@ def _check_handler_shape(kind: str, handler: Callable[..., Any]) -> None:
         ) from None
 
 
-def _is_async(handler: object) -> bool:
+def is_async(handler: object) -> bool:
     """Whether calling ``handler`` gives a coroutine or async generator, not a result."""
     while isinstance(handler, functools.partial):
         handler = handler.func

@@ -1,4 +1,8 @@
-"""Outcome decisions: from a settlement's answer to the attempt's one outcome."""
+"""Outcome decisions: from a settlement's answer to the attempt's one outcome.
+
+Pure: the answer (written, a refusal, or the fence row a write that wrote
+nothing met) decides; nothing here reads the row again.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+from jaren_jobs.core.fence import FenceRow, settled_by
 from jaren_jobs.core.settle import Completion
-from jaren_jobs.engine import settled_by
 from jaren_jobs.errors import (
     GateRefused,
     JobsError,
@@ -35,10 +39,16 @@ _log = logging.getLogger("jaren_jobs")
 Phase = Literal["completion", "failure"]
 
 
-def _refused(self: Worker, attempt: _Attempt, phase: Phase, exc: BaseException) -> Outcome | None:
+def _refused(
+    self: Worker,
+    attempt: _Attempt,
+    phase: Phase,
+    exc: BaseException,
+    row: FenceRow | None = None,
+) -> Outcome | None:
     """A settlement the fence refused, or the stop barred: the attempt is lost."""
     if isinstance(exc, LeaseLost):
-        return self._lost(attempt, phase, exc)
+        return self._lost(attempt, phase, exc, row)
     if isinstance(exc, StoreClosed):
         return self._outcome(
             attempt, "lost", phase=phase, code=exc.code, reason=describe_error(exc)
@@ -53,8 +63,8 @@ def _finish(self: Worker, entry: _Entry) -> Outcome:
     exc = entry.met
     if isinstance(item, Completion):
         if exc is None:
-            return self._written(attempt, "completed", entry.wrote)
-        refused = self._refused(attempt, "completion", exc)
+            return self._written(attempt, "completed", entry.row)
+        refused = self._refused(attempt, "completion", exc, entry.row)
         if refused is not None:
             return refused
         _log.warning(
@@ -71,9 +81,9 @@ def _finish(self: Worker, entry: _Entry) -> Outcome:
     assert error is not None
     if exc is None:
         if not entry.wrote:
-            return self._truth(attempt) or self._failed(attempt, error)
+            return self._truth(attempt, entry.row) or self._failed(attempt, error)
         return self._failed(attempt, error)
-    refused = self._refused(attempt, "failure", exc)
+    refused = self._refused(attempt, "failure", exc, entry.row)
     if refused is not None:
         return refused
     # not recorded; the lease expires and the job is re-claimed
@@ -87,15 +97,17 @@ def _finish(self: Worker, entry: _Entry) -> Outcome:
     return self._failed(attempt, error)
 
 
-def _written(self: Worker, attempt: _Attempt, outcome: OutcomeName, wrote: bool) -> Outcome:
-    # True from a settlement that wrote nothing means THIS attempt had
-    # already settled the row: by ctx.checkpoints.complete, by the handler
-    # calling the engine with ctx.lease, or by cancel(id, lease=...) whose
-    # abort has not reached us yet. The row says which.
-    if not wrote:
-        truth = self._truth(attempt)
-        if truth is not None:
-            return truth
+def _written(
+    self: Worker, attempt: _Attempt, outcome: OutcomeName, row: FenceRow | None
+) -> Outcome:
+    # True from a settlement that wrote nothing (``row``: the fence row it
+    # met) means THIS attempt had already settled the row: by
+    # ctx.checkpoints.complete, by the handler calling the engine with
+    # ctx.lease, or by cancel(id, lease=...) whose abort has not reached us
+    # yet. The row says which.
+    truth = self._truth(attempt, row)
+    if truth is not None:
+        return truth
     return self._outcome(attempt, outcome)
 
 
@@ -109,11 +121,18 @@ def _failed(self: Worker, attempt: _Attempt, error: BaseException) -> Outcome:
     )
 
 
-def _lost(self: Worker, attempt: _Attempt, phase: Phase, error: LeaseLost) -> Outcome:
+def _lost(
+    self: Worker,
+    attempt: _Attempt,
+    phase: Phase,
+    error: LeaseLost,
+    row: FenceRow | None = None,
+) -> Outcome:
     if isinstance(error, JobSettled):
         # "not leased" may be this attempt's own settlement (a cancel with
-        # its lease, a handler that settled through ctx.lease): ask the row
-        truth = self._truth(attempt)
+        # its lease, a handler that settled through ctx.lease): the fence
+        # row the settlement met says
+        truth = self._truth(attempt, row)
         if truth is not None:
             return truth
     return self._outcome(
@@ -121,20 +140,16 @@ def _lost(self: Worker, attempt: _Attempt, phase: Phase, error: LeaseLost) -> Ou
     )
 
 
-def _truth(self: Worker, attempt: _Attempt) -> Outcome | None:
-    """The outcome the row records for this attempt, if it records one."""
-    try:
-        job = settled_by(self._control, attempt.lease)
-    except JobsError:
-        return None
-    if job is None:
+def _truth(self: Worker, attempt: _Attempt, row: FenceRow | None) -> Outcome | None:
+    """The outcome a fence row records for this attempt, if it records one (pure)."""
+    if row is None or not settled_by(row, attempt.lease):
         return None  # not settled, or settled by another attempt
-    if job.state == "done":
+    if row.state == "done":
         return self._outcome(attempt, "completed")
-    if job.state == "cancelled":
+    if row.state == "cancelled":
         return self._outcome(attempt, "cancelled", reason="cancelled")
-    if job.state in ("failed", "dead"):
-        return self._outcome(attempt, "failed", reason=job.last_error)
+    if row.state in ("failed", "dead"):
+        return self._outcome(attempt, "failed", reason=row.last_error)
     return None
 
 

@@ -8,9 +8,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from jaren_jobs.backend import Missed
+from jaren_jobs.core.fence import renewal_refusal
+from jaren_jobs.core.policy import lease_ms
+from jaren_jobs.engine import runtime_of, session_of
 from jaren_jobs.errors import (
     JobsError,
-    LeaseLost,
     StoreClosed,
 )
 
@@ -20,6 +23,8 @@ if TYPE_CHECKING:
     from .threaded import Worker
 
 _log = logging.getLogger("jaren_jobs")
+
+_RENEW = "renew()"  # what a renewal's refusals and errors name, as engine.renew()'s do
 
 
 class _Renewals:
@@ -111,20 +116,12 @@ def _renew_attempt(self: Worker, attempt: _Attempt) -> None:
     with attempt.lease_lock:
         if attempt.ended or attempt.lost is not None:
             return
+        lease = attempt.lease
         try:
-            fresh = self._control.renew(attempt.lease, lease_seconds=self.lease_seconds)
-        except LeaseLost as exc:
-            # only the fence's refusals prove the attempt no longer holds
-            # the job: abort its signal; it may never settle
-            attempt.lost = exc
-            attempt.scope.abort(exc)
-            _log.info(
-                "jaren_jobs: worker %r lost the lease on job %r: %s",
-                self.owner,
-                attempt.job_id,
-                exc,
-            )
-            return
+            # the session's answer, not engine.renew()'s raise: a refusal
+            # keeps the fence row it met, which decides the outcome later
+            # (this attempt may have settled the job itself), with no re-read
+            answer = session_of(self._control).renew(lease, lease_ms(self.lease_seconds), _RENEW)
         except StoreClosed:
             return  # stopping (or closed): no more renewals
         except JobsError as exc:
@@ -138,6 +135,21 @@ def _renew_attempt(self: Worker, attempt: _Attempt) -> None:
             )
             attempt.renew_at = time.monotonic() + self._renew_every
             return
+        if isinstance(answer, Missed):
+            # only the fence's refusals prove the attempt no longer holds
+            # the job: abort its signal; it may never settle
+            now = runtime_of(self._control).now_ms()
+            refused = renewal_refusal(answer.row, lease, now, _RENEW)
+            attempt.lost, attempt.lost_row = refused, answer.row
+            attempt.scope.abort(refused)
+            _log.info(
+                "jaren_jobs: worker %r lost the lease on job %r: %s",
+                self.owner,
+                attempt.job_id,
+                refused,
+            )
+            return
+        fresh = answer
         attempt.lease = fresh
         attempt.renew_at = time.monotonic() + self._renew_every
         with self._lock:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from jaren_jobs.batcher import Settled
 from jaren_jobs.codec import ms_from_datetime
+from jaren_jobs.core.fence import FenceRow
 from jaren_jobs.core.settle import Completion, SettleBatch, Settlement
 from jaren_jobs.engine import ClaimRequest
 from jaren_jobs.records import (
@@ -41,7 +42,17 @@ _RETRY_MOST_SECONDS = 1.0
 class _Entry:
     """One returned attempt on its way to an outcome: its settlement, or the outcome at once."""
 
-    __slots__ = ("attempt", "error", "item", "met", "outcome", "retry_at", "tries", "wrote")
+    __slots__ = (
+        "attempt",
+        "error",
+        "item",
+        "met",
+        "outcome",
+        "retry_at",
+        "row",
+        "tries",
+        "wrote",
+    )
 
     def __init__(self, attempt: _Attempt, error: Exception | None) -> None:
         self.attempt = attempt
@@ -51,6 +62,9 @@ class _Entry:
         # holds), and whether that write wrote it (False: already settled)
         self.met: BaseException | None = None
         self.wrote = False
+        # the fence row its last write met when it wrote nothing: how the job
+        # ended, for the outcome (None: it wrote, or the write failed)
+        self.row: FenceRow | None = None
         self.outcome: Outcome | None = None  # decided without a write (cancelled, lost)
         self.tries = 0  # writes of its settlement that met a transient error
         self.retry_at = 0.0  # time.monotonic() of its next write, once one failed
@@ -77,6 +91,7 @@ def _submit(
     settled = self._settlements.submit(batch)
     for index, entry in enumerate(settling):
         entry.met, entry.wrote = settled.error(index), settled.wrote[index]
+        entry.row = settled.row(index)
     return settled
 
 
@@ -287,7 +302,8 @@ def _prepare(self: Worker, attempt: _Attempt, error: Exception | None, result: A
             return entry
         if attempt.lost is not None:
             phase: Phase = "completion" if error is None else "failure"
-            entry.outcome = self._lost(attempt, phase, attempt.lost)
+            # the fence row the refused renewal met decides, as a settlement's would
+            entry.outcome = self._lost(attempt, phase, attempt.lost, attempt.lost_row)
             return entry
         lease = attempt.lease
     if error is None:

@@ -10,7 +10,14 @@ from types import TracebackType
 from typing import Any
 
 from jaren_jobs.batcher import SettlementBatcher
-from jaren_jobs.engine import EngineHub, JobEngine, claim_request_for, db_of, rescoped
+from jaren_jobs.engine import (
+    EngineHub,
+    JobEngine,
+    claim_request_for,
+    rescoped,
+    root_scope_of,
+    store_backend_of,
+)
 from jaren_jobs.records import (
     Lease,
     Outcome,
@@ -57,7 +64,7 @@ class Worker:
         stop_grace_seconds: float,
     ) -> None:
         self._hub = hub
-        self._db = db_of(engine)
+        self._backend = store_backend_of(engine)
         self._handlers = handlers
         self._kinds = sorted(handlers)
         self.owner = owner
@@ -82,8 +89,8 @@ class Worker:
         # one subscription for every attempt: an attempt registers before it
         # checks the halt, so each is aborted either by this or by _begin
         self._halt.signal.add_callback(self._abort_attempts)
-        self._claims_scope = _TrackedScope(self._db, self, self._halt.signal)
-        self._control_scope = _TrackedScope(self._db, self, self._bar.signal)
+        self._claims_scope = _TrackedScope(root_scope_of(engine), self, self._halt.signal)
+        self._control_scope = _TrackedScope(root_scope_of(engine), self, self._bar.signal)
         # the worker's own engine views: root-gated and tracked, even when
         # the worker was created through tx.jobs (a worker never joins an
         # application transaction's fate)
@@ -204,7 +211,7 @@ class Worker:
                 raise RuntimeError("this worker was stopped; a stopped worker does not restart")
             if self._started:
                 raise RuntimeError("this worker is already started")
-            self._db.check_open("start()")
+            self._backend.check_open("start()")
             self._started = True
         self._activate()
         threads = [
@@ -236,7 +243,7 @@ class Worker:
         """
         if self._halt.aborted:
             return False
-        self._db.check_open("run_once()")
+        self._backend.check_open("run_once()")
         self._activate()
         ran = self._step()
         interrupt: BaseException | None = getattr(self._local, "interrupt", None)

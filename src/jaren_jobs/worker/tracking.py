@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
-from jaren_jobs.backends.sqlite.connection import Database, RootScope
+from jaren_jobs.backend import Scope
 from jaren_jobs.errors import (
     GateRefused,
     JobsError,
@@ -23,11 +23,17 @@ _log = logging.getLogger("jaren_jobs")
 T = TypeVar("T")
 
 
-class _TrackedScope(RootScope):
-    """A root scope whose every call is counted for quiescence and barred after stop."""
+class _TrackedScope:
+    """A root scope whose every call is counted for quiescence and barred after stop.
 
-    def __init__(self, db: Database, worker: Worker, signal: Signal) -> None:
-        super().__init__(db)
+    It wraps the store's own root scope (whatever the database), adding the
+    worker's signal to each call and naming a call the stop abandoned.
+    """
+
+    root = True
+
+    def __init__(self, inner: Scope, worker: Worker, signal: Signal) -> None:
+        self._inner = inner
         self._worker = worker
         self._signal = signal
 
@@ -35,7 +41,7 @@ class _TrackedScope(RootScope):
         worker = self._worker
         worker._track(what)
         try:
-            return RootScope.write(self, fn, what, signal or self._signal)
+            return self._inner.write(fn, what, signal or self._signal)
         except GateRefused as exc:
             self._stopped(exc)
             raise
@@ -46,7 +52,7 @@ class _TrackedScope(RootScope):
         worker = self._worker
         worker._track(what)
         try:
-            return RootScope.read(self, fn, what, signal or self._signal)
+            return self._inner.read(fn, what, signal or self._signal)
         except GateRefused as exc:
             self._stopped(exc)
             raise
@@ -54,22 +60,23 @@ class _TrackedScope(RootScope):
             worker._untrack()
 
     def read_consistent(self, fn: Callable[[], T], what: str) -> T:
-        with self._worker._tracked(what):
-            return self._refusing(lambda: super(_TrackedScope, self).read_consistent(fn, what))
+        worker = self._worker
+        worker._track(what)
+        try:
+            return self._inner.read_consistent(fn, what)
+        except GateRefused as exc:
+            self._stopped(exc)
+            raise
+        finally:
+            worker._untrack()
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        self._inner.after_commit(callback)
 
     def _stopped(self, exc: GateRefused) -> None:
         # a queued call the stop abandoned is the stop working: say so by name
         if self._signal.aborted and exc.details.get("reason") == "aborted":
             raise self._worker._stopped_error(exc.message) from exc
-
-    def _refusing(self, call: Callable[[], T]) -> T:
-        try:
-            return call()
-        except GateRefused as exc:
-            # a queued call the stop abandoned is the stop working: say so by name
-            if self._signal.aborted and exc.details.get("reason") == "aborted":
-                raise self._worker._stopped_error(exc.message) from exc
-            raise
 
 
 @contextmanager
@@ -111,7 +118,7 @@ def _quiesce(self: Worker) -> None:
     with self._cond:
         self._barred = True
     self._bar.abort(self._stopped_error("the worker stopped"))
-    bound = max(self._db.gate.timeout_seconds, 1.0)
+    bound = max(self._backend.wait_seconds, 1.0)
     # 2. no timer armed: the scheduler exits (a renewal it is running is
     #    tracked I/O, so it ends within the gate's bound)
     if not self._renewals.stop(bound):

@@ -43,6 +43,7 @@ from jaren_jobs.backends.sqlite import queries as sql
 from jaren_jobs.codec import encode_json
 from jaren_jobs.records import CorruptJson
 from tests.conftest import START, FakeClock, Sequence
+from tests.harness import Harness
 
 JOBS = '"_jaren_jobs"'
 
@@ -524,6 +525,113 @@ def test_settle_done_many_stores_results_byte_identical(
             (job.id,),
         ).fetchone()
         assert stored == (text, text.encode("utf-8"), "done", job.lease_generation, now, None, None)
+
+
+def _reads_of_the_job_row(statements: list[str]) -> list[str]:
+    return [s for s in statements if s.lstrip().startswith("SELECT") and JOBS in s]
+
+
+def _worker_settlement_traced(
+    store: Store,
+    clock: FakeClock,
+    handler: Callable[[Any, Any, Callable[[], None]], Any],
+    **options: Any,
+) -> tuple[Outcome, list[str]]:
+    """Run one attempt of ``handler``; trace from the handler's return to its outcome."""
+    statements: list[str] = []
+    outcomes: list[Outcome] = []
+
+    def traced_return(payload: Any, ctx: Any) -> Any:
+        return handler(payload, ctx, lambda: store.connection.set_trace_callback(statements.append))
+
+    options = {"renew": False, **options}
+    worker = store.jobs.create_worker({"k": traced_return}, on_outcome=outcomes.append, **options)
+    store.jobs.enqueue("k")
+    try:
+        assert worker.run_once() is True
+    finally:
+        store.connection.set_trace_callback(None)
+        worker.stop()
+    assert len(outcomes) == 1
+    return outcomes[0], statements
+
+
+def test_a_refused_worker_settlement_is_decided_from_its_answer_alone(
+    store: Store, clock: FakeClock
+) -> None:
+    # another attempt rescued and completed the job: the worker's completion is
+    # refused (JD2065) and the fence row its write answered decides the outcome;
+    # nothing reads the row a second time
+    def rescued_meanwhile(payload: Any, ctx: Any, trace: Callable[[], None]) -> Any:
+        clock.advance(400)
+        rescue = store.jobs.claim(["k"], owner="rescuer")
+        assert rescue is not None
+        assert store.jobs.complete(rescue.lease, "rescued") is True
+        trace()
+        return "stale"
+
+    outcome, statements = _worker_settlement_traced(store, clock, rescued_meanwhile)
+    assert (outcome.outcome, outcome.phase, outcome.code) == ("lost", "completion", "JD2065")
+    reads = _reads_of_the_job_row(statements)
+    assert len(reads) == 1, statements  # the fence row the missed UPDATE answered with
+    assert reads[0].startswith("SELECT state, lease_token, lease_until")
+
+
+@pytest.mark.parametrize(
+    ("settle", "expected"),
+    [
+        ("complete", ("completed", None)),
+        ("fail", ("failed", "given up")),
+        # through another store: no local abort tells the worker, its own write does
+        ("cancel elsewhere", ("cancelled", "cancelled")),
+    ],
+)
+def test_an_attempt_that_settled_its_own_job_is_decided_from_the_answer_alone(
+    store: Store,
+    backend: Harness,
+    clock: FakeClock,
+    settle: str,
+    expected: tuple[str, str | None],
+) -> None:
+    # the handler settled its job with its own lease: the worker's settlement
+    # is an idempotent repeat, and the fence row it met says how it ended
+    elsewhere = backend.open()
+
+    def settles_itself(payload: Any, ctx: Any, trace: Callable[[], None]) -> Any:
+        if settle == "complete":
+            assert store.jobs.complete(ctx.lease, "by hand") is True
+        elif settle == "fail":
+            assert store.jobs.fail(ctx.lease, "given up", retry=False) is True
+        else:
+            assert elsewhere.jobs.cancel(ctx.job.id, lease=ctx.lease) is True
+        trace()
+        return "ignored"
+
+    outcome, statements = _worker_settlement_traced(store, clock, settles_itself)
+    assert (outcome.outcome, outcome.reason) == expected
+    assert len(_reads_of_the_job_row(statements)) == 1, statements  # the fence row alone
+
+
+def test_a_renewal_that_finds_its_own_settlement_is_decided_from_its_answer_alone(
+    store: Store, clock: FakeClock
+) -> None:
+    # the handler completed its job with its own lease; the next renewal is
+    # refused (JobSettled), and the fence row the renewal met says the attempt
+    # completed: one read of the row, not a second one to ask again
+    def completes_then_waits(payload: Any, ctx: Any, trace: Callable[[], None]) -> Any:
+        assert store.jobs.complete(ctx.lease, "by hand") is True
+        trace()
+        assert ctx.signal.wait(10.0)  # the renewal found the lease gone
+        assert isinstance(ctx.signal.reason, JobSettled)
+        return "ignored"
+
+    outcome, statements = _worker_settlement_traced(
+        store, clock, completes_then_waits, renew=True, lease_seconds=0.3
+    )
+    assert outcome.outcome == "completed"
+    reads = _reads_of_the_job_row(statements)
+    assert len(reads) == 1, statements  # the fence row the missed renewal answered with
+    assert reads[0].startswith("SELECT state, lease_token, lease_until")
 
 
 # ----------------------------------------------------------------- releases

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from jaren_jobs.backends.scopes import TxScope
 from jaren_jobs.errors import JobsError, StorageError, StoreClosed, TransactionAborted
 from jaren_jobs.gate import Gate
 from jaren_jobs.signals import SignalLike
@@ -125,10 +126,12 @@ class Database:
     # first row inside execute.
 
     def one(self, statement: str, params: Params = (), *, doing: str) -> tuple[Any, ...] | None:
-        return self._read(statement, params, doing, _first_row)
+        row: tuple[Any, ...] | None = self._read(statement, params, doing, _FETCH_ONE)
+        return row
 
     def all(self, statement: str, params: Params = (), *, doing: str) -> list[tuple[Any, ...]]:
-        return self._read(statement, params, doing, _all_rows)
+        rows: list[tuple[Any, ...]] = self._read(statement, params, doing, _FETCH_ALL)
+        return rows
 
     def _read(
         self, statement: str, params: Params, doing: str, fetch: Callable[[sqlite3.Cursor], R]
@@ -140,7 +143,9 @@ class Database:
         try:
             cur = self.run(statement, params, doing=doing)
             try:
-                return fetch(cur)
+                answer = fetch(cur)
+                cur.close()  # the statement is done: reset it now, not when collected
+                return answer
             except sqlite3.Error as exc:
                 raise storage_error(exc, doing) from exc
         finally:
@@ -358,15 +363,9 @@ if hasattr(os, "register_at_fork"):  # POSIX; nothing forks elsewhere
     os.register_at_fork(after_in_child=_after_fork)
 
 
-def _first_row(cursor: sqlite3.Cursor) -> tuple[Any, ...] | None:
-    row: tuple[Any, ...] | None = cursor.fetchone()
-    cursor.close()
-    return row
-
-
-def _all_rows(cursor: sqlite3.Cursor) -> list[tuple[Any, ...]]:
-    rows: list[tuple[Any, ...]] = cursor.fetchall()
-    return rows
+# the cursor's own methods, called directly: a read is the hottest call there is
+_FETCH_ONE: Callable[[sqlite3.Cursor], Any] = sqlite3.Cursor.fetchone
+_FETCH_ALL: Callable[[sqlite3.Cursor], Any] = sqlite3.Cursor.fetchall
 
 
 def _max_variables(connection: sqlite3.Connection) -> int:
@@ -416,6 +415,8 @@ class Scope(Protocol):
 class RootScope:
     """``store.jobs``: the gate per call, each write in its own immediate transaction."""
 
+    root = True
+
     def __init__(self, db: Database) -> None:
         self.db = db
 
@@ -449,47 +450,6 @@ class RootScope:
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         callback()
-
-
-class TxScope:
-    """``tx.jobs``: inside the application's open transaction, writes under savepoints."""
-
-    def __init__(self, db: Database, transaction: Any) -> None:
-        self.db = db
-        self._transaction = transaction
-
-    def _check(self, what: str) -> None:
-        self.db.check_open(what)
-        self._transaction.check_active(what)
-
-    def _explained(self, error: StorageError) -> StorageError | None:
-        """``error`` retold if it ended the transaction (None: re-raise it as it is)."""
-        explained: StorageError = self._transaction.explain(error)
-        return None if explained is error else explained
-
-    def write(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
-        self._check(what)
-        try:
-            return self.db.savepoint(fn, doing=what)
-        except StorageError as exc:
-            if (explained := self._explained(exc)) is None:
-                raise
-            raise explained from exc.__cause__
-
-    def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
-        self._check(what)
-        try:
-            return fn()
-        except StorageError as exc:
-            if (explained := self._explained(exc)) is None:
-                raise
-            raise explained from exc.__cause__
-
-    def read_consistent(self, fn: Callable[[], T], what: str) -> T:
-        return self.read(fn, what)
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        self._transaction.after_commit(callback)
 
 
 Connection = sqlite3.Connection

@@ -22,23 +22,19 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from jaren_jobs.codec import check_text
+from jaren_jobs.backend import Scope
+from jaren_jobs.core.commands import check_page_filters
 from jaren_jobs.cursor import Admit, Cursor
-from jaren_jobs.records import STATES, Job
+from jaren_jobs.records import Job
 from jaren_jobs.rows import job_from_row
 from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike, check_deadline_arg, check_signal_arg
 
 from . import queries as sql
-from .connection import Database, RootScope, TxScope
+from .connection import Database
 from .errors import translating
 
 __all__ = ["page_jobs"]
-
-
-class _FilterTypeError(TypeError, ValueError):
-    """A page filter of the wrong type: an argument mistake (TypeError) and a bad filter
-    (ValueError, as the contract names every bad filter)."""
 
 
 class _KeysetRows:
@@ -83,44 +79,9 @@ class _KeysetRows:
         self._db.close_cursor(self._cursor)
 
 
-def _check_filters(
-    state: object, kind: object, after: object, limit: object, what: str
-) -> tuple[str | None, str | None, str, int]:
-    if state is not None:
-        if not isinstance(state, str):
-            raise _FilterTypeError(
-                f"{what}: state must be one of {list(STATES)} or None, got {type(state).__name__}"
-            )
-        if state not in STATES:
-            raise ValueError(f"{what}: state must be one of {list(STATES)}, got {state!r}")
-        state = STATES[STATES.index(state)]  # the plain str, even for a JobState
-    if kind is not None:
-        if not isinstance(kind, str):
-            raise _FilterTypeError(
-                f"{what}: kind must be a non-empty str or None, got {type(kind).__name__}"
-            )
-        if kind == "":
-            raise ValueError(f"{what}: kind must be a non-empty string (or None for every kind)")
-        check_text(kind, f"{what}: kind")
-    if after is None:
-        after = ""  # ids are non-empty, so every id sorts after ""
-    elif not isinstance(after, str):
-        raise _FilterTypeError(
-            f"{what}: after must be the str id to continue past, or None; "
-            f"got {type(after).__name__}"
-        )
-    else:
-        check_text(after, f"{what}: after")
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise _FilterTypeError(f"{what}: limit must be a positive int, got {type(limit).__name__}")
-    if limit < 1:
-        raise ValueError(f"{what}: limit must be >= 1, got {limit}")
-    return state, kind, after, limit
-
-
 def page_jobs(
     db: Database,
-    scope: RootScope | TxScope,
+    scope: Scope,
     runtime: ResolvedRuntime,
     *,
     state: str | None,
@@ -139,7 +100,7 @@ def page_jobs(
     (``CursorAborted`` / ``DeadlinePassed``).
     """
     what = "page()"
-    state_, kind_, after_, limit_ = _check_filters(state, kind, after, limit, what)
+    state_, kind_, after_, limit_ = check_page_filters(state, kind, after, limit, what)
     sig = check_signal_arg(signal, what)
     dl = check_deadline_arg(deadline, what)
     db.check_open(what)
@@ -150,7 +111,7 @@ def page_jobs(
     if kind_ is not None:
         params["kind"] = kind_
 
-    if isinstance(scope, RootScope):
+    if scope.root:
         # the gate per pull, never between pulls
         admit: Admit | None = scope.read
         check = None

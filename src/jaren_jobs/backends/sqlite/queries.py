@@ -150,8 +150,10 @@ GET_SETTLED_BY = f"""SELECT {JOB_COLUMNS} FROM {JOBS}
   WHERE id = :id AND state <> 'leased' AND settled_generation = :generation
     AND claim_key = :claim_key"""
 
+# last_error too: a worker decides its outcome from this answer alone (a row
+# its own attempt failed says why); read only when a fenced write missed
 FENCE_ROW = f"""SELECT state, lease_token, lease_until, lease_generation, settled_generation,
-    claim_key
+    claim_key, last_error
   FROM {JOBS} WHERE id = ?"""
 
 _CLAIM_ORDER = "priority DESC, run_at, created_at, id"

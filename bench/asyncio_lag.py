@@ -1,0 +1,159 @@
+"""``python -m bench.asyncio_lag``: the event loop's lag under the asyncio API, and its rates.
+
+A 1 ms ticker runs on the loop and records how late each tick fires:
+
+1. while an ``AsyncWorker`` drains no-op ``async def`` jobs;
+2. while request-like tasks enqueue at full speed (``await store.jobs.enqueue``).
+
+Beside them, in the same run: the async enqueue rate and the async worker's
+rate, and the sync API's rates for the same work (one at a time from one
+thread; the thread worker draining plain no-op handlers). Prints JSON;
+``--jobs N`` sets the size (default 10,000). Durability FULL, as users run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import tempfile
+import threading
+import time
+from typing import Any
+
+import jaren_jobs
+from jaren_jobs import Outcome
+
+
+def _percentiles(lags: list[float]) -> dict[str, float]:
+    ordered = sorted(lags)
+    if not ordered:
+        return {"p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0, "ticks": 0}
+    return {
+        "p50_ms": round(statistics.median(ordered) * 1000, 3),
+        "p99_ms": round(ordered[max(0, int(len(ordered) * 0.99) - 1)] * 1000, 3),
+        "max_ms": round(ordered[-1] * 1000, 3),
+        "ticks": len(ordered),
+    }
+
+
+async def _ticker(stop: asyncio.Event, lags: list[float]) -> None:
+    period = 0.001
+    while not stop.is_set():
+        due = time.perf_counter() + period
+        await asyncio.sleep(period)
+        lags.append(max(0.0, time.perf_counter() - due))
+
+
+async def _async_figures(path: str, jobs: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    async with jaren_jobs.open_async_store(path) as store:
+        # 2. enqueue at full speed from 8 concurrent "request handlers"
+        stop, lags = asyncio.Event(), []
+        ticker = asyncio.create_task(_ticker(stop, lags))
+        began = time.perf_counter()
+
+        async def handler(share: int, offset: int) -> None:
+            for n in range(share):
+                await store.jobs.enqueue("noop", {"n": offset + n})
+
+        shares = 8
+        await asyncio.gather(*(handler(jobs // shares, k * jobs) for k in range(shares)))
+        elapsed = time.perf_counter() - began
+        stop.set()
+        await ticker
+        out["async enqueue, 8 tasks"] = {
+            "jobs_per_s": round(jobs // shares * shares / elapsed),
+            "loop_lag": _percentiles(lags),
+        }
+
+        # 1. an AsyncWorker draining them
+        done = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        seen = [0]
+        total = jobs // shares * shares
+
+        def counted(_: Outcome) -> None:
+            seen[0] += 1
+            if seen[0] == total:
+                loop.call_soon_threadsafe(done.set)
+
+        async def noop(payload: Any, ctx: Any) -> None:
+            return None
+
+        stop, lags = asyncio.Event(), []
+        ticker = asyncio.create_task(_ticker(stop, lags))
+        worker = store.jobs.create_worker(
+            {"noop": noop}, concurrency=16, poll_seconds=0.05, on_outcome=counted
+        )
+        began = time.perf_counter()
+        async with worker:
+            await done.wait()
+        elapsed = time.perf_counter() - began
+        stop.set()
+        await ticker
+        out["AsyncWorker, concurrency 16, no-op async jobs"] = {
+            "jobs_per_s": round(total / elapsed),
+            "loop_lag": _percentiles(lags),
+        }
+    return out
+
+
+def _sync_figures(path: str, jobs: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with jaren_jobs.open_store(path) as store:
+        began = time.perf_counter()
+        for n in range(jobs):
+            store.jobs.enqueue("noop", {"n": n})
+        rate = round(jobs / (time.perf_counter() - began))
+        out["sync enqueue, one thread"] = {"jobs_per_s": rate}
+        done = threading.Event()
+        seen = [0]
+        lock = threading.Lock()
+
+        def counted(_: Outcome) -> None:
+            with lock:
+                seen[0] += 1
+                if seen[0] == jobs:
+                    done.set()
+
+        worker = store.jobs.create_worker(
+            {"noop": lambda payload, ctx: None},
+            concurrency=16,
+            poll_seconds=0.05,
+            on_outcome=counted,
+        )
+        began = time.perf_counter()
+        worker.start()
+        done.wait(600)
+        elapsed = time.perf_counter() - began
+        worker.stop()
+        out["thread Worker, concurrency 16, no-op jobs"] = {"jobs_per_s": round(jobs / elapsed)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.asyncio_lag")
+    parser.add_argument("--jobs", type=int, default=10_000)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        figures = asyncio.run(_async_figures(os.path.join(folder, "async.db"), args.jobs))
+        figures.update(_sync_figures(os.path.join(folder, "sync.db"), args.jobs))
+    sync_enqueue = figures["sync enqueue, one thread"]["jobs_per_s"]
+    sync_worker = figures["thread Worker, concurrency 16, no-op jobs"]["jobs_per_s"]
+    figures["ratios"] = {
+        "async enqueue / sync enqueue": round(
+            figures["async enqueue, 8 tasks"]["jobs_per_s"] / sync_enqueue, 2
+        ),
+        "AsyncWorker / thread Worker": round(
+            figures["AsyncWorker, concurrency 16, no-op async jobs"]["jobs_per_s"] / sync_worker, 2
+        ),
+    }
+    print(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,545 @@
+"""The asyncio API (SPEC §11): ``open_async_store``, ``AsyncStore`` and its ``jobs``.
+
+Every call is the synchronous engine's, run off the event loop: the engine
+logic exists once, and these are thin awaited shells over it, kept in step by
+a parity test (``tests/unit/test_async_parity.py``).
+
+Where the calls run. The store's root calls run on threads the store owns
+(one for SQLite, whose single connection serves one call at a time anyway;
+a few for a pooled PostgreSQL store). A transaction runs on a *lane* of its
+own — one thread that opens it, runs each of its statements and commits it —
+because a store's transaction belongs to the thread that opened it. So a
+transaction belongs to the task that opened it: another task's transaction
+runs on another lane, and on SQLite waits (on that lane's thread, never on
+the loop) until the first commits. A task cancelled inside
+``store.transaction()`` rolls it back before the cancellation goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
+from contextlib import AbstractContextManager
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+from .arunner import AsyncCheckpointStore, ThreadRunner
+from .aworker import AsyncWorker, create_async_worker
+from .backend import Rows
+from .cursor import Barrier, Cursor, Streaming
+from .records import ClaimedJob, Counts, Job, Lease, NewJob, Outcome, StopOutcome
+from .runtime import Defaults
+from .signals import SignalLike
+from .store import Jobs, Store, Transaction, current_task, open_store
+
+__all__ = [
+    "AsyncCursor",
+    "AsyncJobs",
+    "AsyncStore",
+    "AsyncTransaction",
+    "open_async_store",
+]
+
+T = TypeVar("T")
+Item = TypeVar("Item")
+
+# How many threads serve a pooled (PostgreSQL) store's root calls at once.
+_POOLED_ROOT_THREADS = 4
+# How many transactions may be open at once (each holds a thread, its lane).
+_LANES = 8
+
+
+class AsyncCursor(Generic[Item]):
+    """``page()`` under asyncio: ``async for`` and ``async with`` over a §5 cursor.
+
+    Each pull runs the synchronous cursor's pull off the loop (a root cursor
+    still takes the store's connection per pull, never between pulls).
+    """
+
+    def __init__(self, cursor: Cursor[Item], runner: ThreadRunner) -> None:
+        self._cursor = cursor
+        self._runner = runner
+
+    @property
+    def streaming(self) -> Streaming:
+        return self._cursor.streaming
+
+    @property
+    def barrier(self) -> Barrier | None:
+        return self._cursor.barrier
+
+    @property
+    def settled(self) -> bool:
+        return self._cursor.settled
+
+    def __aiter__(self) -> AsyncCursor[Item]:
+        return self
+
+    async def __anext__(self) -> Item:
+        done = object()
+        item = await self._runner.run(lambda: next(self._cursor, done))
+        if item is done:
+            raise StopAsyncIteration
+        return item  # type: ignore[return-value]
+
+    async def close(self) -> None:
+        await self._runner.run_to_end(self._cursor.close)
+
+    async def __aenter__(self) -> AsyncCursor[Item]:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncJobs:
+    """``store.jobs`` / ``tx.jobs`` under asyncio: every call of SPEC §3 as a coroutine,
+    with the same arguments, results and errors."""
+
+    def __init__(self, jobs: Jobs, runner: ThreadRunner) -> None:
+        self._jobs = jobs
+        self._runner = runner
+
+    def _run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
+        return self._runner.run(functools.partial(fn, *args, **kwargs))
+
+    async def enqueue(
+        self,
+        kind: str,
+        payload: Any = None,
+        *,
+        id: str | None = None,
+        run_at: datetime | None = None,
+        delay_seconds: float | None = None,
+        max_attempts: int | None = None,
+        priority: int = 0,
+    ) -> Job:
+        """Add one job (see ``store.jobs.enqueue``)."""
+        return await self._run(
+            self._jobs.enqueue,
+            kind,
+            payload,
+            id=id,
+            run_at=run_at,
+            delay_seconds=delay_seconds,
+            max_attempts=max_attempts,
+            priority=priority,
+        )
+
+    async def enqueue_many(self, jobs: Iterable[NewJob]) -> list[Job]:
+        return await self._run(self._jobs.enqueue_many, jobs)
+
+    async def get(self, id: str) -> Job | None:
+        return await self._run(self._jobs.get, id)
+
+    async def counts(self) -> Counts:
+        return await self._run(self._jobs.counts)
+
+    async def claim(
+        self, kinds: Iterable[str], *, owner: str, lease_seconds: float | None = None
+    ) -> ClaimedJob | None:
+        return await self._run(self._jobs.claim, kinds, owner=owner, lease_seconds=lease_seconds)
+
+    async def claim_many(
+        self,
+        kinds: Iterable[str],
+        *,
+        owner: str,
+        limit: int,
+        lease_seconds: float | None = None,
+    ) -> list[ClaimedJob]:
+        return await self._run(
+            self._jobs.claim_many, kinds, owner=owner, limit=limit, lease_seconds=lease_seconds
+        )
+
+    async def renew(self, lease: Lease, *, lease_seconds: float | None = None) -> Lease:
+        return await self._run(self._jobs.renew, lease, lease_seconds=lease_seconds)
+
+    async def complete(self, lease: Lease, result: Any = None) -> bool:
+        return await self._run(self._jobs.complete, lease, result)
+
+    async def fail(
+        self,
+        lease: Lease,
+        error: Any,
+        *,
+        retry: bool = True,
+        backoff_base_seconds: float | None = None,
+        backoff_cap_seconds: float | None = None,
+    ) -> bool:
+        return await self._run(
+            self._jobs.fail,
+            lease,
+            error,
+            retry=retry,
+            backoff_base_seconds=backoff_base_seconds,
+            backoff_cap_seconds=backoff_cap_seconds,
+        )
+
+    async def cancel(
+        self,
+        id: str,
+        *,
+        lease: Lease | None = None,
+        signal: SignalLike | None = None,
+        deadline: datetime | None = None,
+    ) -> bool:
+        return await self._run(self._jobs.cancel, id, lease=lease, signal=signal, deadline=deadline)
+
+    async def requeue(
+        self,
+        id: str,
+        *,
+        signal: SignalLike | None = None,
+        deadline: datetime | None = None,
+        drop_checkpoints: bool = False,
+    ) -> bool:
+        return await self._run(
+            self._jobs.requeue,
+            id,
+            drop_checkpoints=drop_checkpoints,
+            signal=signal,
+            deadline=deadline,
+        )
+
+    async def sweep(
+        self,
+        *,
+        settled_before: datetime,
+        limit: int | None = None,
+        signal: SignalLike | None = None,
+        deadline: datetime | None = None,
+    ) -> int:
+        return await self._run(
+            self._jobs.sweep,
+            settled_before=settled_before,
+            limit=limit,
+            signal=signal,
+            deadline=deadline,
+        )
+
+    def page(
+        self,
+        *,
+        state: str | None = None,
+        kind: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+        signal: SignalLike | None = None,
+        deadline: datetime | None = None,
+    ) -> AsyncCursor[Job]:
+        """A keyset cursor by id (SPEC §5), pulled with ``async for``.
+
+        Nothing is read until the first pull; bad filters raise at once.
+        """
+        cursor = self._jobs.page(
+            state=state, kind=kind, after=after, limit=limit, signal=signal, deadline=deadline
+        )
+        return AsyncCursor(cursor, self._runner)
+
+    def checkpoints_for(self, claimed: ClaimedJob) -> AsyncCheckpointStore:
+        return AsyncCheckpointStore(self._jobs.checkpoints_for(claimed), self._runner)
+
+    def create_worker(
+        self,
+        handlers: Mapping[str, Any],
+        *,
+        concurrency: int = 1,
+        poll_seconds: float | None = None,
+        lease_seconds: float | None = None,
+        owner: str | None = None,
+        renew: bool = True,
+        on_outcome: Callable[[Outcome], Any] | None = None,
+        backoff_base_seconds: float | None = None,
+        backoff_cap_seconds: float | None = None,
+        stop_grace_seconds: float | None = None,
+        on_renewal: Callable[[Lease], Any] | None = None,
+        on_idle: Callable[[], Any] | None = None,
+    ) -> AsyncWorker:
+        """An :class:`~jaren_jobs.AsyncWorker` for ``handlers``, not started (SPEC §11):
+        ``async def`` handlers are awaited on the calling loop, plain ones run on threads.
+        Called from a coroutine (the loop its handlers will run on)."""
+        return create_async_worker(
+            self._jobs,
+            self._runner,
+            handlers,
+            concurrency=concurrency,
+            poll_seconds=poll_seconds,
+            lease_seconds=lease_seconds,
+            owner=owner,
+            renew=renew,
+            on_outcome=on_outcome,
+            backoff_base_seconds=backoff_base_seconds,
+            backoff_cap_seconds=backoff_cap_seconds,
+            stop_grace_seconds=stop_grace_seconds,
+            on_renewal=on_renewal,
+            on_idle=on_idle,
+        )
+
+
+class AsyncTransaction:
+    """An open ``async with store.transaction()``: the application's SQL and ``tx.jobs``.
+
+    Every call runs on the transaction's own lane (the thread that opened it).
+    """
+
+    def __init__(self, transaction: Transaction, lane: ThreadRunner) -> None:
+        self._transaction = transaction
+        self._lane = lane
+        self.jobs = AsyncJobs(transaction.jobs, lane)
+        self.depth = transaction.depth
+
+    async def execute(self, statement: str, parameters: Any = ()) -> Rows:
+        """The application's own SQL, as its driver takes it (``?`` on SQLite, ``%s`` on
+        psycopg); the rows are read on the lane too (``await rows``-free: they are fetched)."""
+        return await self._lane.run(
+            lambda: _Fetched(self._transaction.execute(statement, parameters))
+        )
+
+    async def executemany(self, statement: str, seq_of_parameters: Iterable[Any]) -> Rows:
+        return await self._lane.run(
+            lambda: _Fetched(self._transaction.executemany(statement, seq_of_parameters))
+        )
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the outermost transaction has committed (never on rollback)."""
+        self._transaction.after_commit(callback)
+
+
+class _Fetched(Rows):
+    """A result read whole on the lane, so the loop never waits on the driver for a row."""
+
+    def __init__(self, rows: Rows) -> None:
+        self._rowcount = rows.rowcount
+        self._lastrowid = rows.lastrowid
+        self._description = rows.description
+        self._rows = rows.fetchall() if rows.description is not None else []
+        self._at = 0
+
+    def fetchone(self) -> Any:
+        if self._at >= len(self._rows):
+            return None
+        self._at += 1
+        return self._rows[self._at - 1]
+
+    def fetchall(self) -> list[Any]:
+        rest, self._at = self._rows[self._at :], len(self._rows)
+        return rest
+
+    def fetchmany(self, size: int = 1) -> list[Any]:
+        part = self._rows[self._at : self._at + size]
+        self._at += len(part)
+        return part
+
+    @property
+    def rowcount(self) -> int:
+        return self._rowcount
+
+    @property
+    def lastrowid(self) -> int | None:
+        return self._lastrowid
+
+    @property
+    def description(self) -> Any:
+        return self._description
+
+
+class _TransactionBlock:
+    """What ``AsyncStore.transaction()`` returns: ``async with`` it (on one task)."""
+
+    def __init__(self, store: AsyncStore) -> None:
+        self._store = store
+        self._lane: ThreadRunner | None = None
+        self._block: AbstractContextManager[Transaction] | None = None
+        self._owned_lane = False
+
+    async def __aenter__(self) -> AsyncTransaction:
+        store = self._store
+        task = current_task()
+        held = store._lanes_by_task.get(task)
+        if held is not None:
+            # nested in the same task: a savepoint on the lane that holds the transaction
+            lane = held
+        else:
+            lane = await store._take_lane()
+            self._owned_lane = True
+            store._lanes_by_task[task] = lane
+        self._lane = lane
+        block = store._store.transaction()
+        entered = asyncio.wrap_future(lane.submit(block.__enter__))
+        cancelled: asyncio.CancelledError | None = None
+        while True:
+            try:
+                tx = await asyncio.shield(entered)
+                break
+            except asyncio.CancelledError as exc:
+                if entered.done() and not entered.cancelled() and entered.exception() is None:
+                    tx, cancelled = entered.result(), exc
+                    break
+                if entered.done():
+                    self._give_back()
+                    raise
+                cancelled = exc  # wait for BEGIN to finish, then roll it back
+            except BaseException:
+                self._give_back()
+                raise
+        if cancelled is not None:
+            # cancelled while it opened: the transaction it opened ends rolled back
+            failure = cancelled
+            try:
+                await lane.run_to_end(lambda: block.__exit__(type(failure), failure, None))
+            finally:
+                self._give_back()
+            raise cancelled
+        self._block = block
+        return AsyncTransaction(tx, lane)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        assert self._lane is not None
+        assert self._block is not None
+        block = self._block
+        try:
+            # a cancelled task's rollback (CancelledError is a BaseException) runs to its end
+            return bool(await self._lane.run_to_end(lambda: block.__exit__(exc_type, exc, tb)))
+        finally:
+            self._give_back()
+
+    def _give_back(self) -> None:
+        if self._owned_lane:
+            store = self._store
+            store._lanes_by_task.pop(current_task(), None)
+            assert self._lane is not None
+            store._return_lane(self._lane)
+            self._owned_lane = False
+
+
+class AsyncStore:
+    """An open job store under asyncio. Use :func:`open_async_store`."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        threads = 1 if store.backend == "sqlite" else _POOLED_ROOT_THREADS
+        self._root = ThreadRunner("jaren_jobs-async", threads)
+        self.jobs = AsyncJobs(store.jobs, self._root)
+        self._lanes_lock = threading.Lock()
+        self._lane_slots = asyncio.Semaphore(_LANES)
+        self._idle_lanes: list[ThreadRunner] = []
+        self._lanes_by_task: dict[asyncio.Task[Any] | None, ThreadRunner] = {}
+
+    @property
+    def store(self) -> Store:
+        """The synchronous store underneath (its workers, its connection)."""
+        return self._store
+
+    @property
+    def backend(self) -> str:
+        return self._store.backend
+
+    @property
+    def path(self) -> str | None:
+        return self._store.path
+
+    @property
+    def readonly(self) -> bool:
+        return self._store.readonly
+
+    @property
+    def durability(self) -> str:
+        return self._store.durability
+
+    @property
+    def closed(self) -> bool:
+        return self._store.closed
+
+    @property
+    def runtime(self) -> Any:
+        return self._store.runtime
+
+    @property
+    def defaults(self) -> Defaults:
+        return self._store.defaults
+
+    def transaction(self) -> _TransactionBlock:
+        """``async with store.transaction() as tx``: one transaction of the database,
+        belonging to this task; rolled back on an exception or a cancellation. Nested
+        in the same task it is a savepoint."""
+        return _TransactionBlock(self)
+
+    async def _take_lane(self) -> ThreadRunner:
+        # a bounded number of transactions at once, each on its own thread; the rest wait
+        # here, on the loop (SQLite runs one at a time anyway, behind its gate)
+        await self._lane_slots.acquire()
+        with self._lanes_lock:
+            if self._idle_lanes:
+                return self._idle_lanes.pop()
+        return ThreadRunner("jaren_jobs-async-tx", 1)
+
+    def _return_lane(self, lane: ThreadRunner) -> None:
+        with self._lanes_lock:
+            self._idle_lanes.append(lane)
+        self._lane_slots.release()
+
+    async def close(self, *, grace_seconds: float | None = None) -> list[StopOutcome]:
+        """Stop the store's workers (bounded), then close it (see ``Store.close``)."""
+        try:
+            return await self._root.run_to_end(
+                lambda: self._store.close(grace_seconds=grace_seconds)
+            )
+        finally:
+            self._root.shutdown()
+            with self._lanes_lock:
+                lanes, self._idle_lanes = self._idle_lanes, []
+            for lane in lanes:
+                lane.shutdown()
+
+    async def __aenter__(self) -> AsyncStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<jaren_jobs.AsyncStore {self._store.path or '(connection)'} {state}>"
+
+
+class _Opening:
+    """What :func:`open_async_store` returns: await it, or ``async with`` it."""
+
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._args = args
+        self._kwargs = kwargs
+        self._store: AsyncStore | None = None
+
+    async def _open(self) -> AsyncStore:
+        # opening creates or upgrades the tables: off the loop, like every call
+        store = await asyncio.to_thread(open_store, *self._args, **self._kwargs)
+        return AsyncStore(store)
+
+    def __await__(self) -> Generator[Any, None, AsyncStore]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> AsyncStore:
+        self._store = await self._open()
+        return self._store
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._store is not None:
+            await self._store.close()
+
+
+def open_async_store(*args: Any, **kwargs: Any) -> _Opening:
+    """Open a job store for asyncio: ``open_store``'s arguments (SPEC §11).
+
+    ``store = await open_async_store("app.db")`` or
+    ``async with open_async_store("app.db") as store: ...``.
+    """
+    return _Opening(args, kwargs)

@@ -1,0 +1,280 @@
+"""``AsyncWorker`` (SPEC §11): §7's worker, with ``async def`` handlers awaited on the loop.
+
+The worker's machinery — claims, batching and group commit, renewals,
+exactly one outcome per attempt, bounded drain, quiescence — is the thread
+worker's, shared rather than copied. What changes is where a handler runs:
+
+* an ``async def`` handler runs as a task on the event loop that created the
+  worker; the worker's thread that claimed the job waits for that task (off
+  the loop), then settles with what it returned or raised;
+* a plain handler runs on the worker's thread, as in §7, never on the loop.
+
+The handler's task is cancelled when its job is cancelled or its lease is
+lost (its ``ctx.signal`` aborts with that reason), and when ``stop()``'s grace
+period ends with it still running — not when ``stop()`` begins: a stop asks
+handlers to wind up (``ctx.signal``) and gives them the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Coroutine, Mapping
+from types import TracebackType
+from typing import Any
+
+from .arunner import AsyncCheckpointStore, ThreadRunner
+from .records import ClaimedJob, Lease, Outcome, StopOutcome, WorkerStats
+from .signals import Signal
+from .store import Jobs
+from .worker import JobContext, Worker, WorkerStopped, is_async
+
+__all__ = ["AsyncJobContext", "AsyncWorker", "HandlerCancelled"]
+
+
+class HandlerCancelled(Exception):
+    """An ``async def`` handler's task was cancelled (its job cancelled, its lease lost,
+    or stop's grace period over): what the attempt records as the handler's error."""
+
+
+def _why(reason: object) -> str:
+    if reason is None:
+        return "stop()'s grace period ended"
+    return str(reason)
+
+
+class AsyncJobContext:
+    """What an ``async def`` handler gets besides the payload (``handler(payload, ctx)``).
+
+    As §7's context: ``job``, ``lease`` (follows renewals), ``signal``, ``owner``;
+    ``checkpoints`` is the attempt's checkpoint store, awaited
+    (:class:`~jaren_jobs.AsyncCheckpointStore`).
+    """
+
+    __slots__ = ("_checkpoints", "_context", "_runner")
+
+    def __init__(self, context: JobContext, runner: ThreadRunner) -> None:
+        self._context = context
+        self._runner = runner
+        self._checkpoints: AsyncCheckpointStore | None = None
+
+    @property
+    def job(self) -> ClaimedJob:
+        return self._context.job
+
+    @property
+    def lease(self) -> Lease:
+        return self._context.lease
+
+    @property
+    def signal(self) -> Signal:
+        return self._context.signal
+
+    @property
+    def owner(self) -> str:
+        return self._context.owner
+
+    @property
+    def checkpoints(self) -> AsyncCheckpointStore:
+        if self._checkpoints is None:
+            self._checkpoints = AsyncCheckpointStore(self._context.checkpoints, self._runner)
+        return self._checkpoints
+
+    def __repr__(self) -> str:
+        return f"<AsyncJobContext job={self.job.id!r} attempt={self.job.lease.attempt}>"
+
+
+def _wrap(worker: AsyncWorker, kind: str, handler: Any) -> Any:
+    """What the thread worker calls for ``handler``: itself if plain, else a waiter."""
+    if not is_async(handler):
+        return handler
+    target = handler
+    while isinstance(target, functools.partial):
+        target = target.func
+    call = target if inspect.isroutine(target) else type(target).__call__
+    if inspect.isasyncgenfunction(call):
+        raise TypeError(
+            f"create_worker(): the handler for kind {kind!r} is an async generator; a "
+            "handler returns its result (async def handler(payload, ctx): ... return value)"
+        )
+    return _OnLoop(worker, handler)
+
+
+class _OnLoop:
+    """A plain handler (what the thread worker calls) that runs a coroutine handler on
+    the loop and waits for it from the worker's thread."""
+
+    def __init__(self, worker: AsyncWorker, handler: Callable[..., Coroutine[Any, Any, Any]]):
+        self._worker = worker
+        self._handler = handler
+
+    def __call__(self, payload: Any, ctx: JobContext) -> Any:
+        worker = self._worker
+        actx = AsyncJobContext(ctx, worker._runner)
+        running = asyncio.run_coroutine_threadsafe(self._handler(payload, actx), worker._loop)
+        with worker._lock:
+            worker._running.add(running)
+
+        def on_abort() -> None:
+            # a stop only asks (the grace period); a cancel or a lost lease ends the task now
+            if not isinstance(ctx.signal.reason, WorkerStopped):
+                running.cancel()
+
+        unsubscribe = ctx.signal.add_callback(on_abort)
+        try:
+            return running.result()
+        except concurrent.futures.CancelledError as exc:
+            # an Exception, not asyncio's BaseException: the attempt ends as any handler
+            # error does (its outcome says cancelled or lost, from the signal's reason)
+            raise HandlerCancelled(
+                f"the handler's task for job {ctx.job.id!r} was cancelled: "
+                f"{_why(ctx.signal.reason)}"
+            ) from exc
+        finally:
+            unsubscribe()
+            with worker._lock:
+                worker._running.discard(running)
+
+
+class AsyncWorker:
+    """A worker for an :class:`~jaren_jobs.AsyncStore` (SPEC §11): ``await worker.start()``,
+    ``await worker.stop()``, ``await worker.run_once()``, ``async with worker``."""
+
+    def __init__(
+        self,
+        jobs: Jobs,
+        runner: ThreadRunner,
+        handlers: Mapping[str, Callable[..., Any]],
+        options: dict[str, Any],
+    ) -> None:
+        if not isinstance(handlers, Mapping):
+            raise TypeError(
+                f"create_worker() needs a mapping of kinds to handlers, got "
+                f"{type(handlers).__name__}"
+            )
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                "create_worker() of an AsyncStore is called from a coroutine: its async "
+                "handlers run on that event loop"
+            ) from None
+        self._runner = runner
+        self._lock = threading.Lock()
+        self._running: set[concurrent.futures.Future[Any]] = set()
+        wrapped = {kind: _wrap(self, kind, handler) for kind, handler in handlers.items()}
+        self._worker: Worker = jobs.create_worker(wrapped, **options)
+
+    # ------------------------------------------------------------ what §7 reads
+
+    @property
+    def worker(self) -> Worker:
+        """The thread worker underneath (its claims, renewals and settlements)."""
+        return self._worker
+
+    @property
+    def owner(self) -> str:
+        return self._worker.owner
+
+    @property
+    def name(self) -> str:
+        return self._worker.name
+
+    @property
+    def kinds(self) -> list[str]:
+        return self._worker.kinds
+
+    @property
+    def running(self) -> bool:
+        return self._worker.running
+
+    @property
+    def interrupted(self) -> BaseException | None:
+        """What halted the worker from inside (a BaseException from an observer), or None."""
+        return self._worker.interrupted
+
+    def stats(self) -> WorkerStats:
+        return self._worker.stats()
+
+    def leases(self) -> list[Lease]:
+        return self._worker.leases()
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> AsyncWorker:
+        """Start the worker's loops (idempotent)."""
+        await self._runner.run(self._worker.start)
+        return self
+
+    async def run_once(self) -> bool:
+        """Claim and run at most one job (its handler awaited on this loop); True if one ran."""
+        return await asyncio.to_thread(self._worker.run_once)
+
+    async def stop(self, grace_seconds: float | None = None) -> StopOutcome:
+        """Stop: handlers get the grace period to wind up (``ctx.signal``); the tasks of
+        those still running then are cancelled. Quiescent when it returns (§7)."""
+        stopping = asyncio.ensure_future(asyncio.to_thread(self._worker.stop, grace_seconds))
+        try:
+            outcome = await asyncio.shield(stopping)
+        except asyncio.CancelledError:
+            await asyncio.wait({stopping})  # never leave a stop half done
+            raise
+        finally:
+            self._cancel_running()
+        return outcome
+
+    def _cancel_running(self) -> None:
+        with self._lock:
+            running, self._running = list(self._running), set()
+        for future in running:
+            future.cancel()
+
+    async def __aenter__(self) -> AsyncWorker:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def __repr__(self) -> str:
+        return f"<jaren_jobs.AsyncWorker {self.owner!r} running={self.running}>"
+
+
+def create_async_worker(
+    jobs: Jobs,
+    runner: ThreadRunner,
+    handlers: Mapping[str, Callable[..., Any]],
+    *,
+    concurrency: int = 1,
+    poll_seconds: float | None = None,
+    lease_seconds: float | None = None,
+    owner: str | None = None,
+    renew: bool = True,
+    on_outcome: Callable[[Outcome], Any] | None = None,
+    backoff_base_seconds: float | None = None,
+    backoff_cap_seconds: float | None = None,
+    stop_grace_seconds: float | None = None,
+    on_renewal: Callable[[Lease], Any] | None = None,
+    on_idle: Callable[[], Any] | None = None,
+) -> AsyncWorker:
+    options = {
+        "concurrency": concurrency,
+        "poll_seconds": poll_seconds,
+        "lease_seconds": lease_seconds,
+        "owner": owner,
+        "renew": renew,
+        "on_outcome": on_outcome,
+        "backoff_base_seconds": backoff_base_seconds,
+        "backoff_cap_seconds": backoff_cap_seconds,
+        "stop_grace_seconds": stop_grace_seconds,
+        "on_renewal": on_renewal,
+        "on_idle": on_idle,
+    }
+    return AsyncWorker(jobs, runner, handlers, options)

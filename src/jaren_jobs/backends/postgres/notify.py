@@ -1,0 +1,100 @@
+"""Cross-process wake-ups: ``LISTEN`` on a connection of its own, re-established when it drops.
+
+An enqueue's ``NOTIFY`` is delivered when its transaction commits; the
+listener thread then wakes this process's idle workers. Polling stays the
+fallback: a notification lost while the listener reconnects costs at most
+one poll interval, and every reconnection wakes the workers once, in case
+one was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+
+import psycopg
+
+from .connection import CONNECT_TIMEOUT_SECONDS, KEEPALIVES
+
+__all__ = ["Listener"]
+
+_log = logging.getLogger("jaren_jobs")
+
+# how long one wait for notifications lasts: the bound on noticing a stop
+_WAIT_SECONDS = 1.0
+# the pause between reconnection attempts while the server is away
+_RETRY_SECONDS = 0.5
+
+
+class Listener:
+    """One thread per store: ``LISTEN channel``, and ``wake()`` on every notification."""
+
+    def __init__(self, conninfo: str, quoted_channel: str) -> None:
+        self._conninfo = conninfo
+        self._channel = quoted_channel
+        self._wakers: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+        self.connected = threading.Event()  # set while LISTEN is in force (tests wait on it)
+        self.reconnections = 0
+
+    def start(self, wake: Callable[[], None]) -> None:
+        with self._lock:
+            if wake not in self._wakers:
+                self._wakers.append(wake)
+            if self._thread is not None or self._stopping.is_set():
+                return
+            self._thread = threading.Thread(target=self._run, name="jaren_jobs-listen", daemon=True)
+            self._thread.start()
+
+    def _wake(self) -> None:
+        with self._lock:
+            wakers = list(self._wakers)
+        for wake in wakers:
+            try:
+                wake()
+            except Exception:  # a waker never stops the listener
+                _log.exception("jaren_jobs: a wake-up callback raised")
+
+    def _listen(self) -> psycopg.Connection[tuple[object, ...]]:
+        conn = psycopg.connect(
+            self._conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS, **KEEPALIVES
+        )
+        conn.execute(f"LISTEN {self._channel}")
+        return conn
+
+    def _run(self) -> None:
+        first = True
+        while not self._stopping.is_set():
+            try:
+                conn = self._listen()
+            except psycopg.Error:
+                self._stopping.wait(_RETRY_SECONDS)
+                continue
+            self._conn = conn
+            self.connected.set()
+            if not first:
+                self.reconnections += 1
+                self._wake()  # what was sent while we were away is claimable now
+            first = False
+            try:
+                while not self._stopping.is_set():
+                    for _ in conn.notifies(timeout=_WAIT_SECONDS):
+                        self._wake()  # at once: a worker idles until it is woken or polls
+            except psycopg.Error:
+                pass  # dropped: reconnect
+            finally:
+                self.connected.clear()
+                self._conn = None
+                with contextlib.suppress(psycopg.Error):
+                    conn.close()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_WAIT_SECONDS * 3)

@@ -1,0 +1,243 @@
+"""Every SQL statement jaren_jobs runs on PostgreSQL, named, in one place.
+
+Tables are unqualified: they live in the first schema of the connection's
+``search_path``. User input is always a bound parameter (psycopg's
+``%(name)s``), never text; the few statements whose text depends on a
+*count* (how many kinds a claim names) are built here from that count alone.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+JOBS = '"_jaren_jobs"'
+CHECKPOINTS = '"_jaren_job_checkpoints"'
+META = '"_jaren_meta"'
+
+# same order as the SQLite backend's: the row mappers index by position
+JOB_COLUMNS = (
+    "id, kind, payload, state, priority, attempts, max_attempts, run_at, "
+    "lease_until, lease_owner, lease_generation, last_error, result, created_at, "
+    "updated_at, lease_token"
+)
+FENCE_COLUMNS = (
+    "state, lease_token, lease_until, lease_generation, settled_generation, claim_key, last_error"
+)
+
+FENCE = "state = 'leased' AND lease_token = %(token)s AND lease_until > %(now)s"
+
+# ----------------------------------------------------------------- schema
+
+CREATE_META = f"""CREATE TABLE IF NOT EXISTS {META} (key text PRIMARY KEY, value text NOT NULL)"""
+READ_SCHEMA_VERSION = f"SELECT value FROM {META} WHERE key = 'schema_version'"
+WRITE_SCHEMA_VERSION = f"""INSERT INTO {META} (key, value) VALUES ('schema_version', %(v)s)
+  ON CONFLICT (key) DO UPDATE SET value = excluded.value"""
+# one lock per schema: processes opening different schemas never wait on each other
+MIGRATION_LOCK = (
+    "SELECT pg_advisory_xact_lock(hashtextextended('jaren_jobs:' || current_schema(), 0))"
+)
+CURRENT_SCHEMA = "SELECT current_schema()"
+TABLE_EXISTS = """SELECT 1 FROM information_schema.tables
+  WHERE table_schema = current_schema() AND table_name = %(name)s"""
+
+# ----------------------------------------------------------------- jobs
+
+ENQUEUE = f"""INSERT INTO {JOBS}
+  (id, kind, payload, state, priority, run_at, attempts, max_attempts,
+   lease_generation, created_at, updated_at)
+  VALUES (%s, %s, %s, 'pending', %s, %s, 0, %s, 0, %s, %s)
+  ON CONFLICT (id) DO NOTHING"""
+
+# a batch in one statement: arrays, one element per job
+ENQUEUE_MANY = f"""INSERT INTO {JOBS}
+  (id, kind, payload, state, priority, run_at, attempts, max_attempts,
+   lease_generation, created_at, updated_at)
+  SELECT i, k, p, 'pending', pr, r, 0, m, 0, %(now)s, %(now)s
+  FROM unnest(%(ids)s::text[], %(kinds)s::text[], %(payloads)s::text[],
+              %(priorities)s::bigint[], %(run_ats)s::bigint[], %(maxes)s::bigint[])
+    AS t(i, k, p, pr, r, m)
+  ON CONFLICT (id) DO NOTHING"""
+
+NOTIFY = "SELECT pg_notify(%(channel)s, '')"
+
+GET_JOB = f"SELECT {JOB_COLUMNS} FROM {JOBS} WHERE id = %s"
+
+GET_SETTLED_BY = f"""SELECT {JOB_COLUMNS} FROM {JOBS}
+  WHERE id = %(id)s AND state <> 'leased' AND settled_generation = %(generation)s
+    AND claim_key = %(claim_key)s"""
+
+FENCE_ROW = f"SELECT {FENCE_COLUMNS} FROM {JOBS} WHERE id = %s"
+
+_CLAIM_ORDER = "priority DESC, run_at, created_at, id"
+_PROBED_KINDS = 32  # up to this many kinds, one index scan per kind
+
+
+@lru_cache(maxsize=64)
+def claim_lock(kind_count: int) -> str:
+    """Lock up to ``%(limit)s`` claimable jobs of ``kind_count`` kinds (``%(k0)s`` …).
+
+    Each branch walks an index in claim order and skips rows another
+    transaction holds (``FOR UPDATE SKIP LOCKED``), so concurrent claimers
+    never wait on each other and never take the same job; the expired-lease
+    branch is the rescue of crashed workers' jobs, folded into every claim.
+    A branch may lock a few rows the final ``LIMIT`` leaves out: they stay
+    untouched and are released at commit.
+    """
+    if kind_count < 1:
+        raise ValueError("a claim names at least one kind")
+    kinds = ", ".join(f"%(k{i})s" for i in range(kind_count))
+    columns = "id, priority, run_at, created_at"
+    if kind_count <= _PROBED_KINDS:
+        ready = [
+            f"""r{i} AS (SELECT {columns} FROM {JOBS}
+      WHERE state IN ('pending', 'failed') AND kind = %(k{i})s AND run_at <= %(now)s
+      ORDER BY {_CLAIM_ORDER} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"""
+            for i in range(kind_count)
+        ]
+    else:
+        ready = [
+            f"""r0 AS (SELECT {columns} FROM {JOBS}
+      WHERE state IN ('pending', 'failed') AND kind IN ({kinds}) AND run_at <= %(now)s
+      ORDER BY {_CLAIM_ORDER} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"""
+        ]
+    rescue = f"""rescue AS (SELECT {columns} FROM {JOBS}
+      WHERE state = 'leased' AND lease_until <= %(now)s AND kind IN ({kinds})
+        AND run_at <= %(now)s
+      ORDER BY {_CLAIM_ORDER} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"""
+    names = [f"r{i}" for i in range(len(ready))] + ["rescue"]
+    union = " UNION ALL ".join(f"SELECT * FROM {name}" for name in names)
+    return f"""WITH {", ".join([*ready, rescue])}
+SELECT id FROM ({union}) AS c ORDER BY {_CLAIM_ORDER} LIMIT %(limit)s"""
+
+
+# Mint the leases of the locked rows: one token (and its claim key) each.
+CLAIM_ROWS = f"""UPDATE {JOBS} AS j SET state = 'leased', lease_owner = %(owner)s,
+    lease_until = %(until)s, lease_generation = j.lease_generation + 1, lease_token = p.token,
+    settled_generation = NULL, claim_key = p.key, attempts = j.attempts + 1,
+    updated_at = %(now)s
+  FROM unnest(%(ids)s::text[], %(tokens)s::text[], %(keys)s::bytea[]) AS p(id, token, key)
+  WHERE j.id = p.id
+  RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}"""
+
+
+def fenced(update: str) -> str:
+    """``update`` (``UPDATE … WHERE id = %(id)s AND FENCE RETURNING …``) plus the job's
+    fence row as the statement found it, in one round trip: ``(written, fence columns…)``."""
+    return f"""WITH target AS (SELECT {FENCE_COLUMNS} FROM {JOBS} WHERE id = %(id)s),
+  written AS ({update} RETURNING 1)
+SELECT (SELECT count(*) FROM written), t.* FROM (SELECT 1) AS one
+  LEFT JOIN target AS t ON true"""
+
+
+RENEW = f"""UPDATE {JOBS} SET lease_until = %(until)s, lease_token = %(new_token)s,
+    updated_at = %(now)s
+  WHERE id = %(id)s AND {FENCE}
+  RETURNING {JOB_COLUMNS}"""
+
+SETTLE_DONE = fenced(
+    f"""UPDATE {JOBS} SET state = 'done', result = %(result)s, lease_until = NULL,
+    lease_token = NULL, settled_generation = lease_generation, updated_at = %(now)s
+  WHERE id = %(id)s AND {FENCE}"""
+)
+
+# many completions in one statement; the ids settled come back
+SETTLE_DONE_MANY = f"""UPDATE {JOBS} AS j SET state = 'done', result = i.result,
+    lease_until = NULL, lease_token = NULL, settled_generation = j.lease_generation,
+    updated_at = %(now)s
+  FROM unnest(%(ids)s::text[], %(tokens)s::text[], %(results)s::text[]) AS i(id, token, result)
+  WHERE j.id = i.id AND j.state = 'leased' AND j.lease_token = i.token
+    AND j.lease_until > %(now)s
+  RETURNING j.id"""
+
+FENCE_ROWS = f"SELECT id, {FENCE_COLUMNS} FROM {JOBS} WHERE id = ANY(%(ids)s::text[])"
+
+READ_ATTEMPTS = f"""SELECT attempts, max_attempts FROM {JOBS}
+  WHERE id = %(id)s AND {FENCE} FOR UPDATE"""
+
+SETTLE_RETRY = f"""UPDATE {JOBS} SET state = 'failed', last_error = %(error)s,
+    run_at = %(run_at)s, lease_until = NULL, lease_token = NULL,
+    settled_generation = lease_generation, updated_at = %(now)s
+  WHERE id = %(id)s AND {FENCE}"""
+
+SETTLE_DEAD = f"""UPDATE {JOBS} SET state = 'dead', last_error = %(error)s, lease_until = NULL,
+    lease_token = NULL, settled_generation = lease_generation, updated_at = %(now)s
+  WHERE id = %(id)s AND {FENCE}"""
+
+RELEASE_LEASES = f"""UPDATE {JOBS} AS j SET state = 'pending', lease_until = NULL,
+    lease_token = NULL, lease_owner = NULL, attempts = j.attempts - 1,
+    settled_generation = NULL, updated_at = %(now)s
+  FROM unnest(%(ids)s::text[], %(tokens)s::text[]) AS h(id, token)
+  WHERE j.id = h.id AND j.state = 'leased' AND j.lease_token = h.token
+    AND j.lease_until > %(now)s"""
+
+CANCEL_QUEUED = f"""UPDATE {JOBS} SET state = 'cancelled', last_error = 'cancelled',
+    lease_until = NULL, lease_token = NULL, updated_at = %(now)s
+  WHERE id = %(id)s AND state IN ('pending', 'failed')"""
+
+CANCEL_LEASED = fenced(
+    f"""UPDATE {JOBS} SET state = 'cancelled', last_error = 'cancelled',
+    lease_until = NULL, lease_token = NULL, settled_generation = lease_generation,
+    updated_at = %(now)s
+  WHERE id = %(id)s AND {FENCE}"""
+)
+
+REQUEUE = f"""UPDATE {JOBS} SET state = 'pending', run_at = %(now)s, lease_until = NULL,
+    lease_token = NULL, lease_owner = NULL, updated_at = %(now)s
+  WHERE id = %(id)s AND (state IN ('failed', 'dead', 'cancelled')
+    OR (state = 'leased' AND lease_until <= %(now)s))"""
+
+_SWEEP_SELECTION = f"""SELECT id FROM {JOBS}
+    WHERE state IN ('done', 'dead', 'cancelled') AND updated_at < %(horizon)s
+    ORDER BY updated_at, id LIMIT %(limit)s"""
+
+SWEEP = f"""WITH gone AS (DELETE FROM {JOBS} WHERE id IN ({_SWEEP_SELECTION}) RETURNING id),
+  cleared AS (DELETE FROM {CHECKPOINTS} WHERE run_id IN (SELECT id FROM gone))
+SELECT count(*) FROM gone"""
+
+COUNT_BY_STATE = f"SELECT state, count(*) FROM {JOBS} GROUP BY state"
+COUNT_PENDING_KINDS = f"""SELECT kind, count(*) FROM {JOBS}
+  WHERE state IN ('pending', 'failed') GROUP BY kind"""
+
+
+@lru_cache(maxsize=8)
+def page_jobs(by_state: bool, by_kind: bool) -> str:
+    """A keyset page by id, filtered by state and/or kind (values are bound)."""
+    where = ["id > %(after)s"]
+    if by_state:
+        where.append("state = %(state)s")
+    if by_kind:
+        where.append("kind = %(kind)s")
+    return f"""SELECT {JOB_COLUMNS} FROM {JOBS} WHERE {" AND ".join(where)}
+  ORDER BY id LIMIT %(limit)s"""
+
+
+# ----------------------------------------------------------------- checkpoints
+
+CHECKPOINT_LOAD = f"""SELECT node_id, value FROM {CHECKPOINTS}
+  WHERE run_id = %(run_id)s AND generation <= %(generation)s"""
+
+CHECKPOINT_FENCE = f"SELECT 1 FROM {JOBS} WHERE id = %(id)s AND {FENCE} FOR SHARE"
+
+CHECKPOINT_SAVE = f"""INSERT INTO {CHECKPOINTS} (run_id, node_id, value, generation)
+  VALUES (%(run_id)s, %(node_id)s, %(value)s, %(generation)s)
+  ON CONFLICT (run_id, node_id) DO UPDATE
+    SET value = excluded.value, generation = excluded.generation"""
+
+CHECKPOINT_PRUNE = f"""DELETE FROM {CHECKPOINTS}
+  WHERE run_id = %(run_id)s AND generation <= %(generation)s"""
+
+CHECKPOINT_DROP_RUN = f"DELETE FROM {CHECKPOINTS} WHERE run_id = %(run_id)s"
+
+# ----------------------------------------------------------------- transactions
+
+
+def savepoint(name: str) -> str:
+    return f'SAVEPOINT "{name}"'
+
+
+def release_savepoint(name: str) -> str:
+    return f'RELEASE SAVEPOINT "{name}"'
+
+
+def rollback_to_savepoint(name: str) -> str:
+    return f'ROLLBACK TO SAVEPOINT "{name}"'

@@ -1,0 +1,89 @@
+"""Creating and upgrading the tables: numbered SQL migrations, forward only, one at a time.
+
+``migrations/NNNN_*.sql`` are applied in order, each in the transaction that
+records it, under a transaction-scoped advisory lock keyed by the schema: many
+processes opening a fresh database at once create it once (the others wait,
+then find it done). The tables live in the first schema of ``search_path``.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from jaren_jobs.errors import SchemaError
+
+from . import queries as sql
+from .connection import PgDatabase
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "ensure_schema", "require_schema"]
+
+
+def _migrations() -> list[tuple[int, str, str]]:
+    folder = resources.files(__package__).joinpath("migrations")
+    found = []
+    for entry in folder.iterdir():
+        name = entry.name
+        if name.endswith(".sql") and name[:4].isdigit():
+            found.append((int(name[:4]), name, entry.read_text(encoding="utf-8")))
+    found.sort()
+    numbers = [number for number, _, _ in found]
+    assert numbers == list(range(1, len(found) + 1)), f"migrations must be numbered 1..n: {numbers}"
+    return found
+
+
+MIGRATIONS = _migrations()
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def _version(db: PgDatabase, doing: str) -> int:
+    if db.one(sql.TABLE_EXISTS, {"name": "_jaren_meta"}, doing=doing) is None:
+        return 0
+    row = db.one(sql.READ_SCHEMA_VERSION, doing=doing)
+    return 0 if row is None else int(row[0])
+
+
+def ensure_schema(db: PgDatabase) -> None:
+    """Apply every migration the database lacks (none: a quick read)."""
+    doing = "creating the tables"
+
+    def check() -> int:
+        return _version(db, doing)
+
+    current = db.transaction(check, doing=doing, read_only=True)
+    if current == SCHEMA_VERSION:
+        return
+    if current > SCHEMA_VERSION:
+        raise SchemaError(
+            f"the tables are at schema {current}, newer than this jaren_jobs knows "
+            f"({SCHEMA_VERSION}); upgrade jaren_jobs",
+            found=current,
+        )
+
+    def migrate() -> None:
+        db.run(sql.MIGRATION_LOCK, doing=doing)
+        db.run(sql.CREATE_META, doing=doing)
+        found = _version(db, doing)  # another process may have done it meanwhile
+        for number, _, text in MIGRATIONS:
+            if number > found:
+                db.run(text, doing=f"{doing} (migration {number})")
+                db.run(sql.WRITE_SCHEMA_VERSION, {"v": str(number)}, doing=doing)
+
+    db.transaction(migrate, doing=doing)
+
+
+def require_schema(db: PgDatabase) -> None:
+    """A read-only store creates nothing: the tables must be there already."""
+    doing = "opening read-only"
+    current = db.transaction(lambda: _version(db, doing), doing=doing, read_only=True)
+    if current == 0:
+        raise SchemaError(
+            "the jaren_jobs tables are missing and a read-only store creates nothing; "
+            "open it once without readonly=True first",
+            readonly=True,
+        )
+    if current > SCHEMA_VERSION:
+        raise SchemaError(
+            f"the tables are at schema {current}, newer than this jaren_jobs knows "
+            f"({SCHEMA_VERSION}); upgrade jaren_jobs",
+            found=current,
+        )

@@ -1,0 +1,466 @@
+"""The PostgreSQL session: which statements run, in what order (see backend.py).
+
+Dialect here: a claim locks its rows with ``FOR UPDATE SKIP LOCKED`` (expired
+leases rescued in the same statement) and mints one token per row; a fenced
+write hands back the job's fence row in the same round trip when it matched
+nothing; an enqueue sends one ``NOTIFY`` with its commit, which wakes idle
+workers in every process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from jaren_jobs.backend import Missed, Scope, SettleAnswer, StoreBackend
+from jaren_jobs.core.commands import ClaimRequest, Failure, PreparedJob
+from jaren_jobs.core.fence import FenceRow, Verdict, classify
+from jaren_jobs.core.policy import failure_transition, retry_at_ms
+from jaren_jobs.core.settle import Completion, SettleBatch
+from jaren_jobs.errors import DuplicateJob
+from jaren_jobs.records import STATES, ClaimedJob, Counts, Job, Lease
+from jaren_jobs.rows import claim_key, claimed_from_row, inserted_job, job_from_row, lease_from_row
+from jaren_jobs.runtime import ResolvedRuntime
+from jaren_jobs.signals import SignalLike
+
+from . import queries as sql
+from .connection import PgDatabase
+
+if TYPE_CHECKING:
+    from jaren_jobs.cursor import Cursor
+
+__all__ = ["PostgresSession"]
+
+T = TypeVar("T")
+
+
+def _fence_row(values: Sequence[Any]) -> FenceRow | None:
+    """``(state, token, until, generation, settled, key, last_error)``, or None (no job)."""
+    if values[0] is None:
+        return None
+    return FenceRow.from_row(tuple(values[:6]), None if values[6] is None else str(values[6]))
+
+
+def _pg_text(text: str) -> str:
+    # PostgreSQL's text cannot hold NUL: kept as its escape, as lone surrogates are
+    return text.replace("\x00", "\\x00") if "\x00" in text else text
+
+
+class PostgresSession:
+    """The engine's statements over one scope of one PostgreSQL store."""
+
+    def __init__(
+        self, db: PgDatabase, scope: Scope, runtime: ResolvedRuntime, channel: str | None
+    ) -> None:
+        self._db = db
+        self._scope = scope
+        self._runtime = runtime
+        self._channel = channel
+
+    @property
+    def db(self) -> PgDatabase:
+        return self._db
+
+    @property
+    def scope(self) -> Scope:
+        return self._scope
+
+    @property
+    def store_backend(self) -> StoreBackend:
+        from .store import PostgresBackend  # noqa: PLC0415 - the store level sits above sessions
+
+        return PostgresBackend(self._db, self._channel)
+
+    def rescoped(self, scope: Scope) -> PostgresSession:
+        return PostgresSession(self._db, scope, self._runtime, self._channel)
+
+    # ------------------------------------------------------------ units of work
+
+    def write(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
+        return self._scope.write(fn, what, signal)
+
+    def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
+        return self._scope.read(fn, what, signal)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        self._scope.after_commit(callback)
+
+    # ------------------------------------------------------------ jobs
+
+    def _notify(self, what: str) -> None:
+        # sent with the transaction's commit (never before it), once per statement
+        if self._channel is not None:
+            self._db.run(sql.NOTIFY, {"channel": self._channel}, doing=what)
+
+    def insert_jobs(
+        self, prepared: Sequence[PreparedJob], *, one_by_one: bool, what: str
+    ) -> list[Job]:
+        def work() -> list[Job]:
+            now = self._runtime.now_ms()
+            if len(prepared) == 1 or one_by_one:
+                jobs = [self._insert(p, now, what) for p in prepared]
+            else:
+                jobs = self._insert_batch(prepared, now, what)
+            self._notify(what)
+            return jobs
+
+        return self._scope.write(work, what)
+
+    def _insert(self, prepared: PreparedJob, now: int, what: str) -> Job:
+        job_id = prepared.id if prepared.id is not None else self._runtime.uuid()
+        run_at = prepared.run_at(now)
+        inserted = self._db.changes(
+            sql.ENQUEUE,
+            (
+                job_id,
+                prepared.kind,
+                prepared.payload,
+                prepared.priority,
+                run_at,
+                prepared.max_attempts,
+                now,
+                now,
+            ),
+            doing=what,
+        )
+        if not inserted:
+            raise DuplicateJob(
+                f"{what}: a job with id {job_id!r} already exists; ids are unique for a "
+                "job's whole life (until it is swept)",
+                job_id=job_id,
+            )
+        return inserted_job(job_id, prepared, run_at, now)
+
+    def _insert_batch(self, prepared: Sequence[PreparedJob], now: int, what: str) -> list[Job]:
+        """One statement for the batch, under a savepoint; a taken id replays it one by
+        one, which raises exactly what one-by-one inserts raise."""
+        minted = iter(self._runtime.uuids(sum(1 for p in prepared if p.id is None)))
+        ids = [next(minted) if p.id is None else p.id for p in prepared]
+        run_ats = [p.run_at(now) for p in prepared]
+        params = {
+            "now": now,
+            "ids": ids,
+            "kinds": [p.kind for p in prepared],
+            "payloads": [p.payload for p in prepared],
+            "priorities": [p.priority for p in prepared],
+            "run_ats": run_ats,
+            "maxes": [p.max_attempts for p in prepared],
+        }
+        skipped = [False]
+
+        def insert() -> None:
+            if self._db.changes(sql.ENQUEUE_MANY, params, doing=what) != len(ids):
+                skipped[0] = True
+                raise _Skipped
+
+        try:
+            self._db.savepoint(insert, doing=what)
+        except _Skipped:
+            replay = zip(ids, prepared, strict=True)
+            return [self._insert(p._replace(id=job_id), now, what) for job_id, p in replay]
+        return [
+            inserted_job(job_id, p, run_at, now)
+            for job_id, p, run_at in zip(ids, prepared, run_ats, strict=True)
+        ]
+
+    def get_job(self, job_id: str, what: str) -> Job | None:
+        row = self._scope.read(lambda: self._db.one(sql.GET_JOB, (job_id,), doing=what), what)
+        return None if row is None else job_from_row(row)
+
+    def settled_by(self, lease: Lease, what: str) -> Job | None:
+        params = {"id": lease.job_id, "generation": lease.generation, "claim_key": lease.claim_key}
+        row = self._scope.read(lambda: self._db.one(sql.GET_SETTLED_BY, params, doing=what), what)
+        return None if row is None else job_from_row(row)
+
+    def count_jobs(self, what: str) -> Counts:
+        def work() -> Counts:
+            by_state = {str(s): int(n) for s, n in self._db.all(sql.COUNT_BY_STATE, doing=what)}
+            kinds = self._db.all(sql.COUNT_PENDING_KINDS, doing=what)
+            known = {s: by_state.get(s, 0) for s in STATES}
+            return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds})
+
+        return self._scope.read_consistent(work, what)
+
+    # ------------------------------------------------------------ claims
+
+    def claim(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
+        return self._scope.write(lambda: self.claim_within(request, limit, what), what)
+
+    def claim_within(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
+        now = self._runtime.now_ms()
+        params: dict[str, Any] = {"now": now, "limit": limit}
+        for index, kind in enumerate(request.kinds):
+            params[f"k{index}"] = kind
+        ids = [
+            row[0] for row in self._db.all(sql.claim_lock(len(request.kinds)), params, doing=what)
+        ]
+        if not ids:
+            return []
+        tokens = self._runtime.uuids(len(ids))
+        keys = [claim_key(token) for token in tokens]
+        rows = self._db.all(
+            sql.CLAIM_ROWS,
+            {
+                "owner": request.owner,
+                "until": now + request.lease_ms,
+                "now": now,
+                "ids": ids,
+                "tokens": tokens,
+                "keys": keys,
+            },
+            doing=what,
+        )
+        place = {job_id: index for index, job_id in enumerate(ids)}
+        rows.sort(key=lambda row: place[row[0]])
+        by_token = dict(zip(tokens, keys, strict=True))
+        return [claimed_from_row(row, by_token[row[15]]) for row in rows]
+
+    # ------------------------------------------------------------ fenced writes
+
+    def _fence_row(self, job_id: str, what: str) -> FenceRow | None:
+        row = self._db.one(sql.FENCE_ROW, (job_id,), doing=what)
+        return None if row is None else _fence_row(row)
+
+    def _fenced(
+        self, statement: str, params: dict[str, Any], lease: Lease, what: str
+    ) -> bool | Missed:
+        row = self._db.one(statement, params, doing=what)
+        assert row is not None
+        if row[0]:
+            return True
+        fence = _fence_row(row[1:])
+        if (
+            fence is not None
+            and fence.state == "leased"
+            and fence.token == lease.token
+            and fence.lease_until is not None
+            and fence.lease_until > params["now"]
+        ):
+            # the row the statement's snapshot saw would have matched: another
+            # transaction changed it meanwhile; read it as it is now
+            fence = self._fence_row(lease.job_id, what)
+        return Missed(fence)
+
+    def renew(self, lease: Lease, lease_ms: int, what: str) -> Lease | Missed:
+        def work() -> Lease | Missed:
+            now = self._runtime.now_ms()
+            params = {
+                "until": now + lease_ms,
+                "new_token": self._runtime.uuid(),
+                "now": now,
+                "id": lease.job_id,
+                "token": lease.token,
+            }
+            row = self._db.one(sql.RENEW, params, doing=what)
+            if row is not None:
+                return lease_from_row(row, lease.claim_key)
+            return Missed(self._fence_row(lease.job_id, what))
+
+        return self._scope.write(work, what)
+
+    def cancel_queued(
+        self, job_id: str, what: str, signal: SignalLike | None
+    ) -> bool | FenceRow | None:
+        def work() -> bool | FenceRow | None:
+            now = self._runtime.now_ms()
+            if self._db.changes(sql.CANCEL_QUEUED, {"id": job_id, "now": now}, doing=what):
+                return True
+            return self._fence_row(job_id, what)
+
+        return self._scope.write(work, what, signal)
+
+    def cancel_leased(self, lease: Lease, what: str, signal: SignalLike | None) -> bool | Missed:
+        def work() -> bool | Missed:
+            now = self._runtime.now_ms()
+            params = {"id": lease.job_id, "token": lease.token, "now": now}
+            return self._fenced(sql.CANCEL_LEASED, params, lease, what)
+
+        return self._scope.write(work, what, signal)
+
+    def requeue(
+        self, job_id: str, *, drop_checkpoints: bool, what: str, signal: SignalLike | None
+    ) -> bool | FenceRow | None:
+        def drop() -> None:
+            if drop_checkpoints:
+                self._db.run(sql.CHECKPOINT_DROP_RUN, {"run_id": job_id}, doing=what)
+
+        def work() -> bool | FenceRow | None:
+            now = self._runtime.now_ms()
+            if self._db.changes(sql.REQUEUE, {"id": job_id, "now": now}, doing=what):
+                drop()
+                self._notify(what)
+                return True
+            row = self._fence_row(job_id, what)
+            if row is not None and row.state == "pending":
+                drop()
+            return row
+
+        return self._scope.write(work, what, signal)
+
+    def sweep(
+        self, horizon_ms: int, limit: int | None, what: str, signal: SignalLike | None
+    ) -> int:
+        params = {"horizon": horizon_ms, "limit": limit}
+
+        def work() -> int:
+            row = self._db.one(sql.SWEEP, params, doing=what)
+            return 0 if row is None else int(row[0])
+
+        return self._scope.write(work, what, signal)
+
+    def page(
+        self,
+        *,
+        state: object,
+        kind: object,
+        after: object,
+        limit: object,
+        signal: SignalLike | None,
+        deadline: datetime | None,
+    ) -> Cursor[Job]:
+        from .pages import page_jobs  # noqa: PLC0415 - the cursor module is only needed here
+
+        return page_jobs(
+            self._db,
+            self._scope,
+            self._runtime,
+            state=state,
+            kind=kind,
+            after=after,
+            limit=limit,
+            signal=signal,
+            deadline=deadline,
+        )
+
+    # ------------------------------------------------------------ settling a batch
+
+    def complete_within(self, lease: Lease, result: str, now: int, what: str) -> bool | Missed:
+        params = {"result": result, "now": now, "id": lease.job_id, "token": lease.token}
+        return self._fenced(sql.SETTLE_DONE, params, lease, what)
+
+    def _complete_many(
+        self, items: Sequence[tuple[int, Completion]], now: int, what: str
+    ) -> dict[int, bool | Missed]:
+        """Distinct jobs' completions in one statement; the missed ones' fence rows in one more."""
+        params = {
+            "now": now,
+            "ids": [c.lease.job_id for _, c in items],
+            "tokens": [c.lease.token for _, c in items],
+            "results": [c.result for _, c in items],
+        }
+        settled = {row[0] for row in self._db.all(sql.SETTLE_DONE_MANY, params, doing=what)}
+        answers: dict[int, bool | Missed] = {}
+        missed = [(index, c) for index, c in items if c.lease.job_id not in settled]
+        rows: dict[str, FenceRow | None] = {}
+        if missed:
+            found = self._db.all(
+                sql.FENCE_ROWS, {"ids": [c.lease.job_id for _, c in missed]}, doing=what
+            )
+            rows = {row[0]: _fence_row(row[1:]) for row in found}
+        for index, c in items:
+            answers[index] = True if c.lease.job_id in settled else Missed(rows.get(c.lease.job_id))
+        return answers
+
+    def fail_within(self, failure: Failure, now: int, what: str) -> bool | Missed:
+        current = failure.lease
+        fenced = {"id": current.job_id, "token": current.token, "now": now}
+        row = self._db.one(sql.READ_ATTEMPTS, fenced, doing=what)
+        if row is None:
+            return Missed(self._fence_row(current.job_id, what))
+        attempts, max_attempts = int(row[0]), int(row[1])
+        error = _pg_text(failure.message)
+        if failure_transition(attempts, max_attempts, retry=failure.retry) == "dead":
+            self._db.run(sql.SETTLE_DEAD, {**fenced, "error": error}, doing=what)
+        else:
+            draw = self._runtime.random()
+            run_at = retry_at_ms(now, attempts, failure.base, failure.cap, draw)
+            self._db.run(sql.SETTLE_RETRY, {**fenced, "error": error, "run_at": run_at}, doing=what)
+        return True
+
+    def release_within(self, leases: Sequence[Lease], now: int, what: str) -> int:
+        held = list(dict.fromkeys((lease.job_id, lease.token) for lease in leases))
+        params = {"now": now, "ids": [h[0] for h in held], "tokens": [h[1] for h in held]}
+        return self._db.changes(sql.RELEASE_LEASES, params, doing=what)
+
+    def settle(self, batch: SettleBatch, what: str) -> SettleAnswer:
+        now_ms = self._runtime.now_ms
+        return self._scope.write(lambda: self.settle_within(batch, now_ms(), what), what)
+
+    def settle_within(self, batch: SettleBatch, now: int, what: str) -> SettleAnswer:
+        items = batch.settlements
+        settled: list[bool | Missed] = [True] * len(items)
+        rest: Sequence[int] = range(len(items))
+        if len(items) > 1:
+            failing = {s.lease.job_id for s in items if not isinstance(s, Completion)}
+            seen: set[str] = set()
+            together: list[tuple[int, Completion]] = []
+            for index, s in enumerate(items):
+                job_id = s.lease.job_id
+                if isinstance(s, Completion) and job_id not in failing and job_id not in seen:
+                    seen.add(job_id)
+                    together.append((index, s))
+            if len(together) >= 2:
+                for index, answer in self._complete_many(together, now, what).items():
+                    settled[index] = answer
+                joined = {index for index, _ in together}
+                rest = [index for index in rest if index not in joined]
+        for index in rest:
+            item = items[index]
+            if isinstance(item, Completion):
+                settled[index] = self.complete_within(item.lease, item.result, now, what)
+            else:
+                settled[index] = self.fail_within(item, now, what)
+        released = self.release_within(batch.releases, now, what) if batch.releases else 0
+        if released:
+            self._notify(what)  # released jobs are claimable again: wake the others
+        claimed = tuple(self.claim_within(request, count, what) for request, count in batch.claims)
+        return SettleAnswer(tuple(settled), released, claimed, now)
+
+    # ------------------------------------------------------------ checkpoints (SPEC §6)
+
+    def load_checkpoints(self, run_id: str, generation: int, what: str) -> list[tuple[str, str]]:
+        params = {"run_id": run_id, "generation": generation}
+        rows = self._scope.read(lambda: self._db.all(sql.CHECKPOINT_LOAD, params, doing=what), what)
+        return [(str(node_id), str(text)) for node_id, text in rows]
+
+    def save_checkpoint(
+        self, lease: Lease, run_id: str, node_id: str, value: str, what: str
+    ) -> bool | Missed:
+        def work() -> bool | Missed:
+            now = self._runtime.now_ms()
+            fenced = {"id": lease.job_id, "token": lease.token, "now": now}
+            if self._db.one(sql.CHECKPOINT_FENCE, fenced, doing=what) is None:
+                return Missed(self._fence_row(lease.job_id, what))
+            params = {
+                "run_id": run_id,
+                "node_id": node_id,
+                "value": value,
+                "generation": lease.generation,
+            }
+            self._db.run(sql.CHECKPOINT_SAVE, params, doing=what)
+            return True
+
+        return self._scope.write(work, what)
+
+    def complete_run(self, lease: Lease, run_id: str, result: str, what: str) -> bool | Missed:
+        def work() -> bool | Missed:
+            now = self._runtime.now_ms()
+            answer = self.complete_within(lease, result, now, what)
+            if not isinstance(answer, Missed) or (
+                answer.row is not None
+                and answer.row.state == "done"
+                and classify(answer.row, lease, now, what) is Verdict.SETTLED_BY_THIS_ATTEMPT
+            ):
+                self._prune(run_id, lease.generation, what)
+            return answer
+
+        return self._scope.write(work, what)
+
+    def _prune(self, run_id: str, generation: int, what: str) -> None:
+        params = {"run_id": run_id, "generation": generation}
+        self._db.run(sql.CHECKPOINT_PRUNE, params, doing=what)
+
+
+class _Skipped(Exception):
+    """A row of a batch insert was skipped: its id was taken."""

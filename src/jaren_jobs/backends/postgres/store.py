@@ -1,0 +1,258 @@
+"""PostgreSQL under a ``Store``: opening, the root session, ``store.transaction()``.
+
+The store-level half of the seam (:class:`~jaren_jobs.backend.StoreBackend`).
+A store opened from a URL owns one connection (replaced when it breaks) and,
+for its workers, a listening connection (``LISTEN``, re-established when it
+drops); a store given the application's ``psycopg.Connection`` joins the
+application's transactions and never closes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import psycopg
+from psycopg import pq
+from psycopg import sql as pgsql
+
+from jaren_jobs.backend import AppParams, JobsSession, Rows, TransactionState
+from jaren_jobs.errors import GateRefused, StorageError
+from jaren_jobs.gate import Gate
+
+from . import queries as sql
+from .connection import PgDatabase, PgRootScope, PgTxScope
+from .errors import storage_error
+from .notify import Listener
+from .schema import ensure_schema, require_schema
+from .session import PostgresSession
+
+__all__ = ["PostgresBackend", "PostgresTransaction", "is_postgres_url", "open_postgres"]
+
+_ENDED = (
+    "PostgreSQL rolled back the whole transaction; nothing in it will be committed: "
+    "leave the with block and retry in a new store.transaction()"
+)
+
+
+def is_postgres_url(target: object) -> bool:
+    text = str(target) if not isinstance(target, bytes) else ""
+    return text.startswith(("postgresql://", "postgres://"))
+
+
+def channel_name(schema: str) -> str:
+    """The NOTIFY channel of a schema's queue (an identifier of at most 63 bytes)."""
+    name = f"jaren_jobs.{schema}"
+    return name if len(name.encode()) <= 63 else f"jaren_jobs.{abs(hash(schema)) % 10**12}"
+
+
+class PostgresBackend:
+    """An open PostgreSQL database, served to the store's threads in turn by its gate."""
+
+    name = "postgres"
+
+    def __init__(self, db: PgDatabase, channel: str | None) -> None:
+        self.db = db
+        self.channel = channel
+
+    @property
+    def closed(self) -> bool:
+        return self.db.closed
+
+    @property
+    def forked(self) -> bool:
+        return self.db.forked
+
+    @property
+    def wait_seconds(self) -> float:
+        return self.db.gate.timeout_seconds
+
+    def check_open(self, what: str) -> None:
+        self.db.check_open(what)
+
+    def root_session(self, runtime: Any, idle_claims: Any) -> JobsSession:
+        return PostgresSession(self.db, PgRootScope(self.db), runtime, self.channel)
+
+    def connection(self) -> psycopg.Connection[Any]:
+        self.db.check_open("store.connection")
+        return self.db.connection
+
+    def in_my_transaction(self) -> bool:
+        return self.db.gate.held_by_me()
+
+    def begin(self, what: str) -> PostgresTransaction:
+        db = self.db
+        db.gate.acquire(what)
+        try:
+            db.begin(doing=what)
+        except BaseException:
+            db.gate.release()
+            raise
+        return PostgresTransaction(db, self.channel)
+
+    def wake_on_commits(self, wake: Callable[[], None]) -> None:
+        """Wake this process's idle workers when any process commits an enqueue."""
+        listener = self.db.listener
+        if listener is not None:
+            listener.start(wake)
+
+    def close(self) -> None:
+        if self.db.gate.held_by_me():
+            raise GateRefused(
+                "close() was called inside this store's transaction; finish it first",
+                reason="reentrant",
+            )
+        if self.db.listener is not None:
+            self.db.listener.stop()
+        gate = self.db.gate
+        gate.close()
+        gate.wait_idle(gate.timeout_seconds)
+        self.db.close()
+
+
+class PostgresTransaction:
+    """One open ``store.transaction()`` on PostgreSQL: the gate is held until :meth:`release`."""
+
+    ended_message = _ENDED
+    aborted_text = (
+        "PostgreSQL rolled back this store.transaction() after a statement inside it "
+        "failed (a failed statement aborts a whole PostgreSQL transaction)"
+    )
+
+    def __init__(self, db: PgDatabase, channel: str | None) -> None:
+        self.db = db
+        self.channel = channel
+
+    def session(self, transaction: TransactionState, runtime: Any, idle_claims: Any) -> JobsSession:
+        return PostgresSession(self.db, PgTxScope(self.db, transaction), runtime, self.channel)
+
+    def execute(
+        self,
+        statement: str,
+        parameters: AppParams | Iterable[AppParams],
+        *,
+        many: bool,
+        what: str,
+        transaction: TransactionState,
+    ) -> Rows:
+        conn = self.db.connection
+        cursor = conn.cursor()
+        try:
+            if many:
+                cursor.executemany(statement, parameters)
+            else:
+                cursor.execute(statement, parameters or None)  # type: ignore[arg-type]
+        except psycopg.Error as exc:
+            raise storage_error(exc, what) from exc
+
+        def translate(exc: BaseException) -> Exception:
+            return transaction.explain(storage_error(exc, what))
+
+        return Rows(_Results(cursor), psycopg.Error, translate)
+
+    def ended_by_database(self) -> bool:
+        db = self.db
+        if db.closed:
+            return False
+        return db.status != pq.TransactionStatus.INTRANS
+
+    def savepoint(self, name: str, what: str) -> None:
+        self.db.run(sql.savepoint(name), doing=what)
+
+    def release_savepoint(self, name: str, what: str) -> None:
+        self.db.run(sql.release_savepoint(name), doing=what)
+
+    def rollback_to_savepoint(self, name: str, what: str) -> None:
+        self.db.run(sql.rollback_to_savepoint(name), doing=what)
+
+    def commit(self, what: str) -> None:
+        self.db.commit(doing=what)
+
+    def rollback_quietly(self) -> None:
+        self.db.rollback_quietly()
+
+    def release(self) -> None:
+        self.db.gate.release()
+
+
+class _Results:
+    """A psycopg cursor as ``Rows`` reads it: a statement without rows fetches none."""
+
+    def __init__(self, cursor: psycopg.Cursor[Any]) -> None:
+        self._cursor = cursor
+
+    def fetchone(self) -> Any:
+        return self._cursor.fetchone() if self._cursor.description is not None else None
+
+    def fetchall(self) -> list[Any]:
+        return self._cursor.fetchall() if self._cursor.description is not None else []
+
+    def fetchmany(self, size: int = 1) -> list[Any]:
+        return self._cursor.fetchmany(size) if self._cursor.description is not None else []
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount
+
+    @property
+    def description(self) -> Any:
+        return self._cursor.description
+
+    lastrowid = None
+
+
+def open_postgres(
+    url: str | None,
+    connection: object,
+    *,
+    durability: str,
+    readonly: bool,
+    gate: Gate,
+) -> tuple[PostgresBackend, str | None]:
+    """Open (or adopt) the connection and create or check the tables."""
+    if connection is not None and not isinstance(connection, psycopg.Connection):
+        raise TypeError(
+            f"connection must be a sqlite3.Connection or a psycopg.Connection, "
+            f"got {type(connection).__name__}"
+        )
+    db = PgDatabase(
+        conninfo=url, connection=connection, durability=durability, readonly=readonly, gate=gate
+    )
+    try:
+        if readonly:
+            require_schema(db)
+        else:
+            ensure_schema(db)
+        schema_row = db.transaction(
+            lambda: db.one(sql.CURRENT_SCHEMA, doing="opening"), doing="opening", read_only=True
+        )
+        schema = None if schema_row is None else schema_row[0]
+        if schema is None:
+            raise StorageError(
+                "opening: the connection's search_path names no schema to keep the tables in"
+            )
+        channel = channel_name(str(schema))
+        if url is not None and not readonly:
+            # started by the first worker (Store.jobs.create_worker), not before
+            db.listener = Listener(url, pgsql.Identifier(channel).as_string(db.connection))
+    except BaseException:
+        if db.owns:
+            db.close()
+        raise
+    return PostgresBackend(db, channel), _shown(url)
+
+
+def _shown(url: str | None) -> str | None:
+    """The URL as a record may show it: never its password."""
+    if url is None:
+        return None
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.Error:
+        return "postgresql://…"
+    user = info.get("user")
+    host = info.get("host") or "localhost"
+    port = info.get("port")
+    dbname = info.get("dbname") or ""
+    who = f"{user}@" if user else ""
+    return f"postgresql://{who}{host}{':' + str(port) if port else ''}/{dbname}"

@@ -1,0 +1,80 @@
+"""The ``jaren-jobs`` command line (also ``python -m jaren_jobs``).
+
+Exit status: 0 success; 1 the store refused (unknown id, a settled job, a
+live lease); 2 bad usage or input (a missing database, a file that is not a
+jaren_jobs database, a bad duration, a number out of range, an argument that
+is not UTF-8, a module that fails to import); 130 interrupted; 141 the reader
+of stdout went away (``jaren-jobs ls | head``). Errors are one line on stderr,
+never a traceback for a user mistake.
+
+The read-only commands (``counts``, ``ls``, ``show``) never change the file:
+they open it read-only, and a file whose job tables are an older schema is
+read through an upgraded private copy (a note on stderr says so); the write
+commands upgrade it in place, as every read-write open does.
+
+Layout: ``arguments`` (the parser, value checks, exit statuses), ``opening``
+(from ``--db`` to a store), ``commands`` (one function per command); this
+module dispatches and turns failures into one line and a status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from jaren_jobs.errors import JobsError
+
+from .arguments import (
+    EXIT_BROKEN_PIPE,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    CliError,
+    build_parser,
+    parse_duration,
+)
+from .commands import COMMANDS, cmd_demo
+from .opening import opened
+
+__all__ = ["main", "parse_duration"]
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    stream = out if out is not None else sys.stdout
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args, stream)
+    except BrokenPipeError:
+        # the reader went away (`jaren-jobs ls | head`): not an error to report;
+        # point stdout at devnull so the interpreter's final flush stays quiet
+        if stream is sys.stdout:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _run(args: argparse.Namespace, stream: TextIO) -> int:
+    try:
+        if args.command == "demo":
+            return cmd_demo(args, stream)
+        command, readonly = COMMANDS[args.command]
+        db = args.db if args.db is not None else os.environ.get("JAREN_JOBS_DB")
+        with opened(db, readonly=readonly) as store:
+            return command(store, args, stream)
+    except CliError as exc:
+        print(f"jaren-jobs: {exc}", file=sys.stderr)
+        return exc.status
+    except JobsError as exc:
+        print(f"jaren-jobs: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except (ValueError, OverflowError) as exc:
+        # the library refuses a bad argument with ValueError, and every
+        # argument here came from the user: their mistake, in one line
+        print(f"jaren-jobs: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("jaren-jobs: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,189 @@
+"""``AsyncWorker`` on every backend (SPEC §11): async handlers on the loop, plain ones on
+threads, and the handler's task cancelled when its job is cancelled or stop's grace ends.
+
+Ordered with events (asyncio's and threading's), never by sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from jaren_jobs import AsyncJobContext, AsyncStore, NewJob, Outcome, Store
+from tests.conftest import FakeClock
+
+WAIT = 10.0
+
+
+def run(coroutine: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coroutine, WAIT * 3))
+
+
+@pytest.fixture
+def astore(store: Store) -> AsyncStore:
+    return AsyncStore(store)
+
+
+def test_async_handlers_run_on_the_loop_and_plain_ones_on_threads(
+    astore: AsyncStore, store: Store
+) -> None:
+    seen: dict[str, list[Any]] = {"async": [], "plain": []}
+    outcomes: list[Outcome] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop_thread = threading.get_ident()
+        all_done = asyncio.Event()
+
+        def finished(outcome: Outcome) -> None:
+            outcomes.append(outcome)
+            if len(outcomes) == 40:
+                loop.call_soon_threadsafe(all_done.set)
+
+        async def on_loop(payload: Any, ctx: AsyncJobContext) -> Any:
+            assert asyncio.get_running_loop() is loop
+            seen["async"].append(ctx.job.id)
+            await asyncio.sleep(0)  # a real await inside the handler
+            return {"doubled": payload["n"] * 2}
+
+        def on_thread(payload: Any, ctx: Any) -> Any:
+            assert threading.get_ident() != loop_thread  # never stalls the loop
+            seen["plain"].append(ctx.job.id)
+            return payload["n"]
+
+        await astore.jobs.enqueue_many(
+            [NewJob("a", {"n": n}, id=f"a{n:02}") for n in range(20)]
+            + [NewJob("p", {"n": n}, id=f"p{n:02}") for n in range(20)]
+        )
+        worker = astore.jobs.create_worker(
+            {"a": on_loop, "p": on_thread}, concurrency=4, poll_seconds=0.05, on_outcome=finished
+        )
+        async with worker:
+            await asyncio.wait_for(all_done.wait(), WAIT)
+        assert not worker.running
+
+    run(main())
+    assert sorted(seen["async"]) == [f"a{n:02}" for n in range(20)]
+    assert sorted(seen["plain"]) == [f"p{n:02}" for n in range(20)]
+    assert {o.outcome for o in outcomes} == {"completed"}
+    assert store.jobs.get("a07").result == {"doubled": 14}  # type: ignore[union-attr]
+    assert store.jobs.get("p07").result == 7  # type: ignore[union-attr]
+    assert store.jobs.counts().done == 40
+
+
+def test_an_async_handler_awaits_its_checkpoints(astore: AsyncStore, store: Store) -> None:
+    async def main() -> None:
+        async def steps(payload: Any, ctx: AsyncJobContext) -> Any:
+            assert await ctx.checkpoints.load(ctx.job.id) is None
+            await ctx.checkpoints.save(ctx.job.id, "first", 1)
+            return await ctx.checkpoints.load(ctx.job.id)
+
+        await astore.jobs.enqueue("steps", id="s")
+        worker = astore.jobs.create_worker({"steps": steps})
+        assert await worker.run_once()
+        assert not await worker.run_once()  # nothing left
+
+    run(main())
+    assert store.jobs.get("s").result == {"first": 1}  # type: ignore[union-attr]
+
+
+def test_a_job_cancelled_mid_handler_cancels_the_handlers_task(
+    astore: AsyncStore, store: Store
+) -> None:
+    outcomes: list[Outcome] = []
+    cancelled_inside: list[bool] = []
+
+    async def main() -> None:
+        started = asyncio.Event()
+
+        async def forever(payload: Any, ctx: AsyncJobContext) -> Any:
+            started.set()
+            try:
+                await asyncio.Event().wait()  # only a cancellation ends it
+            except asyncio.CancelledError:
+                cancelled_inside.append(True)
+                raise
+
+        await astore.jobs.enqueue("slow", id="victim")
+        worker = astore.jobs.create_worker(
+            {"slow": forever}, poll_seconds=0.05, on_outcome=outcomes.append
+        )
+        async with worker:
+            await asyncio.wait_for(started.wait(), WAIT)
+            [lease] = worker.leases()
+            assert await astore.jobs.cancel("victim", lease=lease)
+            deadline = time.monotonic() + WAIT
+            while not outcomes and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+
+    run(main())
+    assert cancelled_inside == [True]
+    assert [o.outcome for o in outcomes] == ["cancelled"]
+    assert store.jobs.get("victim").state == "cancelled"  # type: ignore[union-attr]
+
+
+def test_stop_cancels_a_handler_still_running_when_the_grace_period_ends(
+    astore: AsyncStore, store: Store, clock: FakeClock
+) -> None:
+    stop_took: list[float] = []
+    asked: list[bool] = []
+    cancelled: list[bool] = []
+
+    async def main() -> None:
+        started = asyncio.Event()
+
+        async def stubborn(payload: Any, ctx: AsyncJobContext) -> Any:
+            started.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                asked.append(ctx.signal.aborted)  # the stop had asked it first
+                cancelled.append(True)
+                raise
+
+        await astore.jobs.enqueue("slow", id="stuck")
+        worker = astore.jobs.create_worker(
+            {"slow": stubborn}, poll_seconds=0.05, lease_seconds=30, renew=False
+        )
+        await worker.start()
+        await asyncio.wait_for(started.wait(), WAIT)
+        began = time.monotonic()
+        outcome = await worker.stop(grace_seconds=0.2)
+        stop_took.append(time.monotonic() - began)
+        assert outcome.in_flight == 1
+        assert not outcome.drained
+
+    run(main())
+    assert stop_took[0] < 5.0  # the grace period bounds it, not the handler
+    assert cancelled == [True]
+    assert asked == [True]
+    # its lease runs out and another worker takes the job up again
+    assert store.jobs.get("stuck").state == "leased"  # type: ignore[union-attr]
+    clock.advance(31)
+    again = store.jobs.claim(["slow"], owner="other")
+    assert again is not None
+    assert again.id == "stuck"
+    assert again.lease.attempt == 2
+
+
+def test_an_async_generator_handler_is_refused(astore: AsyncStore) -> None:
+    async def main() -> None:
+        async def not_a_handler(payload: Any, ctx: Any) -> Any:
+            yield payload
+
+        with pytest.raises(TypeError, match="async generator"):
+            astore.jobs.create_worker({"k": not_a_handler})
+
+    run(main())
+
+
+def test_create_worker_outside_a_loop_says_it_needs_one(astore: AsyncStore) -> None:
+    async def handler(payload: Any, ctx: Any) -> Any:
+        return None
+
+    with pytest.raises(RuntimeError, match="coroutine"):
+        astore.jobs.create_worker({"k": handler})
