@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jaren_jobs import NewJob, StorageError, open_store
+from jaren_jobs import JobsError, NewJob, open_store
 from tests.processes.pg_support import PrivateServer, connect
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "postgres.md"
@@ -41,8 +41,10 @@ def test_the_documented_grants_are_enough_for_the_application_role(
     owner_url = private_pg.url().replace("postgres@", "jobs_owner@")
     app_url = private_pg.url().replace("postgres@", "app@")
 
-    # without the grants the application role cannot even create the tables
-    with pytest.raises(StorageError), open_store(app_url):
+    # the application role cannot create the tables itself (today a StorageError naming
+    # InsufficientPrivilege; SPEC §4 would call it SchemaError, which is why only the
+    # family is pinned here)
+    with pytest.raises(JobsError), open_store(app_url):
         pass
     with open_store(owner_url):
         pass  # the deploy step: the owner creates the tables
