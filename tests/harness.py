@@ -403,8 +403,7 @@ def with_search_path(url: str, schema: str) -> str:
 class _Postgres(Harness):
     """What both PostgreSQL harnesses share: a fresh schema of the test server per test."""
 
-    # one connection behind the store's gate, as on SQLite
-    capabilities: ClassVar[frozenset[str]] = frozenset({"gate"})
+    capabilities: ClassVar[frozenset[str]] = frozenset()
     driver_error: ClassVar[type[Exception]] = psycopg.Error if psycopg else Exception
     integrity_error: ClassVar[type[Exception]] = psycopg.IntegrityError if psycopg else Exception
 
@@ -530,6 +529,7 @@ class PostgresUrl(_Postgres):
     """``open_store("postgresql://...")``: the store opens and owns a small pool."""
 
     name: ClassVar[str] = "postgres"
+    # no "gate": another thread's call takes another connection of the pool
 
     def _open(self, *, runtime: Runtime | None, **options: Any) -> Store:
         return open_store(self.url, runtime=runtime, **options)
@@ -541,6 +541,8 @@ class PostgresConnection(_Postgres):
     harness, like the application, closes it after the store."""
 
     name: ClassVar[str] = "postgres-connection"
+    # one connection behind the store's gate, as on SQLite
+    capabilities: ClassVar[frozenset[str]] = frozenset({"gate"})
 
     def __init__(self, db_path: Path, *, declared: Sequence[str] | None = None) -> None:
         super().__init__(db_path, declared=declared)

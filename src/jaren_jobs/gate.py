@@ -1,6 +1,9 @@
-"""The store's gate: a fair FIFO lock over its one connection.
+"""The store's gate: a fair FIFO lock over its connections (one, or a small pool's few).
 
-Every root call holds the gate while it uses the connection. Waiters are
+Every root call holds the gate while it uses a connection; a gate of
+``capacity`` n admits n threads at once (a PostgreSQL store's pool, one
+connection each), a gate of capacity 1 is a lock (SQLite's one connection,
+the application's connection). Waiters are
 served strictly in arrival order (a released gate is handed to the oldest
 waiter, never grabbed by a newcomer), so a busy worker cannot starve a
 request handler. A waiter leaves the queue on timeout, when its signal
@@ -47,19 +50,26 @@ def _in_event_loop() -> bool:
 
 
 class Gate:
-    """A fair, non-reentrant lock with queue timeout and signal abandonment."""
+    """A fair, non-reentrant semaphore of ``capacity`` places (1: a lock) with queue
+    timeout and signal abandonment; a thread holds at most one place."""
 
-    def __init__(self, timeout_seconds: float) -> None:
+    def __init__(self, timeout_seconds: float, capacity: int = 1) -> None:
+        if capacity < 1:
+            raise ValueError(f"a gate needs at least one place, got {capacity}")
         self.timeout_seconds = timeout_seconds
+        self.capacity = capacity
         self._mutex = threading.Lock()
-        self._owner: int | None = None
+        self._owners: set[int] = set()
         self._waiters: deque[_Waiter] = deque()
         self._closed = False
         self._forked = False  # this is a child's copy, made by os.fork()
         self._closed_reason = ""
 
     def held_by_me(self) -> bool:
-        return self._owner == threading.get_ident()
+        return threading.get_ident() in self._owners
+
+    def _free(self) -> bool:
+        return len(self._owners) < self.capacity
 
     def waiting(self) -> int:
         """How many calls are queued for the gate now (diagnostics, and tests)."""
@@ -71,18 +81,19 @@ class Gate:
         me = _get_ident()
         with self._mutex:
             if (
-                self._owner is None
+                self._free()
+                and me not in self._owners
                 and not self._waiters
                 and not self._closed
                 and (signal is None or not signal.aborted)
             ):
-                self._owner = me  # free, and nobody queued: the common case
+                self._owners.add(me)  # free, and nobody queued: the common case
                 return
             if self._closed:
                 if self._forked:
                     raise StoreClosed(f"{what}: {self._closed_reason}", forked=True)
                 raise StoreClosed(f"{what}: the store is closed")
-            if self._owner == me:
+            if me in self._owners:
                 raise GateRefused(
                     f"{what}: this thread holds the store's transaction; call tx.jobs "
                     "(the transaction's own view) instead of store.jobs, or finish the "
@@ -97,8 +108,8 @@ class Gate:
                     f"({signal.reason!r})",
                     reason="aborted",
                 )
-            if self._owner is None and not self._waiters:
-                self._owner = me
+            if self._free() and not self._waiters:
+                self._owners.add(me)
                 return
             waiter = _Waiter(me)
             self._waiters.append(waiter)
@@ -113,7 +124,7 @@ class Gate:
                 with self._mutex:
                     if waiter.granted:
                         if self._closed:
-                            self._release_locked()
+                            self._release_locked(me)
                             raise StoreClosed(f"{what}: the store was closed while it waited")
                         return
                     reason = self._refusal(signal, deadline)
@@ -130,9 +141,14 @@ class Gate:
                         f"aborted ({signal.reason!r})",
                         reason="aborted",
                     )
+                held = (
+                    "another thread held it"
+                    if self.capacity == 1
+                    else f"other threads held all {self.capacity} of its connections"
+                )
                 raise GateRefused(
                     f"{what} waited {self.timeout_seconds:g}s for the store and gave up; "
-                    "another thread held it the whole time (a long transaction?) — "
+                    f"{held} the whole time (a long transaction?) — "
                     "shorten it, or raise gate_timeout_seconds",
                     reason="timeout",
                 )
@@ -142,9 +158,10 @@ class Gate:
 
     def try_acquire(self) -> bool:
         """Take the gate only if it is free and nobody is queued; never waits or raises."""
+        me = _get_ident()
         with self._mutex:
-            if self._owner is None and not self._waiters and not self._closed:
-                self._owner = _get_ident()
+            if self._free() and me not in self._owners and not self._waiters and not self._closed:
+                self._owners.add(me)
                 return True
             return False
 
@@ -158,24 +175,22 @@ class Gate:
         return None
 
     def release(self) -> None:
+        me = _get_ident()
         with self._mutex:
-            if self._owner != _get_ident():
+            if me not in self._owners:
                 if self._forked:
                     return  # taken before the fork: the child's copy holds nothing
                 raise RuntimeError("the gate is released only by the thread that holds it")
-            if self._waiters:
-                self._release_locked()
-            else:
-                self._owner = None
+            self._release_locked(me)
 
-    def _release_locked(self) -> None:
-        if self._waiters:
+    def _release_locked(self, thread: int) -> None:
+        """``thread`` gives its place back: to the oldest waiter, if any."""
+        self._owners.discard(thread)
+        if self._waiters and self._free():
             nxt = self._waiters.popleft()
             nxt.granted = True
-            self._owner = nxt.thread
+            self._owners.add(nxt.thread)
             nxt.event.set()
-        else:
-            self._owner = None
 
     @contextmanager
     def held(self, what: str, signal: SignalLike | None = None) -> Iterator[None]:
@@ -200,7 +215,7 @@ class Gate:
         queue, so every call is refused at once instead of waiting forever.
         """
         self._mutex = threading.Lock()
-        self._owner = None
+        self._owners = set()
         self._waiters = deque()
         self._closed = True
         self._closed_reason = reason
@@ -211,7 +226,7 @@ class Gate:
         end = time.monotonic() + timeout_seconds
         while True:
             with self._mutex:
-                if self._owner is None or self._owner == threading.get_ident():
+                if not self._owners - {threading.get_ident()}:
                     return True
             if time.monotonic() >= end:
                 return False

@@ -31,6 +31,12 @@ __all__ = ["Jobs", "Rows", "Store", "Transaction", "open_store"]
 Durability = Literal["full", "normal"]
 
 _MAX_BUSY_MS = 2**31 - 1
+# a PostgreSQL URL store's connections unless pool_size says: enough for a
+# worker's few threads and a web process's requests at once, few enough that
+# many processes stay far below the server's max_connections
+DEFAULT_POOL_SIZE = 4
+# more than this is a typo, not a pool: each one is a server process
+_MAX_POOL_SIZE = 1000
 
 _USE_ASYNC = (
     "a store's transaction belongs to a thread, and the tasks of a loop share one: "
@@ -222,7 +228,9 @@ class Store:
         self.path = path
         self.readonly = readonly
         self.durability = durability
-        self._stack: list[Transaction] = []
+        # each thread's open store.transaction() and its savepoints: on a pooled
+        # store, several threads' transactions are open at once
+        self._stacks = threading.local()
         self._close_lock = threading.Lock()
         self.jobs = Jobs(backend.root_session(hub.runtime, hub.idle_claims), hub)
 
@@ -298,18 +306,29 @@ class Store:
 
     # ------------------------------------------------------------ transactions
 
+    @property
+    def _stack(self) -> list[Transaction]:
+        """The calling thread's open transactions, outermost first."""
+        stack: list[Transaction] | None = getattr(self._stacks, "stack", None)
+        if stack is None:
+            stack = self._stacks.stack = []
+        return stack
+
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:
         """One transaction of the database (SQLite: ``BEGIN IMMEDIATE … COMMIT``
         holding the gate); rollback on exception.
 
-        Nested inside a transaction of the same thread it is a savepoint.
+        Nested inside a transaction of the same thread it is a savepoint. On a
+        store with a pool (PostgreSQL from a URL), each thread's transaction
+        holds a connection of its own until it ends, and runs beside the others.
         """
         what = "store.transaction()"
         backend = self._backend
         backend.check_open(what)
-        if self._stack and backend.in_my_transaction():
-            if self._stack[0]._task is not current_task():
+        stack = self._stack
+        if stack and backend.in_my_transaction():
+            if stack[0]._task is not current_task():
                 # another task of this thread's event loop holds the transaction:
                 # a savepoint inside it would share that task's fate (and commit)
                 raise GateRefused(
@@ -323,15 +342,15 @@ class Store:
         callbacks: list[Callable[[], None]] = []
         try:
             tx = Transaction(self, handle, self._hub, depth=0)
-            self._stack.append(tx)
+            stack.append(tx)
             try:
                 yield tx
             except BaseException:
-                self._stack.pop()
+                stack.pop()
                 tx._end()
                 handle.rollback_quietly()
                 raise
-            self._stack.pop()
+            stack.pop()
             callbacks = tx._end()
             if tx.rolled_back():
                 # the block caught the failure and ended normally: never a
@@ -351,17 +370,18 @@ class Store:
             callback()
 
     def _nested(self, what: str) -> Iterator[Transaction]:
-        parent = self._stack[-1]
+        stack = self._stack
+        parent = stack[-1]
         parent.check_active(what)
         handle = parent._handle
-        name = f"jaren_jobs_tx_{len(self._stack)}"
-        tx = Transaction(self, handle, self._hub, len(self._stack), parent._outermost)
+        name = f"jaren_jobs_tx_{len(stack)}"
+        tx = Transaction(self, handle, self._hub, len(stack), parent._outermost)
         handle.savepoint(name, what)
-        self._stack.append(tx)
+        stack.append(tx)
         try:
             yield tx
         except BaseException:
-            self._stack.pop()
+            stack.pop()
             tx._end()
             try:
                 handle.rollback_to_savepoint(name, what)
@@ -369,7 +389,7 @@ class Store:
             except JobsError:
                 pass  # the outer rollback undoes it anyway
             raise
-        self._stack.pop()
+        stack.pop()
         callbacks = tx._end()
         if tx.rolled_back():
             raise tx._aborted(what)  # the savepoint went with the whole transaction
@@ -388,6 +408,7 @@ def open_store(
     gate_timeout_seconds: float = 30.0,
     runtime: Runtime | None = None,
     defaults: Defaults | Mapping[str, Any] | None = None,
+    pool_size: int | None = None,
 ) -> Store:
     """Open a job store on a database file (created if missing) or on the app's connection.
 
@@ -396,6 +417,13 @@ def open_store(
     or NORMAL (survives a process crash). Creates or upgrades the tables; a
     read-only store creates nothing and refuses with :class:`SchemaError` if
     they are missing.
+
+    A store opened from a PostgreSQL URL keeps a pool of at most ``pool_size``
+    connections (default 4), opened as calls need them: that many threads'
+    calls and transactions run at once, each on a connection of its own, and
+    a call that waits for one longer than ``gate_timeout_seconds`` is
+    :class:`GateRefused`. Every other store has exactly one connection
+    (``pool_size`` None or 1).
     """
     if (path is None) == (connection is None):
         raise TypeError("open_store() takes exactly one of path or connection")
@@ -411,6 +439,8 @@ def open_store(
             f"SQLite holds it in milliseconds in a C int), got {busy_timeout_seconds!r}"
         )
     gate_timeout = check_seconds(gate_timeout_seconds, "gate_timeout_seconds", allow_zero=True)
+    pooled = connection is None and _is_postgres(path, connection)
+    places = _check_pool_size(pool_size, pooled)
     resolved_runtime = resolve_runtime(runtime)
     resolved_defaults = resolve_defaults(defaults)
 
@@ -422,7 +452,7 @@ def open_store(
             connection,
             durability=durability,
             readonly=readonly,
-            gate=Gate(gate_timeout),
+            gate=Gate(gate_timeout, capacity=places),
         )
     else:
         db, shown_path = open_database(
@@ -436,6 +466,23 @@ def open_store(
         backend = SqliteBackend(db)
     hub = EngineHub(runtime=resolved_runtime, defaults=resolved_defaults)
     return Store(backend, hub, path=shown_path, readonly=readonly, durability=durability)
+
+
+def _check_pool_size(pool_size: object, pooled: bool) -> int:
+    """How many connections the store may hold: ``pool_size`` checked (SPEC §10)."""
+    if pool_size is None:
+        return DEFAULT_POOL_SIZE if pooled else 1
+    if isinstance(pool_size, bool) or not isinstance(pool_size, int):
+        raise TypeError(f"pool_size must be an int, got {type(pool_size).__name__}")
+    if not 1 <= pool_size <= _MAX_POOL_SIZE:
+        raise ValueError(f"pool_size must be between 1 and {_MAX_POOL_SIZE}, got {pool_size}")
+    if not pooled and pool_size != 1:
+        raise ValueError(
+            f"pool_size={pool_size}: only a store opened from a PostgreSQL URL has a pool; "
+            "an SQLite store and a store on the application's connection have exactly one "
+            "connection"
+        )
+    return pool_size
 
 
 def _is_postgres(path: object, connection: object) -> bool:

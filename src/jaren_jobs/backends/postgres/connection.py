@@ -1,17 +1,24 @@
-"""One psycopg connection, used under the store's gate; every driver error translated here.
+"""The store's connections to PostgreSQL, each used by one thread at a time; every
+driver error translated here.
 
-A store opened from a URL owns its connection: it is configured once
+A store opened from a URL owns a small pool of connections (``open_store``'s
+``pool_size``, 4 unless it says): the store's gate admits that many threads at once,
+and each call — a root call, or a whole ``store.transaction()`` — takes one
+connection for its whole duration (this thread's, until it gives it back). A
+connection is opened when a call needs one and none is idle, configured once
 (durability, read-only, timeouts) and, when it breaks (the server restarted,
-the network dropped it), closed and replaced by a fresh one on the next call
-— the call that met the break fails with ``StorageError``, never a false
-success. A store given the application's connection never replaces or
-closes it, and sets its options per transaction instead.
+the network dropped it), closed and never handed out again: the call that met
+the break fails with ``StorageError``, never a false success, and the next
+call that needs a connection opens a fresh one. A store given the
+application's connection has exactly that one, behind a gate of one place; it
+never replaces or closes it, and sets its options per transaction instead.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -63,7 +70,9 @@ def connect_settings(conninfo: str) -> dict[str, Any]:
 
 
 class PgDatabase:
-    """The store's one connection to PostgreSQL, used only under the gate."""
+    """The store's connections to PostgreSQL: a pool of ``gate.capacity`` (one: the
+    application's), each used by one thread at a time, taken and given back
+    through the gate."""
 
     def __init__(
         self,
@@ -76,6 +85,8 @@ class PgDatabase:
     ) -> None:
         self.conninfo = conninfo
         self.owns = connection is None
+        if not self.owns and gate.capacity != 1:
+            raise ValueError("a store on the application's connection has exactly one")
         self.durability = durability
         self.readonly = readonly
         self.gate = gate
@@ -84,12 +95,20 @@ class PgDatabase:
         self.opened_in = os.getpid()
         self.text_codec = "utf-8"
         self.listener: Any = None  # notify.Listener, for a store opened from a URL
-        self._connection = connection if connection is not None else self._connect("opening")
+        self._lock = threading.Lock()
+        # the connections no call holds (the last given back is the next handed out:
+        # a quiet store keeps using one), those held, by thread, and every one open
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._held: dict[int, psycopg.Connection[Any]] = {}
+        self._open: list[psycopg.Connection[Any]] = []
+        first = connection if connection is not None else self._connect("opening")
+        self._idle.append(first)
+        self._open.append(first)
         if not self.owns:
             self._check_app_connection()
         _OPEN.add(self)
 
-    # ------------------------------------------------------------ the connection
+    # ------------------------------------------------------------ the connections
 
     def _connect(self, doing: str) -> psycopg.Connection[Any]:
         assert self.conninfo is not None
@@ -113,19 +132,99 @@ class PgDatabase:
         return conn
 
     def _check_app_connection(self) -> None:
-        conn = self._connection
-        if conn.closed:
+        if self._idle[0].closed:
             raise StorageError("open_store(connection=...): the psycopg connection is closed")
+
+    def _usable(self, conn: psycopg.Connection[Any]) -> bool:
+        return not self.owns or not (conn.closed or conn.broken)
+
+    def _discard(self, conn: psycopg.Connection[Any]) -> None:
+        """A broken connection of ours leaves the pool for good."""
+        with self._lock:
+            if conn in self._open:
+                self._open.remove(conn)
+        with contextlib.suppress(psycopg.Error):
+            conn.close()
+
+    def _idle_connection(self, doing: str) -> psycopg.Connection[Any]:
+        """An idle connection that is not known broken, opened if none is (not held)."""
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                conn = self._connect(doing)
+                with self._lock:
+                    self._open.append(conn)
+                return conn
+            if self._usable(conn):
+                return conn
+            self._discard(conn)
+
+    def take(self, what: str, signal: SignalLike | None = None) -> None:
+        """Hold one of the store's connections for this thread, until :meth:`give_back`.
+
+        Waits for a free one in the gate's fair queue, bounded by
+        ``gate_timeout_seconds`` (``GateRefused``); raises ``StorageError`` if
+        a fresh connection is needed and cannot be opened.
+        """
+        self.gate.acquire(what, signal)
+        try:
+            conn = self._idle_connection("reconnecting")
+        except BaseException:
+            self.gate.release()
+            raise
+        self._held[threading.get_ident()] = conn
+
+    def give_back(self) -> None:
+        """The connection this thread holds goes back to the pool (or away, if broken)."""
+        conn = self._held.pop(threading.get_ident(), None)
+        try:
+            if conn is None:
+                return
+            if self.owns and not (conn.closed or conn.broken):
+                # a call that failed may have left it mid-transaction: never hand
+                # that out (the next call's statements would join it)
+                if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+            if self._usable(conn) and not (self.closed and self.owns):
+                with self._lock:
+                    self._idle.append(conn)
+            else:
+                # broken, or given back after close() stopped waiting for it
+                self._discard(conn)
+        finally:
+            self.gate.release()
+
+    @property
+    def size(self) -> int:
+        """How many connections the store has open now (at most ``gate.capacity``)."""
+        with self._lock:
+            return len(self._open)
 
     @property
     def connection(self) -> psycopg.Connection[Any]:
-        """The live connection (replaced first if the store owns it and it broke)."""
-        conn = self._connection
-        if self.owns and (conn.closed or conn.broken):
-            with contextlib.suppress(psycopg.Error):
-                conn.close()
-            self._connection = conn = self._connect("reconnecting")
-        return conn
+        """The connection this thread holds; outside a call, the one handed out next
+        (replaced first if the store owns it and it broke) — ``store.connection``."""
+        held = self._held.get(threading.get_ident())
+        if held is not None:
+            return held
+        with self._lock:
+            idle = self._idle[-1] if self._idle else None
+            busy = self._open[-1] if idle is None and self._open else None
+        if busy is not None:
+            return busy  # every one is held by another thread now: never a new one
+        if idle is not None and self._usable(idle):
+            return idle
+        if idle is not None:
+            with self._lock:
+                if idle in self._idle:
+                    self._idle.remove(idle)
+            self._discard(idle)
+        fresh = self._idle_connection("reconnecting")
+        with self._lock:
+            self._idle.append(fresh)
+        return fresh
 
     def check_open(self, what: str) -> None:
         if self.closed:
@@ -186,7 +285,7 @@ class PgDatabase:
 
     @property
     def status(self) -> pq.TransactionStatus:
-        return self._connection.info.transaction_status
+        return self.connection.info.transaction_status
 
     @property
     def in_transaction(self) -> bool:
@@ -224,7 +323,7 @@ class PgDatabase:
 
     def commit(self, *, doing: str) -> None:
         try:
-            conn = self._connection
+            conn = self.connection
             if conn.autocommit:
                 conn.execute("COMMIT")
             else:
@@ -234,7 +333,7 @@ class PgDatabase:
             raise storage_error(exc, doing) from exc
 
     def rollback_quietly(self) -> None:
-        conn = self._connection
+        conn = self.connection
         try:
             if conn.closed or conn.info.transaction_status == pq.TransactionStatus.IDLE:
                 return
@@ -272,7 +371,7 @@ class PgDatabase:
     def end_read(self) -> None:
         """After a read outside any transaction of ours: end the implicit one psycopg opened
         on a connection that is not in autocommit (never leave it idle in transaction)."""
-        conn = self._connection
+        conn = self.connection
         idle_in_transaction = pq.TransactionStatus.INTRANS
         if not conn.autocommit and not conn.closed:  # noqa: SIM102 - read in two steps
             if conn.info.transaction_status == idle_in_transaction:
@@ -280,19 +379,28 @@ class PgDatabase:
                     conn.rollback()
 
     def close(self) -> None:
+        """Close every connection the store opened (the application's stays open)."""
         if self.closed:
             return
-        self.rollback_quietly()
         self.closed = True
-        if self.owns:
+        if not self.owns:
+            self.rollback_quietly()
+            return
+        with self._lock:
+            connections, self._open, self._idle = self._open, [], []
+        failure: psycopg.Error | None = None
+        for conn in connections:
             try:
-                self._connection.close()
+                conn.close()
             except psycopg.Error as exc:
-                raise storage_error(exc, "closing the database") from exc
+                failure = failure or exc
+        if failure is not None:
+            raise storage_error(failure, "closing the database") from failure
 
 
 class PgRootScope:
-    """``store.jobs``: the gate per call, each write its own transaction."""
+    """``store.jobs``: one of the store's connections per call, each write its own
+    transaction."""
 
     root = True
 
@@ -302,18 +410,16 @@ class PgRootScope:
     def write(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
         db = self.db
         db.check_open(what)
-        gate = db.gate
-        gate.acquire(what, signal)
+        db.take(what, signal)
         try:
             return db.transaction(fn, doing=what)
         finally:
-            gate.release()
+            db.give_back()
 
     def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
         db = self.db
         db.check_open(what)
-        gate = db.gate
-        gate.acquire(what, signal)
+        db.take(what, signal)
         try:
             if db.in_transaction and db.owns:
                 db.rollback_quietly()  # a connection left mid-transaction by a failure
@@ -322,12 +428,16 @@ class PgRootScope:
             finally:
                 db.end_read()
         finally:
-            gate.release()
+            db.give_back()
 
     def read_consistent(self, fn: Callable[[], T], what: str) -> T:
-        self.db.check_open(what)
-        with self.db.gate.held(what):
-            return self.db.transaction(fn, doing=what, read_only=True)
+        db = self.db
+        db.check_open(what)
+        db.take(what)
+        try:
+            return db.transaction(fn, doing=what, read_only=True)
+        finally:
+            db.give_back()
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         callback()

@@ -1,8 +1,8 @@
 """PostgreSQL under a ``Store``: opening, the root session, ``store.transaction()``.
 
 The store-level half of the seam (:class:`~jaren_jobs.backend.StoreBackend`).
-A store opened from a URL owns one connection (replaced when it breaks) and,
-for its workers, a listening connection (``LISTEN``, re-established when it
+A store opened from a URL owns a small pool of connections (each broken one
+replaced) and, for its workers, a listening connection (``LISTEN``, re-established when it
 drops); a store given the application's ``psycopg.Connection`` joins the
 application's transactions and never closes it.
 """
@@ -47,7 +47,8 @@ def channel_name(schema: str) -> str:
 
 
 class PostgresBackend:
-    """An open PostgreSQL database, served to the store's threads in turn by its gate."""
+    """An open PostgreSQL database: its gate admits as many threads at once as it has
+    connections (one, on the application's connection)."""
 
     name = "postgres"
 
@@ -82,11 +83,11 @@ class PostgresBackend:
 
     def begin(self, what: str) -> PostgresTransaction:
         db = self.db
-        db.gate.acquire(what)
+        db.take(what)  # this thread's connection until release()
         try:
             db.begin(doing=what)
         except BaseException:
-            db.gate.release()
+            db.give_back()
             raise
         return PostgresTransaction(db, self.channel)
 
@@ -111,7 +112,8 @@ class PostgresBackend:
 
 
 class PostgresTransaction:
-    """One open ``store.transaction()`` on PostgreSQL: the gate is held until :meth:`release`."""
+    """One open ``store.transaction()`` on PostgreSQL: it holds one of the store's
+    connections (this thread's) until :meth:`release`."""
 
     ended_message = _ENDED
     aborted_text = (
@@ -172,7 +174,7 @@ class PostgresTransaction:
         self.db.rollback_quietly()
 
     def release(self) -> None:
-        self.db.gate.release()
+        self.db.give_back()
 
 
 class _Results:
@@ -219,22 +221,28 @@ def open_postgres(
         conninfo=url, connection=connection, durability=durability, readonly=readonly, gate=gate
     )
     try:
-        if readonly:
-            require_schema(db)
-        else:
-            ensure_schema(db)
-        schema_row = db.transaction(
-            lambda: db.one(sql.CURRENT_SCHEMA, doing="opening"), doing="opening", read_only=True
-        )
-        schema = None if schema_row is None else schema_row[0]
-        if schema is None:
-            raise StorageError(
-                "opening: the connection's search_path names no schema to keep the tables in"
+        db.take("opening")
+        try:
+            if readonly:
+                require_schema(db)
+            else:
+                ensure_schema(db)
+            schema_row = db.transaction(
+                lambda: db.one(sql.CURRENT_SCHEMA, doing="opening"),
+                doing="opening",
+                read_only=True,
             )
-        channel = channel_name(str(schema))
-        if url is not None and not readonly:
-            # started by the first worker (Store.jobs.create_worker), not before
-            db.listener = Listener(url, pgsql.Identifier(channel).as_string(db.connection))
+            schema = None if schema_row is None else schema_row[0]
+            if schema is None:
+                raise StorageError(
+                    "opening: the connection's search_path names no schema to keep the tables in"
+                )
+            channel = channel_name(str(schema))
+            if url is not None and not readonly:
+                # started by the first worker (Store.jobs.create_worker), not before
+                db.listener = Listener(url, pgsql.Identifier(channel).as_string(db.connection))
+        finally:
+            db.give_back()
     except BaseException:
         if db.owns:
             db.close()
