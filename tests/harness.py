@@ -75,6 +75,10 @@ CAPABILITIES: dict[str, str] = {
         "one connection serves all the store's threads, in turn (its gate): a call from "
         "another thread waits while a transaction is open (a pooled store does not)"
     ),
+    "pool": (
+        "the store serves several threads at once, each call on a connection of its own "
+        "taken from a small pool (open_store's pool_size): PostgreSQL from a URL"
+    ),
     "sqlite": (
         "the test speaks SQLite itself: SQLite's own SQL (PRAGMA, triggers, conflict "
         "clauses, rowid), the sqlite3 module's API, or TEXT that is not UTF-8"
@@ -530,6 +534,7 @@ class PostgresUrl(_Postgres):
 
     name: ClassVar[str] = "postgres"
     # no "gate": another thread's call takes another connection of the pool
+    capabilities: ClassVar[frozenset[str]] = frozenset({"pool"})
 
     def _open(self, *, runtime: Runtime | None, **options: Any) -> Store:
         return open_store(self.url, runtime=runtime, **options)
