@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from jaren_jobs import JobsError, NewJob, open_store
+from jaren_jobs import NewJob, SchemaError, open_store
 from tests.processes.pg_support import PrivateServer, connect
+
+psycopg = pytest.importorskip("psycopg", reason="the dev extra installs psycopg")
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "postgres.md"
 AFTER_OWNER = "-- after jobs_owner has opened a store once"
@@ -41,11 +43,13 @@ def test_the_documented_grants_are_enough_for_the_application_role(
     owner_url = private_pg.url().replace("postgres@", "jobs_owner@")
     app_url = private_pg.url().replace("postgres@", "app@")
 
-    # the application role cannot create the tables itself (today a StorageError naming
-    # InsufficientPrivilege; SPEC §4 would call it SchemaError, which is why only the
-    # family is pinned here)
-    with pytest.raises(JobsError), open_store(app_url):
+    # the application role cannot create the tables itself: SPEC §4's SchemaError (the
+    # tables could not be created), the server's refusal as its cause, nothing created
+    with pytest.raises(SchemaError) as refused, open_store(app_url):
         pass
+    assert isinstance(refused.value.__cause__, psycopg.errors.InsufficientPrivilege)
+    assert refused.value.details["found"] == 0
+    assert "schema's owner" in str(refused.value)
     with open_store(owner_url):
         pass  # the deploy step: the owner creates the tables
     with connect(private_pg.url()) as admin:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from jaren_jobs.errors import SchemaError
+from jaren_jobs.errors import SchemaError, StorageError
 
 from . import queries as sql
 from .connection import PgDatabase
@@ -30,6 +30,9 @@ def _migrations() -> list[tuple[int, str, str]]:
     assert numbers == list(range(1, len(found) + 1)), f"migrations must be numbered 1..n: {numbers}"
     return found
 
+
+# SQLSTATE insufficient_privilege: e.g. CREATE refused on the schema
+_INSUFFICIENT_PRIVILEGE = "42501"
 
 MIGRATIONS = _migrations()
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -68,7 +71,22 @@ def ensure_schema(db: PgDatabase) -> None:
                 db.run(text, doing=f"{doing} (migration {number})")
                 db.run(sql.WRITE_SCHEMA_VERSION, {"v": str(number)}, doing=doing)
 
-    db.transaction(migrate, doing=doing)
+    try:
+        db.transaction(migrate, doing=doing)
+    except StorageError as exc:
+        if exc.details.get("sqlstate") != _INSUFFICIENT_PRIVILEGE:
+            raise
+        # a role without CREATE (the application's, docs/postgres.md): the tables
+        # could not be created or upgraded, which SPEC §4 names SchemaError
+        raise SchemaError(
+            f"{doing}: this role may not create or upgrade the jaren_jobs tables "
+            f"(they are at schema {current}, this jaren_jobs needs {SCHEMA_VERSION}): "
+            "open a store once as the schema's owner (a deploy step), then as this "
+            f"role — {exc.message}",
+            found=current,
+            needed=SCHEMA_VERSION,
+            sqlstate=_INSUFFICIENT_PRIVILEGE,
+        ) from exc.__cause__
 
 
 def require_schema(db: PgDatabase) -> None:
