@@ -532,16 +532,6 @@ def settle_within(engine: JobEngine, batch: SettleBatch, now: int, what: str) ->
     return engine._session.settle_within(batch, now, what)
 
 
-def settled_by(engine: JobEngine, lease: Lease) -> Job | None:
-    """The job, if the attempt ``lease`` belongs to is what settled it; else ``None``.
-
-    The same rule as a repeated settlement's idempotence: that attempt's
-    claim, not merely its generation (which repeats once a swept id is
-    enqueued again).
-    """
-    return engine._session.settled_by(lease, "get()")
-
-
 def claim_request_for(
     engine: JobEngine, kinds: Iterable[str], *, owner: str, lease_seconds: float | None = None
 ) -> ClaimRequest:

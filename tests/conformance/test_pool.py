@@ -104,7 +104,8 @@ def test_two_threads_hold_transactions_at_once_and_neither_waits(backend: Harnes
     # here it gets in while the first is still open
     second = Holder(store, "second").start()
     assert second.inside.wait(WAIT)
-    assert first.error is None and second.error is None
+    assert first.error is None
+    assert second.error is None
     assert first.pid != second.pid  # two server sessions: two connections
     assert store._backend.db.gate.waiting() == 0  # type: ignore[attr-defined]
     # both open at once, and neither sees the other's uncommitted job

@@ -125,12 +125,19 @@ def test_a_transaction_whose_connection_dies_fails_and_the_connection_is_not_reu
     pg: PostgresUrl,
 ) -> None:
     store = pg.open(pool_size=2)
-    with pytest.raises(StorageError), store.transaction() as tx:
-        tx.jobs.enqueue("k", id="doomed")
-        pid = int(tx.execute("SELECT pg_backend_pid()").fetchone()[0])
-        with psycopg.connect(pg.server_url, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        tx.jobs.enqueue("k", id="after-the-kill")
+    pids: list[int] = []
+
+    def doomed() -> None:
+        with store.transaction() as tx:
+            tx.jobs.enqueue("k", id="doomed")
+            pids.append(int(tx.execute("SELECT pg_backend_pid()").fetchone()[0]))
+            with psycopg.connect(pg.server_url, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
+            tx.jobs.enqueue("k", id="after-the-kill")
+
+    with pytest.raises(StorageError):
+        doomed()
+    [pid] = pids
     assert store.jobs.get("doomed") is None
     assert store.jobs.get("after-the-kill") is None
     assert pid not in _hold_all(store, 2)

@@ -181,12 +181,15 @@ class PgDatabase:
         try:
             if conn is None:
                 return
-            if self.owns and not (conn.closed or conn.broken):
-                # a call that failed may have left it mid-transaction: never hand
-                # that out (the next call's statements would join it)
-                if conn.info.transaction_status != pq.TransactionStatus.IDLE:
-                    with contextlib.suppress(psycopg.Error):
-                        conn.execute("ROLLBACK")
+            # a call that failed may have left it mid-transaction: never hand
+            # that out (the next call's statements would join it)
+            if (
+                self.owns
+                and not (conn.closed or conn.broken)
+                and conn.info.transaction_status != pq.TransactionStatus.IDLE
+            ):
+                with contextlib.suppress(psycopg.Error):
+                    conn.execute("ROLLBACK")
             if self._usable(conn) and not (self.closed and self.owns):
                 with self._lock:
                     self._idle.append(conn)

@@ -62,10 +62,6 @@ NOTIFY = "SELECT pg_notify(%(channel)s, '')"
 
 GET_JOB = f"SELECT {JOB_COLUMNS} FROM {JOBS} WHERE id = %s"
 
-GET_SETTLED_BY = f"""SELECT {JOB_COLUMNS} FROM {JOBS}
-  WHERE id = %(id)s AND state <> 'leased' AND settled_generation = %(generation)s
-    AND claim_key = %(claim_key)s"""
-
 FENCE_ROW = f"SELECT {FENCE_COLUMNS} FROM {JOBS} WHERE id = %s"
 
 _CLAIM_ORDER = "priority DESC, run_at, created_at, id"

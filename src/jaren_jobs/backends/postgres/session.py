@@ -161,12 +161,10 @@ class PostgresSession:
             "run_ats": run_ats,
             "maxes": [p.max_attempts for p in prepared],
         }
-        skipped = [False]
 
         def insert() -> None:
             if self._db.changes(sql.ENQUEUE_MANY, params, doing=what) != len(ids):
-                skipped[0] = True
-                raise _Skipped
+                raise _Skipped  # an id was taken: the savepoint undoes the batch
 
         try:
             self._db.savepoint(insert, doing=what)
@@ -180,11 +178,6 @@ class PostgresSession:
 
     def get_job(self, job_id: str, what: str) -> Job | None:
         row = self._scope.read(lambda: self._db.one(sql.GET_JOB, (job_id,), doing=what), what)
-        return None if row is None else job_from_row(row)
-
-    def settled_by(self, lease: Lease, what: str) -> Job | None:
-        params = {"id": lease.job_id, "generation": lease.generation, "claim_key": lease.claim_key}
-        row = self._scope.read(lambda: self._db.one(sql.GET_SETTLED_BY, params, doing=what), what)
         return None if row is None else job_from_row(row)
 
     def count_jobs(self, what: str) -> Counts:

@@ -145,11 +145,6 @@ def enqueue_rows(count: int) -> str:
 
 GET_JOB = f"SELECT {JOB_COLUMNS} FROM {JOBS} WHERE id = ?"
 
-# the job, if the attempt named by (generation, claim key) is the one that settled it
-GET_SETTLED_BY = f"""SELECT {JOB_COLUMNS} FROM {JOBS}
-  WHERE id = :id AND state <> 'leased' AND settled_generation = :generation
-    AND claim_key = :claim_key"""
-
 # last_error too: a worker decides its outcome from this answer alone (a row
 # its own attempt failed says why); read only when a fenced write missed
 FENCE_ROW = f"""SELECT state, lease_token, lease_until, lease_generation, settled_generation,

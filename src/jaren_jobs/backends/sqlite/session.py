@@ -108,11 +108,6 @@ class SqliteSession:
         row = self._scope.read(lambda: self._db.one(sql.GET_JOB, (job_id,), doing=what), what)
         return None if row is None else job_from_row(row, self._db.text_codec)
 
-    def settled_by(self, lease: Lease, what: str) -> Job | None:
-        params = {"id": lease.job_id, "generation": lease.generation, "claim_key": lease.claim_key}
-        row = self._scope.read(lambda: self._db.one(sql.GET_SETTLED_BY, params, doing=what), what)
-        return None if row is None else job_from_row(row, self._db.text_codec)
-
     def count_jobs(self, what: str) -> Counts:
         def work() -> Counts:
             by_state = dict(self._db.all(sql.COUNT_BY_STATE, doing=what))
