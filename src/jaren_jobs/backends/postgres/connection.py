@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import pq
 
+from jaren_jobs.backends.scopes import RootScope as PgRootScope
 from jaren_jobs.backends.scopes import TxScope as PgTxScope
 from jaren_jobs.errors import StorageError, StoreClosed
 from jaren_jobs.gate import Gate
@@ -357,6 +358,16 @@ class PgDatabase:
         self.commit(doing=doing)
         return result
 
+    def snapshot(self, fn: Callable[[], T], *, doing: str) -> T:
+        return self.transaction(fn, doing=doing, read_only=True)
+
+    def before_read(self, what: str) -> None:
+        if self.owns and self.in_transaction:
+            self.rollback_quietly()  # a connection left mid-transaction by a failure
+
+    def after_read(self) -> None:
+        self.end_read()
+
     def savepoint(self, fn: Callable[[], T], *, doing: str) -> T:
         self.run('SAVEPOINT "jaren_jobs"', doing=doing)
         try:
@@ -399,51 +410,6 @@ class PgDatabase:
                 failure = failure or exc
         if failure is not None:
             raise storage_error(failure, "closing the database") from failure
-
-
-class PgRootScope:
-    """``store.jobs``: one of the store's connections per call, each write its own
-    transaction."""
-
-    root = True
-
-    def __init__(self, db: PgDatabase) -> None:
-        self.db = db
-
-    def write(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
-        db = self.db
-        db.check_open(what)
-        db.take(what, signal)
-        try:
-            return db.transaction(fn, doing=what)
-        finally:
-            db.give_back()
-
-    def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
-        db = self.db
-        db.check_open(what)
-        db.take(what, signal)
-        try:
-            if db.in_transaction and db.owns:
-                db.rollback_quietly()  # a connection left mid-transaction by a failure
-            try:
-                return fn()
-            finally:
-                db.end_read()
-        finally:
-            db.give_back()
-
-    def read_consistent(self, fn: Callable[[], T], what: str) -> T:
-        db = self.db
-        db.check_open(what)
-        db.take(what)
-        try:
-            return db.transaction(fn, doing=what, read_only=True)
-        finally:
-            db.give_back()
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        callback()
 
 
 # every PgDatabase of this process, for the fork hook (weak: a closed store leaves)

@@ -2,8 +2,9 @@
 
 A *scope* is how an engine call reaches the connection:
 
-* :class:`RootScope` (``store.jobs``) takes the store's gate per call and runs
-  each write in its own ``BEGIN IMMEDIATE … COMMIT``;
+* :class:`RootScope` (``store.jobs``; backends/scopes.py, shared with
+  PostgreSQL) takes the store's gate per call and runs each write in its own
+  ``BEGIN IMMEDIATE … COMMIT``;
 * :class:`TxScope` (``tx.jobs``) runs inside the application's open
   transaction, under a savepoint, so a job enqueued there exists if and only
   if that transaction commits.
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from jaren_jobs.backends.scopes import TxScope
+from jaren_jobs.backends.scopes import RootScope, TxScope
 from jaren_jobs.errors import JobsError, StorageError, StoreClosed, TransactionAborted
 from jaren_jobs.gate import Gate
 from jaren_jobs.signals import SignalLike
@@ -306,6 +307,25 @@ class Database:
             raise storage_error(exc, doing) from exc
         self._busy_off = False
 
+    # ------------------------------------------------------------ for the root scope
+
+    def take(self, what: str, signal: SignalLike | None = None) -> None:
+        """Hold the store's one connection for this thread: its gate."""
+        self.gate.acquire(what, signal)
+
+    def give_back(self) -> None:
+        self.gate.release()
+
+    def snapshot(self, fn: Callable[[], T], *, doing: str) -> T:
+        return self.transaction(fn, doing=doing, immediate=False)
+
+    def before_read(self, what: str) -> None:
+        if self._busy_off:
+            self.restore_busy(what)
+
+    def after_read(self) -> None:
+        pass  # a read outside a transaction leaves nothing open on SQLite
+
     def savepoint(self, fn: Callable[[], T], *, doing: str) -> T:
         """Run ``fn`` under a savepoint: its writes land all together or not at all."""
         if not self.connection.in_transaction:
@@ -410,46 +430,6 @@ class Scope(Protocol):
     def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T: ...
 
     def after_commit(self, callback: Callable[[], None]) -> None: ...
-
-
-class RootScope:
-    """``store.jobs``: the gate per call, each write in its own immediate transaction."""
-
-    root = True
-
-    def __init__(self, db: Database) -> None:
-        self.db = db
-
-    def write(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
-        db = self.db
-        db.check_open(what)
-        gate = db.gate
-        gate.acquire(what, signal)
-        try:
-            return db.transaction(fn, doing=what)
-        finally:
-            gate.release()
-
-    def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
-        db = self.db
-        db.check_open(what)
-        gate = db.gate
-        gate.acquire(what, signal)
-        try:
-            if db._busy_off:
-                db.restore_busy(what)
-            return fn()
-        finally:
-            gate.release()
-
-    def read_consistent(self, fn: Callable[[], T], what: str) -> T:
-        """A multi-statement read from one snapshot."""
-        self.db.check_open(what)
-        with self.db.gate.held(what):
-            return self.db.transaction(fn, doing=what, immediate=False)
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        callback()
 
 
 Connection = sqlite3.Connection

@@ -208,10 +208,10 @@ class SqliteSession:
             self._db,
             self._scope,
             self._runtime,
-            state=state,  # type: ignore[arg-type]
-            kind=kind,  # type: ignore[arg-type]
-            after=after,  # type: ignore[arg-type]
-            limit=limit,  # type: ignore[arg-type]
+            state=state,
+            kind=kind,
+            after=after,
+            limit=limit,
             signal=signal,
             deadline=deadline,
         )
