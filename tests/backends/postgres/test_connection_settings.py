@@ -10,26 +10,12 @@ default the URL may override: a setting the URL names is the one used.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from jaren_jobs import Store, open_store
-from tests.conftest import require_postgres
 from tests.harness import PostgresUrl
 
 psycopg = pytest.importorskip("psycopg", reason="the dev extra installs psycopg")
-
-
-@pytest.fixture
-def pg(tmp_path: Path) -> Iterator[PostgresUrl]:
-    require_postgres()
-    harness = PostgresUrl(tmp_path / "unused.db")
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 def _settings(store: Store) -> dict[str, str | None]:

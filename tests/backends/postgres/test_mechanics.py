@@ -9,30 +9,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import jaren_jobs
 from jaren_jobs import NewJob, SchemaError, StorageError, Store
-from tests.conftest import require_postgres
 from tests.harness import PostgresUrl
 
 psycopg = pytest.importorskip("psycopg", reason="the dev extra installs psycopg")
 
 WAIT = 10.0
-
-
-@pytest.fixture
-def pg(tmp_path: Path) -> Iterator[PostgresUrl]:
-    require_postgres()
-    harness = PostgresUrl(tmp_path / "unused.db")
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 def _server_pid(store: Store) -> int:

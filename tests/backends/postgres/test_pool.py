@@ -10,28 +10,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
 from jaren_jobs import StorageError, Store
-from tests.conftest import require_postgres
 from tests.harness import PostgresUrl
 
 psycopg = pytest.importorskip("psycopg", reason="the dev extra installs psycopg")
 
 WAIT = 10.0
-
-
-@pytest.fixture
-def pg(tmp_path: Path) -> Iterator[PostgresUrl]:
-    require_postgres()
-    harness = PostgresUrl(tmp_path / "unused.db")
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 def _wait_until(predicate: Callable[[], bool], what: str) -> None:

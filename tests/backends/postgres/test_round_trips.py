@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
@@ -33,7 +32,7 @@ from jaren_jobs import (
 )
 from jaren_jobs.core.settle import Completion, SettleBatch
 from jaren_jobs.engine import settle
-from tests.conftest import FakeClock, Sequence, require_postgres
+from tests.conftest import FakeClock, Sequence
 from tests.harness import PostgresUrl
 
 psycopg = pytest.importorskip("psycopg", reason="the dev extra installs psycopg")
@@ -41,16 +40,6 @@ pq = psycopg.pq
 
 WAIT = 10.0
 _SENT = re.compile(r"^F\t\d+\t(?:Parse\t \"[^\"]*\"|Query\t) \"(.*)", re.S)
-
-
-@pytest.fixture
-def pg(tmp_path: Path) -> Iterator[PostgresUrl]:
-    require_postgres()
-    harness = PostgresUrl(tmp_path / "unused.db")
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 @pytest.fixture
