@@ -259,6 +259,9 @@ class Store:
 
         On SQLite its ``busy_timeout`` is the store's, as configured, when it
         is handed out (unless another thread is using the store at that moment).
+        On a store with a pool (PostgreSQL from a URL) it is the connection the
+        calling thread's transaction holds; outside one, the connection the
+        next call would take.
         """
         return self._backend.connection()
 
