@@ -218,3 +218,31 @@ def test_a_pool_size_a_store_cannot_honour_is_refused_before_it_opens(
     store = backend.open(runtime=runtime, pool_size=1)  # one connection: what it has
     store.jobs.enqueue("k", id="one")
     assert store.jobs.get("one") is not None
+
+
+@pytest.mark.requires("pool")
+def test_two_tasks_transactions_run_at_once_on_a_pooled_async_store(backend: Harness) -> None:
+    import asyncio
+
+    from jaren_jobs import AsyncStore
+
+    astore = AsyncStore(backend.open(pool_size=2, gate_timeout_seconds=WAIT))
+
+    async def main() -> list[int]:
+        inside = {"a": asyncio.Event(), "b": asyncio.Event()}
+
+        async def hold(job_id: str, other: str) -> int:
+            async with astore.transaction() as tx:
+                await tx.jobs.enqueue("k", id=job_id)
+                rows = await tx.execute("SELECT pg_backend_pid()")
+                inside[job_id].set()
+                # each task waits for the other INSIDE its transaction: one
+                # connection between them would never let the second one in
+                await asyncio.wait_for(inside[other].wait(), WAIT)
+                return int(rows.fetchone()[0])
+
+        return list(await asyncio.gather(hold("a", "b"), hold("b", "a")))
+
+    pids = asyncio.run(asyncio.wait_for(main(), WAIT * 3))
+    assert len(set(pids)) == 2
+    assert {job.id for job in astore.store.jobs.page()} == {"a", "b"}
