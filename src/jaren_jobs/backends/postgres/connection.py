@@ -170,7 +170,8 @@ class PgDatabase:
         """
         self.gate.acquire(what, signal)
         try:
-            conn = self._idle_connection("reconnecting")
+            # the call that needs a connection names the failure to open one
+            conn = self._idle_connection(f"{what} (connecting)")
         except BaseException:
             self.gate.release()
             raise
@@ -225,7 +226,7 @@ class PgDatabase:
                 if idle in self._idle:
                     self._idle.remove(idle)
             self._discard(idle)
-        fresh = self._idle_connection("reconnecting")
+        fresh = self._idle_connection("store.connection (connecting)")
         with self._lock:
             self._idle.append(fresh)
         return fresh
