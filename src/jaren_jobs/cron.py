@@ -160,6 +160,8 @@ def _parse_field(
             first = _value(where, start, low, high, names)
             if dash:
                 last = _value(where, end, low, high, names)
+                if field == "day-of-week" and end.upper() == "SUN" and first > 0:
+                    last = 7  # FRI-SUN runs to the week's end (7 is Sunday too)
                 if last < first:
                     raise ValueError(f"{where}: range {base!r} runs backwards ({first} > {last})")
             elif slash:
@@ -301,14 +303,17 @@ class CronExpression:
     # ------------------------------------------------------------ instants
 
     def next_after(self, moment: datetime, zone: tzinfo) -> datetime:
-        """The first instant strictly after ``moment`` (aware) at which this fires, in ``zone``.
+        """The first instant (in UTC) strictly after ``moment`` (aware) at which this fires.
+
+        The expression is read as wall times in ``zone``.
 
         Wall times the zone skips never fire; a repeated wall time fires at its
         first occurrence only.
         """
         try:
             local = moment.astimezone(zone)
-            wall = local.replace(tzinfo=None, fold=0) + _MINUTE
+            # the minute after the moment's own: a tick is a whole minute
+            wall = local.replace(tzinfo=None, fold=0, second=0, microsecond=0) + _MINUTE
             while True:
                 wall = self.next_wall(wall)
                 instant = _instant(wall, zone)
@@ -323,7 +328,7 @@ class CronExpression:
             ) from None
 
     def latest_at_or_before(self, moment: datetime, zone: tzinfo) -> datetime:
-        """The last instant at or before ``moment`` (aware) at which this fires, in ``zone``."""
+        """The last instant (in UTC) at or before ``moment`` (aware) at which this fires in ``zone``."""
         try:
             local = moment.astimezone(zone)
             wall = local.replace(tzinfo=None, fold=0)
@@ -344,9 +349,12 @@ class CronExpression:
 
 
 def _instant(wall: datetime, zone: tzinfo) -> datetime | None:
-    """The first instant with this naive wall time in ``zone``; None if the zone skips it."""
-    first = wall.replace(tzinfo=zone, fold=0)
-    back = first.astimezone(timezone.utc).astimezone(zone)
-    if back.replace(tzinfo=None, fold=0) != wall:
+    """The first instant with this naive wall time in ``zone`` (in UTC); None if skipped.
+
+    In UTC: an aware datetime inside a repeated hour never compares equal to
+    one in another zone (PEP 495), a trap the caller should not meet.
+    """
+    instant = wall.replace(tzinfo=zone, fold=0).astimezone(timezone.utc)
+    if instant.astimezone(zone).replace(tzinfo=None, fold=0) != wall:
         return None  # in a gap: fold=0 resolved it with the offset from before the jump
-    return back
+    return instant

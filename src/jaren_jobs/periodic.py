@@ -143,9 +143,11 @@ class Periodic:
     # ------------------------------------------------------------ ticks
 
     def next_after(self, moment: datetime) -> datetime:
-        """The first tick strictly after ``moment``, in the schedule's ``timezone``.
+        """The first tick strictly after ``moment``, as a UTC datetime.
 
-        Pure. ``moment`` must be an aware datetime (a naive one is refused: it
+        Pure. (UTC because an aware datetime inside a repeated hour never
+        compares equal to one in another zone; ``.astimezone(zone)`` to show
+        it.) ``moment`` must be an aware datetime (a naive one is refused: it
         names no instant). ``cron`` ticks are wall times in ``timezone``; one
         the zone skips never fires, one it repeats fires at its first
         occurrence. ``every_seconds`` ticks are the multiples of the period
@@ -155,16 +157,16 @@ class Periodic:
         if self._every_ms is not None:
             ms = _epoch_ms(moment)
             tick = (ms // self._every_ms + 1) * self._every_ms
-            return _from_ms(tick).astimezone(self._zone)
+            return _from_ms(tick)
         assert self._expression is not None
         return self._expression.next_after(moment, self._zone)
 
     def latest_at_or_before(self, moment: datetime) -> datetime:
-        """The last tick at or before ``moment`` (aware), in the schedule's ``timezone``."""
+        """The last tick at or before ``moment`` (aware), as a UTC datetime."""
         check_aware(moment, f"Periodic({self.name!r}).latest_at_or_before(): moment")
         if self._every_ms is not None:
             ms = _epoch_ms(moment)
-            return _from_ms(ms // self._every_ms * self._every_ms).astimezone(self._zone)
+            return _from_ms(ms // self._every_ms * self._every_ms)
         assert self._expression is not None
         return self._expression.latest_at_or_before(moment, self._zone)
 
