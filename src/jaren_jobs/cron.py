@@ -328,7 +328,10 @@ class CronExpression:
             ) from None
 
     def latest_at_or_before(self, moment: datetime, zone: tzinfo) -> datetime:
-        """The last instant (in UTC) at or before ``moment`` (aware) at which this fires in ``zone``."""
+        """The last instant (in UTC) at or before ``moment`` (aware) at which this fires.
+
+        The expression is read as wall times in ``zone``.
+        """
         try:
             local = moment.astimezone(zone)
             wall = local.replace(tzinfo=None, fold=0)

@@ -9,6 +9,7 @@ twice); the cases that say so call it to show it.
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
@@ -177,7 +178,7 @@ def test_berlin_overlap_every_half_hour_fires_each_wall_time_once() -> None:
         "03:00+0100",
         "03:30+0100",
     ]
-    gaps = [b - a for a, b in zip(found, found[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(found)]
     assert gaps == [timedelta(minutes=30)] * 3 + [timedelta(minutes=90), timedelta(minutes=30)]
 
 
@@ -219,7 +220,7 @@ def test_new_york_hourly_in_the_overlap_fires_each_wall_hour_once() -> None:
 def test_every_minute_across_the_spring_gap_has_no_tick_in_it() -> None:
     found = ticks("* * * * *", datetime(2024, 3, 10, 1, 58, tzinfo=NEW_YORK), NEW_YORK, 3)
     assert [t.astimezone(NEW_YORK).strftime("%H:%M") for t in found] == ["01:59", "03:00", "03:01"]
-    assert [b - a for a, b in zip(found, found[1:], strict=False)] == [timedelta(minutes=1)] * 2
+    assert [b - a for a, b in itertools.pairwise(found)] == [timedelta(minutes=1)] * 2
 
 
 # ------------------------------------------------------------ mistakes, named
@@ -254,7 +255,7 @@ def test_every_minute_across_the_spring_gap_has_no_tick_in_it() -> None:
     ],
 )
 def test_a_bad_expression_is_a_value_error_naming_the_field(expression: str, message: str) -> None:
-    with pytest.raises(ValueError, match="^cron .*") as info:
+    with pytest.raises(ValueError, match=r"^cron ") as info:
         parse_cron(expression)
     assert message in str(info.value)
 

@@ -85,7 +85,7 @@ instants = st.datetimes(
 
 
 def _offset_constant(zone: ZoneInfo, a: datetime, b: datetime) -> bool:
-    """No change of the zone's offset between two instants (sampled twice a day: none lasts less)."""
+    """No change of the zone's offset between two instants (sampled twice a day)."""
     first = a.astimezone(zone).utcoffset()
     t = a
     while t < b:
