@@ -65,7 +65,7 @@ class Periodic:
     kind: str
     cron: str | None = None
     every_seconds: float | None = None
-    payload: Any = None
+    payload: Any = field(default=None, hash=False)  # a dict is unhashable; eq still sees it
     timezone: str = "UTC"
     queue: str = "default"
     priority: int = 0

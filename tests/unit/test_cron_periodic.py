@@ -58,6 +58,7 @@ def test_it_is_frozen_and_keeps_a_copy_of_its_payload() -> None:
         schedule.name = "q"  # type: ignore[misc]
     assert schedule == Periodic("p", "k", every_seconds=5, payload={"to": ["ops"]})
     assert "Periodic(name='p'" in repr(schedule)
+    assert len({schedule, Periodic("p", "k", every_seconds=5, payload={"to": ["ops"]})}) == 1
 
 
 @pytest.mark.parametrize(
