@@ -165,7 +165,9 @@ def _parse_field(
                 if last < first:
                     raise ValueError(f"{where}: range {base!r} runs backwards ({first} > {last})")
             elif slash:
-                last = high  # a/n: from a to the field's end
+                # a/n: from a to the field's end (Saturday for the day of
+                # week, as with '*': 7 only repeats Sunday)
+                last = 6 if field == "day-of-week" else high
             else:
                 last = first
         chosen.update(range(first, last + 1, step))
