@@ -41,6 +41,7 @@ from .errors import (
     StoreClosed,
     TransactionAborted,
 )
+from .periodic import Periodic
 from .records import (
     ClaimedJob,
     CorruptJson,
@@ -99,6 +100,7 @@ __all__ = [
     "OperationCancelled",
     "Outcome",
     "Page",
+    "Periodic",
     "Rows",
     "RunMismatch",
     "Runtime",

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from types import TracebackType
@@ -30,6 +30,7 @@ from .arunner import AsyncCheckpointStore, ThreadRunner
 from .aworker import AsyncWorker, create_async_worker
 from .backend import Rows
 from .cursor import Barrier, Cursor, Streaming
+from .periodic import Periodic
 from .records import ClaimedJob, Counts, Job, Lease, NewJob, Outcome, StopOutcome
 from .runtime import Defaults
 from .signals import SignalLike
@@ -258,6 +259,7 @@ class AsyncJobs:
         stop_grace_seconds: float | None = None,
         on_renewal: Callable[[Lease], Any] | None = None,
         on_idle: Callable[[], Any] | None = None,
+        periodic: Sequence[Periodic] | None = None,
     ) -> AsyncWorker:
         """An :class:`~jaren_jobs.AsyncWorker` for ``handlers``, not started (SPEC §11):
         ``async def`` handlers are awaited on the calling loop, plain ones run on threads.
@@ -277,6 +279,7 @@ class AsyncJobs:
             stop_grace_seconds=stop_grace_seconds,
             on_renewal=on_renewal,
             on_idle=on_idle,
+            periodic=periodic,
         )
 
 

@@ -22,11 +22,12 @@ import concurrent.futures
 import functools
 import inspect
 import threading
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
 from .arunner import AsyncCheckpointStore, ThreadRunner
+from .periodic import Periodic
 from .records import ClaimedJob, Lease, Outcome, StopOutcome, WorkerStats
 from .signals import Signal
 from .store import Jobs
@@ -263,6 +264,7 @@ def create_async_worker(
     stop_grace_seconds: float | None = None,
     on_renewal: Callable[[Lease], Any] | None = None,
     on_idle: Callable[[], Any] | None = None,
+    periodic: Sequence[Periodic] | None = None,
 ) -> AsyncWorker:
     options = {
         "concurrency": concurrency,
@@ -276,5 +278,6 @@ def create_async_worker(
         "stop_grace_seconds": stop_grace_seconds,
         "on_renewal": on_renewal,
         "on_idle": on_idle,
+        "periodic": periodic,
     }
     return AsyncWorker(jobs, runner, handlers, options)

@@ -16,6 +16,7 @@ from .backends.sqlite.store import SqliteBackend
 from .engine import EngineHub, JobEngine, session_of
 from .errors import GateRefused, JobsError, StorageError, TransactionAborted
 from .gate import Gate
+from .periodic import Periodic
 from .records import Lease, Outcome, StopOutcome
 from .runtime import (
     Defaults,
@@ -69,11 +70,14 @@ class Jobs(JobEngine):
         stop_grace_seconds: float | None = None,
         on_renewal: Callable[[Lease], Any] | None = None,
         on_idle: Callable[[], Any] | None = None,
+        periodic: Sequence[Periodic] | None = None,
     ) -> Worker:
         """A worker running ``handlers`` over this store, not started (SPEC §7).
 
         Its own database calls are root-scoped and tracked even when it is
         created through ``tx.jobs``: a worker never joins a transaction's fate.
+        ``periodic``: :class:`~jaren_jobs.Periodic` schedules whose ticks it
+        enqueues (SPEC §12).
         """
         # other processes' enqueues wake it too, where the database can say so
         session_of(self).store_backend.wake_on_commits(self._hub.wake)
@@ -92,6 +96,7 @@ class Jobs(JobEngine):
             stop_grace_seconds=stop_grace_seconds,
             on_renewal=on_renewal,
             on_idle=on_idle,
+            periodic=periodic,
         )
 
 

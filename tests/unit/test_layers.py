@@ -16,17 +16,19 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "jaren_jobs"
 
 # Lowest first. A module may import modules of its own layer or below.
 LAYERS: list[set[str]] = [
-    {"errors", "runtime", "signals", "codec", "records"},
+    {"errors", "runtime", "signals", "codec", "records", "cron"},
     {"core"},
     {"gate", "rows", "backend", "cursor"},
     {"backends"},
     {"pages", "hub"},
     {"engine", "checkpoints", "batcher", "aio"},
+    # schedules and tick enqueueing: over the engine, given to workers
+    {"periodic"},
     {"worker"},
     {"store"},
     {"arunner"},
     {"aworker"},
-    {"astore", "periodic", "dag", "contrib", "dashboard", "demo", "cli", "testing"},
+    {"astore", "dag", "contrib", "dashboard", "demo", "cli", "testing"},
     {"__init__", "__main__"},
 ]
 

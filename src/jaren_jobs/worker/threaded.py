@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +19,8 @@ from jaren_jobs.engine import (
     root_scope_of,
     store_backend_of,
 )
+from jaren_jobs.errors import JobsError
+from jaren_jobs.periodic import Periodic, Ticker
 from jaren_jobs.records import (
     Lease,
     Outcome,
@@ -27,7 +30,7 @@ from jaren_jobs.records import (
 from jaren_jobs.runtime import check_seconds
 from jaren_jobs.signals import CancelScope
 
-from . import attempt, claims, outcomes, renewals, settler, tracking
+from . import attempt, claims, outcomes, renewals, settler, ticks, tracking
 from .attempt import Handler, WorkerStopped, _Attempt, _Held
 from .pacing import _HORIZON_SECONDS, _Batch
 from .renewals import _Renewals
@@ -35,6 +38,7 @@ from .settler import _Entry
 from .tracking import _TrackedScope
 
 _worker_numbers = itertools.count(1)
+_log = logging.getLogger("jaren_jobs")
 
 
 class Worker:
@@ -62,6 +66,7 @@ class Worker:
         backoff_base_seconds: float | None,
         backoff_cap_seconds: float | None,
         stop_grace_seconds: float,
+        periodic: tuple[Periodic, ...] = (),
     ) -> None:
         self._hub = hub
         self._backend = store_backend_of(engine)
@@ -108,6 +113,10 @@ class Worker:
             lambda: bool(self._attempts),
             self._renew_every / 4,
         )
+
+        # periodic schedules: their ticks, enqueued by a thread of their own
+        self._ticker = Ticker(periodic, hub.runtime.now_ms) if periodic else None
+        self._ticker_thread: threading.Thread | None = None
 
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -231,13 +240,16 @@ class Worker:
             self._threads.extend(threads)
         for thread in threads:
             thread.start()
+        self._start_ticker()
         return self
 
     def run_once(self) -> bool:
         """One step in the calling thread: claim → run → settle.
 
-        Returns True when it ran a job, False when nothing was claimable (or
-        the claim failed, or the worker is stopping). A handler's
+        First it enqueues the periodic ticks due at the runtime clock's now
+        (so a test's clock drives the schedules). Returns True when it ran
+        a job, False when nothing was claimable (or the claim failed, or the
+        worker is stopping). A handler's
         ``KeyboardInterrupt``/``SystemExit`` propagates to the caller after
         the worker halts (see :meth:`stop`).
         """
@@ -245,6 +257,12 @@ class Worker:
             return False
         self._backend.check_open("run_once()")
         self._activate()
+        try:
+            self._enqueue_ticks()
+        except JobsError:
+            # as a failed claim is: logged, and the step goes on (the ticks
+            # stay due for the next call)
+            _log.exception("jaren_jobs: worker %r: enqueueing periodic ticks failed", self.owner)
         ran = self._step()
         interrupt: BaseException | None = getattr(self._local, "interrupt", None)
         if interrupt is not None:  # an observer's, met in this thread: every outcome is out
@@ -295,6 +313,8 @@ class Worker:
                 self._halt.abort(self._stopping_reason("stop() was called"))
                 with self._cond:
                     self._cond.notify_all()
+                # the halt woke it; an enqueue under way ends within the gate's bound
+                self._join_ticker(max(self._backend.wait_seconds, 1.0))
             deadline = time.monotonic() + grace
             with self._cond:
                 while self._busy > 0:
@@ -328,7 +348,12 @@ class Worker:
         with self._lock:
             # a loop thread, or any thread inside run_once() (its handler or observer)
             own = current in self._threads or current.ident in self._stepping
-        return own or current is self._renewals.thread or current is self._settler
+        return (
+            own
+            or current is self._renewals.thread
+            or current is self._settler
+            or current is self._ticker_thread
+        )
 
     def _stopped_error(self, what: str) -> WorkerStopped:
         return WorkerStopped(
@@ -398,6 +423,12 @@ class Worker:
     # renewals.py: renewals
     _renewals_due = renewals._renewals_due
     _renew_attempt = renewals._renew_attempt
+
+    # ticks.py: periodic ticks
+    _start_ticker = ticks._start_ticker
+    _tick_loop = ticks._tick_loop
+    _enqueue_ticks = ticks._enqueue_ticks
+    _join_ticker = ticks._join_ticker
 
     # tracking.py: operation tracking, activation and quiescence
     _activate = tracking._activate
