@@ -97,8 +97,10 @@ def test_a_killed_connection_is_replaced_and_the_pool_stays_full_size(pg: Postgr
     with pytest.raises(StorageError) as info:
         store.jobs.enqueue("k", id="lost")
     assert isinstance(info.value.__cause__, psycopg.Error)
-    # the broken one left the pool; the next calls never meet it again
-    assert db.size == 2
+    # the broken one left the pool, and the idle ones with it (the same event, a
+    # server restart, would have ended them too): the next call opens a fresh one
+    # instead of meeting another dead connection
+    assert db.size == 0
     for n in range(5):
         store.jobs.enqueue("k", id=f"after-{n}")
     assert store.jobs.get("lost") is None
@@ -107,6 +109,26 @@ def test_a_killed_connection_is_replaced_and_the_pool_stays_full_size(pg: Postgr
     assert len(again) == 3
     assert db.size == 3
     assert _live(pg, again) == again
+
+
+def test_when_every_connection_dies_at_once_one_call_fails_not_one_per_connection(
+    pg: PostgresUrl,
+) -> None:
+    # what a server restart does to an idle pool: every session ended, unseen
+    # until used; the call that meets the first dead one fails, and the rest go
+    # with it, so the next call (a worker retrying what failed) has a fresh one
+    store = pg.open(pool_size=3)
+    pids = _hold_all(store, 3)
+    with psycopg.connect(pg.server_url, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (list(pids),)
+        )
+    _wait_until(lambda: not _live(pg, pids), "the server to end every session")
+    with pytest.raises(StorageError):
+        store.jobs.enqueue("k", id="lost")
+    for n in range(3):
+        store.jobs.enqueue("k", id=f"after-{n}")
+    assert pg.job_ids() == ["after-0", "after-1", "after-2"]
 
 
 def test_a_transaction_whose_connection_dies_fails_and_the_connection_is_not_reused(

@@ -195,9 +195,19 @@ class PgDatabase:
             if self._usable(conn) and not (self.closed and self.owns):
                 with self._lock:
                     self._idle.append(conn)
+            elif self._usable(conn):
+                self._discard(conn)  # given back after close() stopped waiting for it
             else:
-                # broken, or given back after close() stopped waiting for it
                 self._discard(conn)
+                # what broke it (a server restart, a failover, a network cut) most
+                # likely broke the idle ones too, unseen until used: drop them all,
+                # so the next calls (a worker's retry of what just failed) get a
+                # fresh connection, as the store's one connection did, instead of
+                # failing once per dead idle connection
+                with self._lock:
+                    idle, self._idle = self._idle, []
+                for other in idle:
+                    self._discard(other)
         finally:
             self.gate.release()
 
