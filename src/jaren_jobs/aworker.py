@@ -22,7 +22,7 @@ import concurrent.futures
 import functools
 import inspect
 import threading
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -263,6 +263,7 @@ def create_async_worker(
     stop_grace_seconds: float | None = None,
     on_renewal: Callable[[Lease], Any] | None = None,
     on_idle: Callable[[], Any] | None = None,
+    queues: Iterable[str] | None = None,
 ) -> AsyncWorker:
     options = {
         "concurrency": concurrency,
@@ -276,5 +277,6 @@ def create_async_worker(
         "stop_grace_seconds": stop_grace_seconds,
         "on_renewal": on_renewal,
         "on_idle": on_idle,
+        "queues": queues,
     }
     return AsyncWorker(jobs, runner, handlers, options)

@@ -127,7 +127,7 @@ class JobsSession(Protocol):
 
     def settled_by(self, lease: Lease, what: str) -> Job | None: ...
 
-    def count_jobs(self, what: str) -> Counts: ...
+    def count_jobs(self, what: str, queue: str | None = None) -> Counts: ...
 
     def claim(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]: ...
 
@@ -158,6 +158,7 @@ class JobsSession(Protocol):
         limit: object,
         signal: SignalLike | None,
         deadline: datetime | None,
+        queue: object = None,
     ) -> Cursor[Job]: ...
 
     # ---- settling: one batch, one unit of work (a lone complete() is a batch of one)

@@ -63,6 +63,7 @@ class Jobs(JobEngine):
         stop_grace_seconds: float | None = None,
         on_renewal: Callable[[Lease], Any] | None = None,
         on_idle: Callable[[], Any] | None = None,
+        queues: Iterable[str] | None = None,
     ) -> Worker:
         """A worker running ``handlers`` over this store, not started (SPEC §7).
 
@@ -86,6 +87,7 @@ class Jobs(JobEngine):
             stop_grace_seconds=stop_grace_seconds,
             on_renewal=on_renewal,
             on_idle=on_idle,
+            queues=queues,
         )
 
 

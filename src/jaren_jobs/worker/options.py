@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from jaren_jobs.codec import check_text
+from jaren_jobs.core.commands import check_queues
 from jaren_jobs.engine import EngineHub, JobEngine
 from jaren_jobs.records import (
     Lease,
@@ -105,6 +106,7 @@ def create_worker(
     stop_grace_seconds: float | None = None,
     on_renewal: Callable[[Lease], Any] | None = None,
     on_idle: Callable[[], Any] | None = None,
+    queues: Iterable[str] | None = None,
 ) -> Worker:
     """Build a :class:`Worker` (``store.jobs.create_worker`` calls this). Not started.
 
@@ -112,11 +114,13 @@ def create_worker(
     default to the store's :class:`~jaren_jobs.Defaults`; ``owner`` to a fresh
     id from the runtime. ``on_outcome(Outcome)`` sees every attempt's one
     outcome; ``on_renewal(Lease)`` every successful renewal; ``on_idle()``
-    every time a loop finds nothing to claim and goes idle. Observers that
+    every time a loop finds nothing to claim and goes idle. ``queues`` (an
+    iterable of queue names; ``None``: every queue) limits what it claims. Observers that
     raise are logged (logger ``jaren_jobs``) and otherwise ignored.
     Mistakes are ``TypeError``/``ValueError``.
     """
     checked = _check_handlers(handlers)
+    names = check_queues(queues, "create_worker()")
     loops = check_positive_int(concurrency, "create_worker(): concurrency")
     defaults = hub.defaults
     poll = (
@@ -170,4 +174,5 @@ def create_worker(
         backoff_base_seconds=base,
         backoff_cap_seconds=cap,
         stop_grace_seconds=grace,
+        queues=names,
     )

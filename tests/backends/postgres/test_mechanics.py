@@ -60,6 +60,7 @@ def test_every_migration_from_empty_gives_the_current_schema(pg: PostgresUrl) ->
         "id", "kind", "payload", "state", "priority", "run_at", "attempts", "max_attempts",
         "lease_until", "lease_owner", "lease_generation", "lease_token", "settled_generation",
         "claim_key", "last_error", "result", "created_at", "updated_at", "seq",
+        "queue", "unique_key",
     ]  # fmt: skip
     # times are bigint epoch ms, payloads JSON text (byte-exact)
     kinds = dict(columns)
@@ -67,7 +68,15 @@ def test_every_migration_from_empty_gives_the_current_schema(pg: PostgresUrl) ->
     assert kinds["payload"] == kinds["result"] == "text"
     indexes = {row[0] for row in pg.query("SELECT indexname FROM pg_indexes WHERE schemaname = ?",
                                           (pg.schema,))}  # fmt: skip
-    assert {"_jaren_jobs_ready", "_jaren_jobs_leased", "_jaren_jobs_settled"} <= indexes
+    assert {
+        "_jaren_jobs_ready", "_jaren_jobs_leased", "_jaren_jobs_settled",
+        "_jaren_jobs_ready_queue", "_jaren_jobs_unique",
+    } <= indexes  # fmt: skip
+    # the text keys sort bytewise, as every other key does
+    collations = dict(pg.query(
+        "SELECT column_name, collation_name FROM information_schema.columns "
+        "WHERE table_schema = ? AND table_name = '_jaren_jobs'", (pg.schema,)))  # fmt: skip
+    assert collations["queue"] == collations["unique_key"] == collations["kind"] == "C"
     assert pg.query("SELECT value FROM _jaren_meta WHERE key = 'schema_version'") == [
         (str(SCHEMA_VERSION),)
     ]

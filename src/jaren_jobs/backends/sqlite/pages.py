@@ -23,7 +23,7 @@ from functools import partial
 from typing import Any
 
 from jaren_jobs.backend import Scope
-from jaren_jobs.core.commands import check_page_filters
+from jaren_jobs.core.commands import check_page_filters, check_page_queue
 from jaren_jobs.cursor import Admit, Cursor
 from jaren_jobs.records import Job
 from jaren_jobs.rows import job_from_row
@@ -90,6 +90,7 @@ def page_jobs(
     limit: int,
     signal: SignalLike | None,
     deadline: datetime | None,
+    queue: object = None,
 ) -> Cursor[Job]:
     """A keyset cursor over jobs by id: at most ``limit`` jobs with id > ``after``.
 
@@ -101,15 +102,18 @@ def page_jobs(
     """
     what = "page()"
     state_, kind_, after_, limit_ = check_page_filters(state, kind, after, limit, what)
+    queue_ = check_page_queue(queue, what)
     sig = check_signal_arg(signal, what)
     dl = check_deadline_arg(deadline, what)
     db.check_open(what)
-    statement = sql.page_jobs(state_ is not None, kind_ is not None)
+    statement = sql.page_jobs(state_ is not None, kind_ is not None, queue_ is not None)
     params: dict[str, Any] = {}
     if state_ is not None:
         params["state"] = state_
     if kind_ is not None:
         params["kind"] = kind_
+    if queue_ is not None:
+        params["queue"] = queue_
 
     if scope.root:
         # the gate per pull, never between pulls
