@@ -171,6 +171,43 @@ def test_the_claim_and_the_fence_use_their_indexes(pg: PostgresUrl) -> None:
     assert "Seq Scan" not in fence
 
 
+def test_claims_by_queue_and_unique_keys_use_their_indexes(pg: PostgresUrl) -> None:
+    from jaren_jobs.backends.postgres import queries as sql
+
+    store = pg.open()
+    for start in range(0, 20_000, 1_000):
+        store.jobs.enqueue_many(
+            [NewJob("busy", {"n": n}, queue=f"q{n % 8}") for n in range(start, start + 1_000)]
+            + [NewJob("busy", {"n": n}, unique_key=f"u{start + n}") for n in range(50)]
+        )
+    now = 2**62
+    params = {"k0": "busy", "q0": "q3", "q1": "q5", "now": now, "limit": 8}
+    claim = _plan(pg, sql.claim_lock(1, 2), params)
+    # one walk of the queue-first index per (queue, kind), in claim order (no sort under it)
+    assert claim.count("_jaren_jobs_ready_queue") == 2, claim
+    assert "_jaren_jobs_leased" in claim
+    assert "Seq Scan" not in claim
+    branches = claim.split("CTE ")[1:]
+    for branch in branches:
+        if "_jaren_jobs_ready_queue" in branch:
+            assert "Sort" not in branch, claim
+    unique = _plan(
+        pg,
+        sql.ENQUEUE_UNIQUE,
+        {
+            "id": "x", "kind": "busy", "payload": "null", "priority": 0, "run_at": now,
+            "max_attempts": 5, "now": now, "queue": "default", "key": "u7",
+        },
+    )  # fmt: skip
+    assert "_jaren_jobs_unique" in unique, unique
+    assert "Seq Scan" not in unique
+    requeue = _plan(pg, sql.REQUEUE, {"id": "x", "now": now})
+    assert "Seq Scan" not in requeue
+    assert "_jaren_jobs_unique" in requeue, requeue
+    counted = store.jobs.counts(queue="q3")
+    assert counted.pending == 20_000 // 8
+
+
 # ----------------------------------------------------------------- SKIP LOCKED
 
 
