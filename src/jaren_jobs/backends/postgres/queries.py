@@ -77,7 +77,7 @@ ID_EXISTS = f"SELECT 1 FROM {JOBS} WHERE id = %s"
 REQUEUE_KEY_HOLDER = f"""SELECT other.id FROM {JOBS} AS j
   JOIN {JOBS} AS other ON other.unique_key = j.unique_key AND other.unique_key IS NOT NULL
     AND other.{ACTIVE} AND other.id <> j.id
-  WHERE j.id = %s"""
+  WHERE j.state IN ('dead', 'cancelled') AND j.id = %s"""
 
 # a batch in one statement: arrays, one element per job
 ENQUEUE_MANY = f"""INSERT INTO {JOBS}

@@ -166,7 +166,7 @@ REQUEUE_KEY_HOLDER = f"""SELECT other.id FROM {JOBS} AS j
   JOIN {JOBS} AS other INDEXED BY "_jaren_jobs_unique"
     ON other.unique_key = j.unique_key AND other.unique_key IS NOT NULL
     AND other.{ACTIVE} AND other.id <> j.id
-  WHERE j.id = ?"""
+  WHERE j.state IN ('dead', 'cancelled') AND j.id = ?"""
 
 
 @lru_cache(maxsize=32)
