@@ -208,6 +208,98 @@ def test_claims_by_queue_and_unique_keys_use_their_indexes(pg: PostgresUrl) -> N
     assert counted.pending == 20_000 // 8
 
 
+def test_a_requeue_racing_a_new_holder_of_its_key_is_refused_not_aborted(pg: PostgresUrl) -> None:
+    """The holder commits while the requeue's update waits on it: a unique violation the
+    session turns into the same refusal, and the store goes on."""
+    from jaren_jobs import DuplicateJob
+
+    store = pg.open()
+    store.jobs.enqueue("k", id="old", unique_key="u")
+    store.jobs.cancel("old")
+    other = jaren_jobs.open_store(pg.url)
+    answers: list[BaseException | bool] = []
+    try:
+        with other.transaction() as tx:
+            tx.jobs.enqueue("k", id="new", unique_key="u")
+
+            def requeue() -> None:
+                try:
+                    answers.append(store.jobs.requeue("old"))
+                except BaseException as exc:
+                    answers.append(exc)
+
+            thread = threading.Thread(target=requeue)
+            thread.start()
+            deadline = time.monotonic() + WAIT
+            # the requeue's update waits on the uncommitted holder's index entry
+            while not pg.query(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%_jaren_jobs%'"
+            ):
+                assert time.monotonic() < deadline, "the requeue never waited on the holder"
+                time.sleep(0.01)
+        thread.join(WAIT)
+        assert len(answers) == 1
+        refused = answers[0]
+        assert isinstance(refused, DuplicateJob), refused
+        assert refused.details["held_by"] == "new"
+        assert store.jobs.get("old").state == "cancelled"  # type: ignore[union-attr]
+        assert store.jobs.get("new").state == "pending"  # type: ignore[union-attr]
+        assert store.jobs.enqueue("k", unique_key="u").id == "new"
+    finally:
+        other.close()
+
+
+def test_an_enqueue_that_waited_on_an_uncommitted_holder_answers_it(pg: PostgresUrl) -> None:
+    """The holder commits while the insert waits on it: the statement's snapshot does not
+    show it, so the session reads it again, and answers it (nothing written, no error)."""
+    store = pg.open()
+    other = jaren_jobs.open_store(pg.url)
+    answers: list[Any] = []
+    try:
+        with other.transaction() as tx:
+            tx.jobs.enqueue("k", id="first", unique_key="u")
+
+            def enqueue() -> None:
+                try:
+                    answers.append(store.jobs.enqueue("k", id="second", unique_key="u"))
+                except BaseException as exc:
+                    answers.append(exc)
+
+            thread = threading.Thread(target=enqueue)
+            thread.start()
+            deadline = time.monotonic() + WAIT
+            while not pg.query(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%_jaren_jobs%'"
+            ):
+                assert time.monotonic() < deadline, "the enqueue never waited on the holder"
+                time.sleep(0.01)
+        thread.join(WAIT)
+        assert len(answers) == 1
+        assert getattr(answers[0], "id", answers[0]) == "first"
+        assert store.jobs.get("second") is None
+        # and if the holder rolls back instead, the waiting enqueue makes its own job
+        store.jobs.cancel("first")
+        with pytest.raises(ZeroDivisionError), other.transaction() as tx:  # noqa: PT012
+            tx.jobs.enqueue("k", id="third", unique_key="u")
+            thread = threading.Thread(target=enqueue)
+            thread.start()
+            deadline = time.monotonic() + WAIT
+            while not pg.query(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%_jaren_jobs%'"
+            ):
+                assert time.monotonic() < deadline, "the enqueue never waited on the holder"
+                time.sleep(0.01)
+            1 / 0  # noqa: B018
+        thread.join(WAIT)
+        assert getattr(answers[1], "id", answers[1]) == "second"
+        assert store.jobs.get("third") is None
+    finally:
+        other.close()
+
+
 # ----------------------------------------------------------------- SKIP LOCKED
 
 

@@ -361,7 +361,21 @@ class PostgresSession:
 
         def work() -> bool | FenceRow | None:
             now = self._runtime.now_ms()
-            if self._db.changes(sql.REQUEUE, {"id": job_id, "now": now}, doing=what):
+
+            def move() -> int:
+                return self._db.changes(sql.REQUEUE, {"id": job_id, "now": now}, doing=what)
+
+            # REQUEUE skips a row whose key another job holds, as of its snapshot; a
+            # holder enqueued concurrently (committing while the update waits on it)
+            # is a unique violation instead. Under a savepoint, so that it aborts
+            # nothing: it is then refused like the other case.
+            try:
+                moved = self._db.savepoint(move, doing=what)
+            except StorageError as exc:
+                if exc.details.get("sqlstate") != "23505":
+                    raise
+                moved = 0
+            if moved:
                 drop()
                 self._notify(what)
                 return True
