@@ -117,6 +117,8 @@ class AsyncJobs:
         delay_seconds: float | None = None,
         max_attempts: int | None = None,
         priority: int = 0,
+        queue: str = "default",
+        unique_key: str | None = None,
     ) -> Job:
         """Add one job (see ``store.jobs.enqueue``)."""
         return await self._run(
@@ -128,6 +130,8 @@ class AsyncJobs:
             delay_seconds=delay_seconds,
             max_attempts=max_attempts,
             priority=priority,
+            queue=queue,
+            unique_key=unique_key,
         )
 
     async def enqueue_many(self, jobs: Iterable[NewJob]) -> list[Job]:
@@ -136,13 +140,20 @@ class AsyncJobs:
     async def get(self, id: str) -> Job | None:
         return await self._run(self._jobs.get, id)
 
-    async def counts(self) -> Counts:
-        return await self._run(self._jobs.counts)
+    async def counts(self, *, queue: str | None = None) -> Counts:
+        return await self._run(self._jobs.counts, queue=queue)
 
     async def claim(
-        self, kinds: Iterable[str], *, owner: str, lease_seconds: float | None = None
+        self,
+        kinds: Iterable[str],
+        *,
+        owner: str,
+        lease_seconds: float | None = None,
+        queues: Iterable[str] | None = None,
     ) -> ClaimedJob | None:
-        return await self._run(self._jobs.claim, kinds, owner=owner, lease_seconds=lease_seconds)
+        return await self._run(
+            self._jobs.claim, kinds, owner=owner, lease_seconds=lease_seconds, queues=queues
+        )
 
     async def claim_many(
         self,
@@ -151,9 +162,15 @@ class AsyncJobs:
         owner: str,
         limit: int,
         lease_seconds: float | None = None,
+        queues: Iterable[str] | None = None,
     ) -> list[ClaimedJob]:
         return await self._run(
-            self._jobs.claim_many, kinds, owner=owner, limit=limit, lease_seconds=lease_seconds
+            self._jobs.claim_many,
+            kinds,
+            owner=owner,
+            limit=limit,
+            lease_seconds=lease_seconds,
+            queues=queues,
         )
 
     async def renew(self, lease: Lease, *, lease_seconds: float | None = None) -> Lease:
@@ -231,13 +248,20 @@ class AsyncJobs:
         limit: int = 100,
         signal: SignalLike | None = None,
         deadline: datetime | None = None,
+        queue: str | None = None,
     ) -> AsyncCursor[Job]:
         """A keyset cursor by id (SPEC §5), pulled with ``async for``.
 
         Nothing is read until the first pull; bad filters raise at once.
         """
         cursor = self._jobs.page(
-            state=state, kind=kind, after=after, limit=limit, signal=signal, deadline=deadline
+            state=state,
+            kind=kind,
+            after=after,
+            limit=limit,
+            signal=signal,
+            deadline=deadline,
+            queue=queue,
         )
         return AsyncCursor(cursor, self._runner)
 
@@ -260,6 +284,7 @@ class AsyncJobs:
         on_renewal: Callable[[Lease], Any] | None = None,
         on_idle: Callable[[], Any] | None = None,
         periodic: Sequence[Periodic] | None = None,
+        queues: Iterable[str] | None = None,
     ) -> AsyncWorker:
         """An :class:`~jaren_jobs.AsyncWorker` for ``handlers``, not started (SPEC §11):
         ``async def`` handlers are awaited on the calling loop, plain ones run on threads.
@@ -280,6 +305,7 @@ class AsyncJobs:
             on_renewal=on_renewal,
             on_idle=on_idle,
             periodic=periodic,
+            queues=queues,
         )
 
 

@@ -22,7 +22,7 @@ import concurrent.futures
 import functools
 import inspect
 import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -265,6 +265,7 @@ def create_async_worker(
     on_renewal: Callable[[Lease], Any] | None = None,
     on_idle: Callable[[], Any] | None = None,
     periodic: Sequence[Periodic] | None = None,
+    queues: Iterable[str] | None = None,
 ) -> AsyncWorker:
     options = {
         "concurrency": concurrency,
@@ -279,5 +280,6 @@ def create_async_worker(
         "on_renewal": on_renewal,
         "on_idle": on_idle,
         "periodic": periodic,
+        "queues": queues,
     }
     return AsyncWorker(jobs, runner, handlers, options)

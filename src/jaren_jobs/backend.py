@@ -125,7 +125,7 @@ class JobsSession(Protocol):
 
     def get_job(self, job_id: str, what: str) -> Job | None: ...
 
-    def count_jobs(self, what: str) -> Counts: ...
+    def count_jobs(self, what: str, queue: str | None = None) -> Counts: ...
 
     def claim(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]: ...
 
@@ -156,6 +156,7 @@ class JobsSession(Protocol):
         limit: object,
         signal: SignalLike | None,
         deadline: datetime | None,
+        queue: object = None,
     ) -> Cursor[Job]: ...
 
     # ---- settling: one batch, one unit of work (a lone complete() is a batch of one)

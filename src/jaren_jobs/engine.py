@@ -26,6 +26,7 @@ from .core.commands import (
     PreparedJob,
     check_id,
     check_lease_seconds,
+    check_queue,
     claim_request,
     prepare_complete,
     prepare_fail,
@@ -115,13 +116,20 @@ class JobEngine:
         delay_seconds: float | None = None,
         max_attempts: int | None = None,
         priority: int = 0,
+        queue: str = "default",
+        unique_key: str | None = None,
     ) -> Job:
         """Add one job; wakes in-process workers once it is committed.
 
+        ``queue`` names the queue the job belongs to (a non-empty str).
+        With a ``unique_key``: while a job with that key is pending, failed or
+        leased, nothing is written and that job is returned (check
+        ``job.id``); once it is done, dead or cancelled the key is free.
+
         Refuses (nothing written): a non-JSON payload (``TypeError`` /
-        ``ValueError``), an empty or non-str kind, a bad ``max_attempts``,
-        ``priority``, ``run_at`` or ``delay_seconds``, and an id that exists
-        (:class:`DuplicateJob`).
+        ``ValueError``), an empty or non-str kind, queue or unique_key, a bad
+        ``max_attempts``, ``priority``, ``run_at`` or ``delay_seconds``, and
+        an id that exists (:class:`DuplicateJob`).
         """
         what = "enqueue()"
         prepared = self._prepare(
@@ -132,6 +140,8 @@ class JobEngine:
             delay_seconds=delay_seconds,
             max_attempts=max_attempts,
             priority=priority,
+            queue=queue,
+            unique_key=unique_key,
             what=what,
         )
         (job,) = self._session.insert_jobs((prepared,), one_by_one=True, what=what)
@@ -143,7 +153,10 @@ class JobEngine:
 
         Refuses exactly as :meth:`enqueue` would for each item (naming the
         item), an id named twice in the batch, and an id that exists
-        (:class:`DuplicateJob`, for the first such item in order).
+        (:class:`DuplicateJob`, for the first such item in order). Each item
+        with a ``unique_key`` is deduplicated on its own, as :meth:`enqueue`
+        does: its place in the answer holds the job that holds the key (for
+        two items of one key, the first one's job).
         """
         what = "enqueue_many()"
         if isinstance(jobs, (str, bytes, Mapping)):
@@ -166,6 +179,8 @@ class JobEngine:
                 delay_seconds=new.delay_seconds,
                 max_attempts=new.max_attempts,
                 priority=new.priority,
+                queue=new.queue,
+                unique_key=new.unique_key,
                 what=f"{what}: item {index}",
             )
             prepared.append(item)
@@ -196,14 +211,25 @@ class JobEngine:
         check_text(id, "get(): id")
         return self._session.get_job(id, "get()")
 
-    def counts(self) -> Counts:
-        """Jobs per state, and pending + failed jobs per kind, from one snapshot."""
-        return self._session.count_jobs("counts()")
+    def counts(self, *, queue: str | None = None) -> Counts:
+        """Jobs per state, and pending + failed jobs per kind, from one snapshot.
+
+        ``queue``: only that queue's jobs (``None``: every queue).
+        """
+        what = "counts()"
+        if queue is None:
+            return self._session.count_jobs(what)
+        return self._session.count_jobs(what, check_queue(queue, f"{what}: queue"))
 
     # ------------------------------------------------------------ claims
 
     def claim(
-        self, kinds: Iterable[str], *, owner: str, lease_seconds: float | None = None
+        self,
+        kinds: Iterable[str],
+        *,
+        owner: str,
+        lease_seconds: float | None = None,
+        queues: Iterable[str] | None = None,
     ) -> ClaimedJob | None:
         """Lease the next claimable job of these kinds, or ``None``.
 
@@ -211,9 +237,11 @@ class JobEngine:
         crashed worker's job is rescued), with ``run_at`` passed; highest
         priority first, then ``run_at``, ``created_at``, ``id``. The claim
         mints the lease: a fresh token, generation + 1, attempts + 1.
+        ``queues`` (an iterable of queue names; ``None``: every queue) claims
+        only from those.
         """
         what = "claim()"
-        request = claim_request(self._defaults, kinds, owner, lease_seconds, what)
+        request = claim_request(self._defaults, kinds, owner, lease_seconds, what, queues=queues)
         claimed = self._session.claim(request, 1, what)
         return claimed[0] if claimed else None
 
@@ -224,10 +252,11 @@ class JobEngine:
         owner: str,
         limit: int,
         lease_seconds: float | None = None,
+        queues: Iterable[str] | None = None,
     ) -> list[ClaimedJob]:
-        """Lease up to ``limit`` jobs in one transaction, in claim order."""
+        """Lease up to ``limit`` jobs in one transaction, in claim order (of ``queues``)."""
         what = "claim_many()"
-        request = claim_request(self._defaults, kinds, owner, lease_seconds, what)
+        request = claim_request(self._defaults, kinds, owner, lease_seconds, what, queues=queues)
         count = check_positive_int(limit, f"{what}: limit")
         return self._session.claim(request, count, what)
 
@@ -440,10 +469,17 @@ class JobEngine:
         limit: int = 100,
         signal: SignalLike | None = None,
         deadline: datetime | None = None,
+        queue: str | None = None,
     ) -> Cursor[Job]:
-        """A keyset cursor over jobs by id (see :mod:`jaren_jobs.cursor`)."""
+        """A keyset cursor over jobs by id (see :mod:`jaren_jobs.cursor`); ``queue`` filters."""
         return self._session.page(
-            state=state, kind=kind, after=after, limit=limit, signal=signal, deadline=deadline
+            state=state,
+            kind=kind,
+            after=after,
+            limit=limit,
+            signal=signal,
+            deadline=deadline,
+            queue=queue,
         )
 
     def checkpoints_for(self, claimed: ClaimedJob) -> CheckpointStore:
@@ -533,10 +569,17 @@ def settle_within(engine: JobEngine, batch: SettleBatch, now: int, what: str) ->
 
 
 def claim_request_for(
-    engine: JobEngine, kinds: Iterable[str], *, owner: str, lease_seconds: float | None = None
+    engine: JobEngine,
+    kinds: Iterable[str],
+    *,
+    owner: str,
+    lease_seconds: float | None = None,
+    queues: Iterable[str] | None = None,
 ) -> ClaimRequest:
     """Checked claim arguments, for a worker's repeated claims inside its settle batches."""
-    return claim_request(engine._defaults, kinds, owner, lease_seconds, "claim_many()")
+    return claim_request(
+        engine._defaults, kinds, owner, lease_seconds, "claim_many()", queues=queues
+    )
 
 
 def prepare_failure(

@@ -232,3 +232,13 @@ def storable_text(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text
+
+
+def key_held(job_id: str, holder: str, what: str) -> DuplicateJob:
+    """A requeue refused because a newer job now holds the requeued job's unique key."""
+    return DuplicateJob(
+        f"{what} refused: job {job_id!r} has a unique_key that job {holder!r} now holds "
+        "(pending, failed or leased); requeue it once that job has settled, or cancel that one",
+        job_id=job_id,
+        held_by=holder,
+    )

@@ -111,6 +111,10 @@ class Job:
     result: Any
     created_at: datetime
     updated_at: datetime
+    #: the named queue the job belongs to (SPEC §12)
+    queue: str
+    #: while the job is pending, failed or leased, no other job holds this key
+    unique_key: str | None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: times as ISO 8601 UTC strings with milliseconds; no lease token."""
@@ -130,6 +134,8 @@ class Job:
             "result": _json_value(self.result),
             "created_at": _iso(self.created_at),
             "updated_at": _iso(self.updated_at),
+            "queue": self.queue,
+            "unique_key": self.unique_key,
         }
 
 
@@ -184,6 +190,8 @@ class NewJob:
     delay_seconds: float | None = None
     max_attempts: int | None = None
     priority: int = 0
+    queue: str = "default"
+    unique_key: str | None = None
 
 
 @dataclass(frozen=True)

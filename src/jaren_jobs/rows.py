@@ -137,6 +137,8 @@ def _job_fields(row: tuple[Any, ...], codec: str) -> dict[str, Any]:
         "result": result,
         "created_at": _instant(row[13]),
         "updated_at": _instant(row[14]),
+        "queue": row[16],
+        "unique_key": row[17],
     }
 
 
@@ -216,5 +218,7 @@ def inserted_job(job_id: str, prepared: PreparedJob, run_at: int, now: int) -> J
             "result": None,
             "created_at": created,
             "updated_at": created,
+            "queue": prepared.queue,
+            "unique_key": prepared.unique_key,
         },
     )

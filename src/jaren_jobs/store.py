@@ -71,6 +71,7 @@ class Jobs(JobEngine):
         on_renewal: Callable[[Lease], Any] | None = None,
         on_idle: Callable[[], Any] | None = None,
         periodic: Sequence[Periodic] | None = None,
+        queues: Iterable[str] | None = None,
     ) -> Worker:
         """A worker running ``handlers`` over this store, not started (SPEC §7).
 
@@ -97,6 +98,7 @@ class Jobs(JobEngine):
             on_renewal=on_renewal,
             on_idle=on_idle,
             periodic=periodic,
+            queues=queues,
         )
 
 

@@ -27,6 +27,8 @@ from jaren_jobs import (
 )
 
 QUEUED = ("pending", "failed")
+# the states in which a job holds its unique key (SPEC §12)
+HOLDING = ("pending", "failed", "leased")
 SETTLED = ("done", "dead", "cancelled")
 STATES = ("pending", "leased", "done", "failed", "dead", "cancelled")
 
@@ -79,6 +81,8 @@ class ModelJob:
     # what last_error must contain (None: must be absent)
     last_error: str | None = None
     result: Any = None
+    queue: str = "default"
+    unique_key: str | None = None
 
     def claim_key(self) -> tuple[int, int, int, str]:
         # SPEC §3: highest priority first, then run_at, created_at, id
@@ -96,6 +100,8 @@ class NewSpec:
     max_attempts: int | None
     run_at_ms: int | None = None  # an absolute run_at, already rounded down
     delay_ms: int | None = None
+    queue: str = "default"
+    unique_key: str | None = None
 
 
 @dataclass
@@ -181,6 +187,8 @@ class QueueModel:
             run_at=run_at,
             created_at=now,
             updated_at=now,
+            queue=spec.queue,
+            unique_key=spec.unique_key,
         )
 
     def check_enqueue(self, specs: Iterable[NewSpec]) -> None:
@@ -193,6 +201,23 @@ class QueueModel:
                 raise Refused(DuplicateJob, f"id {spec.id!r} exists")
             seen.add(spec.id)
 
+    def holder(self, key: str | None, other_than: str | None = None) -> ModelJob | None:
+        """The job holding unique ``key`` (pending, failed or leased), if any."""
+        if key is None:
+            return None
+        for job in self.jobs.values():
+            if job.unique_key == key and job.state in HOLDING and job.id != other_than:
+                return job
+        return None
+
+    def add(self, spec: NewSpec, job_id: str, now: int) -> ModelJob:
+        """One item of a checked batch whose key no job holds; ``job_id`` is its final id."""
+        assert self.holder(spec.unique_key) is None
+        job = self._new(spec, job_id, now)
+        assert job.id not in self.jobs
+        self.jobs[job.id] = job
+        return replace(job)
+
     def enqueue(self, specs: list[NewSpec], ids: list[str], now: int) -> list[ModelJob]:
         """Add a checked batch; ``ids`` are the final ids (minted ones filled in by the test)."""
         created = [self._new(spec, job_id, now) for spec, job_id in zip(specs, ids, strict=True)]
@@ -203,12 +228,16 @@ class QueueModel:
 
     # ------------------------------------------------------------ claims
 
-    def claimable(self, kinds: Iterable[str], now: int) -> list[ModelJob]:
+    def claimable(
+        self, kinds: Iterable[str], now: int, queues: Iterable[str] | None = None
+    ) -> list[ModelJob]:
         wanted = set(kinds)
+        from_queues = None if queues is None else set(queues)
         ready = [
             job
             for job in self.jobs.values()
             if job.kind in wanted
+            and (from_queues is None or job.queue in from_queues)
             and job.run_at <= now
             and (
                 job.state in QUEUED
@@ -219,9 +248,16 @@ class QueueModel:
         ]
         return sorted(ready, key=ModelJob.claim_key)
 
-    def claim(self, kinds: Iterable[str], owner: str, lease_ms: int, now: int) -> ModelJob | None:
+    def claim(
+        self,
+        kinds: Iterable[str],
+        owner: str,
+        lease_ms: int,
+        now: int,
+        queues: Iterable[str] | None = None,
+    ) -> ModelJob | None:
         """Lease the next job; its token is left ``None`` for the test to fill in."""
-        ready = self.claimable(kinds, now)
+        ready = self.claimable(kinds, now, queues)
         if not ready:
             return None
         job = ready[0]
@@ -310,6 +346,10 @@ class QueueModel:
         if job is None:
             raise Refused(JobSettled, "requeue: unknown job")
         expired = job.state == "leased" and job.lease_until is not None and job.lease_until <= now
+        if job.state in ("dead", "cancelled"):
+            held = self.holder(job.unique_key, other_than=job.id)
+            if held is not None:
+                raise Refused(DuplicateJob, f"requeue: job {held.id!r} now holds the key")
         if job.state in ("failed", "dead", "cancelled") or expired:
             # attempts, generation and last_error are history: kept
             job.state = "pending"
@@ -341,10 +381,12 @@ class QueueModel:
             del self.jobs[job.id]
         return [job.id for job in old]
 
-    def counts(self) -> tuple[dict[str, int], dict[str, int]]:
+    def counts(self, queue: str | None = None) -> tuple[dict[str, int], dict[str, int]]:
         by_state = dict.fromkeys(STATES, 0)
         kinds: dict[str, int] = {}
         for job in self.jobs.values():
+            if queue is not None and job.queue != queue:
+                continue
             by_state[job.state] += 1
             if job.state in QUEUED:
                 kinds[job.kind] = kinds.get(job.kind, 0) + 1

@@ -1183,6 +1183,8 @@ def test_job_to_dict(store: Store, clock: FakeClock) -> None:
     claimed = claim_one(store, lease_seconds=1.5)
     data = claimed.to_dict()
     assert data == {
+        "queue": "default",
+        "unique_key": None,
         "id": "j",
         "kind": "k",
         "payload": {"a": [1]},

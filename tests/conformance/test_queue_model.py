@@ -34,6 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from jaren_jobs import (
     ClaimedJob,
     Defaults,
+    DuplicateJob,
     Job,
     JobsError,
     JobSettled,
@@ -46,7 +47,16 @@ from jaren_jobs import (
 )
 from tests.harness import HARNESSES, Harness, SqliteFile
 
-from .queue_model import CODES, QUEUED, SETTLED, STATES, ModelJob, NewSpec, QueueModel, Refused
+from .queue_model import (
+    CODES,
+    QUEUED,
+    SETTLED,
+    STATES,
+    ModelJob,
+    NewSpec,
+    QueueModel,
+    Refused,
+)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 START_MS = 1_800_000_000_000
@@ -58,6 +68,7 @@ DEFAULTS = Defaults(
 )
 KINDS = ("email", "report")
 OWNERS = ("w1", "w2")
+QUEUE_NAMES = ("default", "q1")
 # explicit ids whose order differs from enqueue order, so the id tie-break matters
 ID_POOL = ("m", "c", "x", "a", "q")
 # lease lengths in whole ms, so no rounding question arises (None: the default)
@@ -112,7 +123,16 @@ new_specs = st.fixed_dictionaries(
         "priority": st.sampled_from([0, 0, 0, 1, -1]),
         "max_attempts": st.sampled_from([None, 1, 2, 5]),
         "timing": timings,
+        "queue": st.sampled_from(QUEUE_NAMES[:1] * 2 + QUEUE_NAMES[1:]),
+        # few keys, so they collide: a held key answers its holder (SPEC §12)
+        "unique_key": st.sampled_from([None, None, "u1", "u2"]),
     }
+)
+# None (every queue) most often; or one or both of the queues
+queue_sets = st.one_of(
+    st.none(),
+    st.none(),
+    st.lists(st.sampled_from(QUEUE_NAMES), min_size=1, max_size=2, unique=True),
 )
 picks = st.integers(0, 2**16)
 # live leases are what most calls hold; the rest keep every refusal in play
@@ -224,6 +244,8 @@ class QueueMachine(RuleBasedStateMachine):
             "result": job.result,
             "created_at": to_ms(job.created_at),
             "updated_at": to_ms(job.updated_at),
+            "queue": job.queue,
+            "unique_key": job.unique_key,
             "last_error": job.last_error is not None,
         }
         want = {name: getattr(model, name) for name in got if name != "last_error"}
@@ -268,6 +290,8 @@ class QueueMachine(RuleBasedStateMachine):
             max_attempts=raw["max_attempts"],
             run_at_ms=run_at_ms,
             delay_ms=delay_ms,
+            queue=raw.get("queue", "default"),
+            unique_key=raw.get("unique_key"),
         )
         new = NewJob(
             raw["kind"],
@@ -277,6 +301,8 @@ class QueueMachine(RuleBasedStateMachine):
             delay_seconds=delay_seconds,
             max_attempts=raw["max_attempts"],
             priority=raw["priority"],
+            queue=raw.get("queue", "default"),
+            unique_key=raw.get("unique_key"),
         )
         return spec, new
 
@@ -343,6 +369,8 @@ class QueueMachine(RuleBasedStateMachine):
                     delay_seconds=new.delay_seconds,
                     max_attempts=new.max_attempts,
                     priority=new.priority,
+                    queue=new.queue,
+                    unique_key=new.unique_key,
                 )
             ]
 
@@ -352,19 +380,22 @@ class QueueMachine(RuleBasedStateMachine):
         assert isinstance(created, list)
         assert len(created) == len(specs)
         fresh = self._fresh_since(mark)
-        ids = []
+        # item by item, as SPEC §12 says: a key held (by an older job, or an earlier
+        # item of this batch) answers its holder and writes nothing
         for spec, job in zip(specs, created, strict=True):
+            held = self.model.holder(spec.unique_key)
+            if held is not None:
+                assert job.id == held.id, f"key {spec.unique_key!r}: {job.id!r} vs {held.id!r}"
+                self._check_job(job, held, "enqueue (a held key)")
+                continue
             if spec.id is None:
                 # a minted id: drawn from the runtime during this call, never seen before
                 assert job.id in fresh, job.id
                 assert job.id not in self.known_ids
             else:
                 assert job.id == spec.id
-            ids.append(job.id)
-        expected = self.model.enqueue(specs, ids, now)
-        for job, model in zip(created, expected, strict=True):
-            self._check_job(job, model, "enqueue")
-        self.known_ids.update(ids)
+            self._check_job(job, self.model.add(spec, job.id, now), "enqueue")
+            self.known_ids.add(job.id)
 
     @rule(raw=new_specs)
     def enqueue(self, raw: dict[str, Any]) -> None:
@@ -394,14 +425,25 @@ class QueueMachine(RuleBasedStateMachine):
             self.leases.append(got.lease)
 
     @precondition(lambda self: self.model.jobs)
-    @rule(kinds=kind_sets, owner=st.sampled_from(OWNERS), lease_ms=st.sampled_from(LEASE_MS))
-    def claim(self, kinds: list[str], owner: str, lease_ms: int | None) -> None:
+    @rule(
+        kinds=kind_sets,
+        owner=st.sampled_from(OWNERS),
+        lease_ms=st.sampled_from(LEASE_MS),
+        queues=queue_sets,
+    )
+    def claim(
+        self,
+        kinds: list[str],
+        owner: str,
+        lease_ms: int | None,
+        queues: list[str] | None = None,
+    ) -> None:
         ms, seconds = self._lease_args(lease_ms)
         now = self.now()
         mark = len(self.minted)
         _, predicted, got = self._both(
-            lambda: self.model.claim(kinds, owner, ms, now),
-            lambda: self.jobs.claim(kinds, owner=owner, lease_seconds=seconds),
+            lambda: self.model.claim(kinds, owner, ms, now, queues),
+            lambda: self.jobs.claim(kinds, owner=owner, lease_seconds=seconds, queues=queues),
         )
         if predicted is None:
             assert got is None, f"the model found nothing to claim, the engine claimed {got!r}"
@@ -415,8 +457,16 @@ class QueueMachine(RuleBasedStateMachine):
         owner=st.sampled_from(OWNERS),
         limit=st.integers(1, 4),
         lease_ms=st.sampled_from(LEASE_MS),
+        queues=queue_sets,
     )
-    def claim_many(self, kinds: list[str], owner: str, limit: int, lease_ms: int | None) -> None:
+    def claim_many(
+        self,
+        kinds: list[str],
+        owner: str,
+        limit: int,
+        lease_ms: int | None,
+        queues: list[str] | None = None,
+    ) -> None:
         ms, seconds = self._lease_args(lease_ms)
         now = self.now()
         mark = len(self.minted)
@@ -424,7 +474,7 @@ class QueueMachine(RuleBasedStateMachine):
         def predict() -> list[ModelJob]:
             out = []
             for _ in range(limit):
-                job = self.model.claim(kinds, owner, ms, now)
+                job = self.model.claim(kinds, owner, ms, now, queues)
                 if job is None:
                     break
                 out.append(job)
@@ -432,7 +482,9 @@ class QueueMachine(RuleBasedStateMachine):
 
         _, predicted, got = self._both(
             predict,
-            lambda: self.jobs.claim_many(kinds, owner=owner, limit=limit, lease_seconds=seconds),
+            lambda: self.jobs.claim_many(
+                kinds, owner=owner, limit=limit, lease_seconds=seconds, queues=queues
+            ),
         )
         assert isinstance(got, list)
         self._record_claims(got, predicted, mark)
@@ -615,6 +667,11 @@ class QueueMachine(RuleBasedStateMachine):
         by_state, kinds = self.model.counts()
         assert {state: getattr(counts, state) for state in STATES} == by_state
         assert dict(counts.pending_kinds) == kinds
+        # one queue's counts (the default queue's are the rest; one read per step is enough)
+        counts = self.jobs.counts(queue="q1")
+        by_state, kinds = self.model.counts("q1")
+        assert {state: getattr(counts, state) for state in STATES} == by_state
+        assert dict(counts.pending_kinds) == kinds
 
 
 def _model_test_for(harness: type[Harness]) -> Any:
@@ -728,5 +785,45 @@ def test_fence_paths_walked_once(backend: Harness) -> None:
             assert step(machine.do_fail, stale) is JobSettled
             assert step(machine.do_cancel, "a", stale) is JobSettled
         assert step(machine.do_complete, machine.leases[-1], "again") is True
+    finally:
+        machine.teardown()
+
+
+def test_queue_and_unique_key_paths_walked_once(backend: Harness) -> None:
+    """SPEC §12's paths through the same machine: a held key answers its holder (also
+    within one batch), a settled one frees it, a requeue that would take a key another
+    job holds is refused, and claims by queue take only those queues."""
+    machine = QueueMachine(backend)
+    try:
+
+        def step(call: Callable[..., None], *args: Any, **kwargs: Any) -> Any:
+            call(*args, **kwargs)
+            machine.database_equals_model()
+            return machine.last
+
+        held = step(machine.enqueue, _raw("k1", unique_key="u1", queue="q1"))[0]
+        assert held.id == "k1"
+        assert [j.id for j in step(machine.enqueue, _raw(None, unique_key="u1"))] == ["k1"]
+        batch = step(
+            machine.enqueue_many,
+            [_raw(None, unique_key="u2"), _raw("k3", unique_key="u2"), _raw("k4")],
+        )
+        assert batch[1].id == batch[0].id
+        assert machine.jobs.get("k3") is None
+        # claims by queue
+        # (one instant: the id decides, "k4" < the minted "u…")
+        assert step(machine.claim, ["email"], "w1", None, ["default"]).id == "k4"
+        assert step(machine.claim, ["email"], "w1", None, ["default"]).id == batch[0].id
+        assert step(machine.claim, ["email"], "w1", None, ["default"]) is None
+        claimed = step(machine.claim, ["email"], "w2", None, ["q1"])
+        assert claimed.id == "k1"
+        # leased: still held
+        assert [j.id for j in step(machine.enqueue, _raw("k5", unique_key="u1"))] == ["k1"]
+        assert step(machine.do_cancel, "k1", claimed.lease) is True
+        # cancelled: free; the new holder then bars the old job's requeue
+        assert [j.id for j in step(machine.enqueue, _raw("k6", unique_key="u1"))] == ["k6"]
+        assert step(machine.do_requeue, "k1") is DuplicateJob
+        assert step(machine.do_cancel, "k6") is True
+        assert step(machine.do_requeue, "k1") is True
     finally:
         machine.teardown()

@@ -26,7 +26,6 @@ DOCUMENTED = {
 }
 
 
-
 def _public(obj: object) -> set[str]:
     return {name for name in dir(obj) if not name.startswith("_")}
 

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from jaren_jobs.backend import Scope
-from jaren_jobs.core.commands import check_page_filters
+from jaren_jobs.core.commands import check_page_filters, check_page_queue
 from jaren_jobs.cursor import Admit, Cursor
 from jaren_jobs.records import Job
 from jaren_jobs.runtime import ResolvedRuntime
@@ -74,7 +74,7 @@ def page_cursor(
     runtime: ResolvedRuntime,
     *,
     check_open: Callable[[str], None],
-    statement_for: Callable[[bool, bool], str],
+    statement_for: Callable[[bool, bool, bool], str],
     open_fetch: Callable[[str], Fetch],
     map_row: Callable[[Any], Job],
     wrap: Callable[[Exception], BaseException],
@@ -84,10 +84,11 @@ def page_cursor(
     limit: object,
     signal: SignalLike | None,
     deadline: datetime | None,
+    queue: object = None,
 ) -> Cursor[Job]:
     """A keyset cursor over jobs by id: at most ``limit`` jobs with id > ``after``.
 
-    ``state`` (one of the job states) and ``kind`` filter; a bad filter is
+    ``state`` (one of the job states), ``kind`` and ``queue`` filter; a bad filter is
     ``ValueError`` (a filter of the wrong type is also a ``TypeError``).
     Construction holds nothing and reads nothing; the first pull opens the
     row source. ``signal`` and ``deadline`` are honoured at every pull
@@ -95,15 +96,18 @@ def page_cursor(
     """
     what = "page()"
     state_, kind_, after_, limit_ = check_page_filters(state, kind, after, limit, what)
+    queue_ = check_page_queue(queue, what)
     sig = check_signal_arg(signal, what)
     dl = check_deadline_arg(deadline, what)
     check_open(what)
-    statement = statement_for(state_ is not None, kind_ is not None)
+    statement = statement_for(state_ is not None, kind_ is not None, queue_ is not None)
     params: dict[str, Any] = {}
     if state_ is not None:
         params["state"] = state_
     if kind_ is not None:
         params["kind"] = kind_
+    if queue_ is not None:
+        params["queue"] = queue_
 
     check: Callable[[], None] | None
     if scope.root:

@@ -154,10 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     counts = add_command("counts", "jobs per state, and queued jobs per kind")
     counts.add_argument("--json", action="store_true", help="print one JSON object")
+    counts.add_argument("--queue", type=_non_empty, help="only the jobs of this queue")
 
     ls = add_command("ls", "list jobs by id (keyset paging)")
     ls.add_argument("--state", choices=STATES, help="only jobs in this state")
     ls.add_argument("--kind", type=_non_empty, help="only jobs of this kind")
+    ls.add_argument("--queue", type=_non_empty, help="only jobs of this queue")
     ls.add_argument("--after", type=_non_empty, metavar="ID", help="continue after this id")
     ls.add_argument("--limit", type=_positive_int(), default=50, help="at most N jobs (50)")
     ls.add_argument("--json", action="store_true", help="JSON Lines, one job per line")
@@ -198,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"handler threads (1; at most {MAX_CONCURRENCY})",
     )
     worker.add_argument("--kinds", type=_utf8, help="comma-separated subset of the handlers' kinds")
+    worker.add_argument(
+        "--queues", type=_utf8, help="comma-separated queues to claim from (default: every queue)"
+    )
     worker.add_argument("--poll", type=_positive_float, help="poll interval in seconds")
     worker.add_argument("--grace", type=_positive_float, help="stop grace period in seconds")
 

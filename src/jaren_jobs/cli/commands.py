@@ -40,10 +40,12 @@ def _one_line(text: str | None, width: int) -> str:
 
 
 def cmd_counts(store: Store, args: argparse.Namespace, out: TextIO) -> int:
-    counts = store.jobs.counts()
+    counts = store.jobs.counts(queue=args.queue)
     if args.json:
         out.write(json.dumps(counts.to_dict(), ensure_ascii=False) + "\n")
         return EXIT_OK
+    if args.queue is not None:
+        out.write(f"queue {shown_text(args.queue)}:\n")
     rows = [["state", "jobs"]] + [[s, str(getattr(counts, s))] for s in STATES]
     _table(rows, out)
     if counts.pending_kinds:
@@ -59,7 +61,9 @@ def cmd_ls(store: Store, args: argparse.Namespace, out: TextIO) -> int:
     jobs: list[Job] = []
     # one more than asked, to say whether there is more (and still 64 bits)
     limit = min(args.limit, INT64_MAX - 1) + 1
-    with store.jobs.page(state=args.state, kind=args.kind, after=args.after, limit=limit) as cursor:
+    with store.jobs.page(
+        state=args.state, kind=args.kind, after=args.after, limit=limit, queue=args.queue
+    ) as cursor:
         for job in cursor:
             jobs.append(job)
     more = len(jobs) > args.limit
@@ -173,6 +177,11 @@ def cmd_worker(store: Store, args: argparse.Namespace, out: TextIO) -> int:
             raise CliError(f"--kinds names kinds with no handler: {', '.join(unknown)}")
         handlers = {k: handlers[k] for k in wanted}
     options: dict[str, Any] = {"concurrency": args.concurrency}
+    if args.queues is not None:
+        queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+        if not queues:
+            raise CliError(f"--queues names no queue: {args.queues!r}")
+        options["queues"] = queues
     if args.poll is not None:
         options["poll_seconds"] = args.poll
     try:
@@ -192,7 +201,8 @@ def cmd_worker(store: Store, args: argparse.Namespace, out: TextIO) -> int:
         worker.start()
         # a path is bytes: one that is not UTF-8 is shown escaped, never a traceback
         out.write(
-            f"worker {', '.join(sorted(handlers))} x{args.concurrency} on "
+            f"worker {', '.join(sorted(handlers))} x{args.concurrency}"
+            f"{'' if args.queues is None else ' (queues ' + ', '.join(options['queues']) + ')'} on "
             f"{shown_text(store.path or '')}; SIGINT or SIGTERM stops it\n"
         )
         out.flush()

@@ -25,6 +25,8 @@ __all__ = [
     "check_id",
     "check_kinds",
     "check_lease_seconds",
+    "check_queue",
+    "check_queues",
     "claim_request",
     "prepare_complete",
     "prepare_fail",
@@ -60,6 +62,38 @@ def check_kinds(kinds: object, what: str) -> tuple[str, ...]:
     return tuple(sorted(set(kinds)))
 
 
+def check_queue(value: object, what: str) -> str:
+    """A queue name: a non-empty str without NUL (checked like a kind)."""
+    if type(value) is str and value and value.isascii() and "\x00" not in value:
+        return value  # the common case, valid as it stands
+    return check_id(value, what)
+
+
+def check_queues(queues: object, what: str) -> tuple[str, ...] | None:
+    """``None`` (every queue), or an iterable of queue names, answered sorted and unique.
+
+    A bare string is refused: ``queues="emails"`` would otherwise read as the
+    queues ``e``, ``m``, ``a`` ...
+    """
+    if queues is None:
+        return None
+    if isinstance(queues, (str, bytes)):
+        raise TypeError(
+            f"{what}: queues is an iterable of queue names, not a bare string (write [{queues!r}])"
+        )
+    try:
+        names = list(queues)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(
+            f"{what}: queues must be an iterable of str or None, got {type(queues).__name__}"
+        ) from None
+    if not names:
+        raise ValueError(f"{what}: queues must name at least one queue (or be None for all)")
+    for name in names:
+        check_queue(name, f"{what}: each queue")
+    return tuple(sorted(set(names)))
+
+
 def check_lease_seconds(defaults: Defaults, value: object, what: str) -> float:
     """``lease_seconds`` given, or the store's default."""
     if value is None:
@@ -77,6 +111,8 @@ class PreparedJob(NamedTuple):
     delay_ms: int | None
     max_attempts: int
     priority: int
+    queue: str
+    unique_key: str | None
 
     def run_at(self, now: int) -> int:
         """When the job may first run, for an insert at ``now`` (epoch ms)."""
@@ -101,6 +137,8 @@ def prepare_job(
     delay_seconds: object,
     max_attempts: object,
     priority: object,
+    queue: object = "default",
+    unique_key: object = None,
     what: str,
 ) -> PreparedJob:
     """Check one new job's arguments; raises before anything is written."""
@@ -132,28 +170,52 @@ def prepare_job(
         raise TypeError(f"{what}: priority must be an int, got {type(priority).__name__}")
     if not _INT64[0] <= priority <= _INT64[1]:
         raise ValueError(f"{what}: priority must fit in 64 bits, got {priority}")
-    return _new_prepared(PreparedJob, (job_id, kind, text, run_at_ms, delay_ms, attempts, priority))
+    if queue != "default" or type(queue) is not str:
+        queue = check_queue(queue, f"{what}: queue")
+    if unique_key is not None:
+        unique_key = check_queue(unique_key, f"{what}: unique_key")
+    return _new_prepared(
+        PreparedJob,
+        (job_id, kind, text, run_at_ms, delay_ms, attempts, priority, queue, unique_key),
+    )
 
 
 @dataclass(frozen=True)
 class ClaimRequest:
-    """Checked claim arguments: the kinds (sorted, unique), the owner, the lease in ms."""
+    """Checked claim arguments: the kinds (sorted, unique), the owner, the lease in ms,
+    and the queues (sorted, unique; ``None``: every queue)."""
 
     kinds: tuple[str, ...]
     owner: str
     lease_ms: int
+    queues: tuple[str, ...] | None = None
+
+    @property
+    def idle_key(self) -> tuple[str, ...]:
+        """What an empty claim is remembered under: the kinds, and the queues after a NUL
+        (no kind or queue holds one, so two requests never share a key)."""
+        if self.queues is None:
+            return self.kinds
+        return (*self.kinds, "\x00", *self.queues)
 
 
 def claim_request(
-    defaults: Defaults, kinds: object, owner: object, lease_seconds: object, what: str
+    defaults: Defaults,
+    kinds: object,
+    owner: object,
+    lease_seconds: object,
+    what: str,
+    *,
+    queues: object = None,
 ) -> ClaimRequest:
-    """Check a claim's kinds, owner and lease length."""
+    """Check a claim's kinds, owner, lease length and queues."""
     checked = check_kinds(kinds, what)
+    names = check_queues(queues, what)
     if not isinstance(owner, str):
         raise TypeError(f"{what}: owner must be a non-empty str, got {type(owner).__name__}")
     check_id(owner, f"{what}: owner")
     seconds = check_lease_seconds(defaults, lease_seconds, what)
-    return ClaimRequest(checked, owner, lease_ms(seconds))
+    return ClaimRequest(checked, owner, lease_ms(seconds), names)
 
 
 def require_lease(lease: object, what: str) -> Lease:
@@ -256,3 +318,16 @@ def check_page_filters(
     if limit < 1:
         raise ValueError(f"{what}: limit must be >= 1, got {limit}")
     return state, kind, after, limit
+
+
+def check_page_queue(queue: object, what: str) -> str | None:
+    """``page()``'s queue filter: ``None`` (every queue) or a non-empty str."""
+    if queue is None:
+        return None
+    if not isinstance(queue, str):
+        raise PageFilterTypeError(
+            f"{what}: queue must be a non-empty str or None, got {type(queue).__name__}"
+        )
+    if queue == "":
+        raise ValueError(f"{what}: queue must be a non-empty string (or None for every queue)")
+    return check_text(queue, f"{what}: queue")

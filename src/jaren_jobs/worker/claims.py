@@ -71,7 +71,11 @@ def _claim(self: Worker, limit: int) -> list[ClaimedJob]:
     """A step's first claim, in a transaction of its own (the idle check may answer it)."""
     try:
         jobs = self._claims.claim_many(
-            self._kinds, owner=self.owner, limit=limit, lease_seconds=self.lease_seconds
+            self._kinds,
+            owner=self.owner,
+            limit=limit,
+            lease_seconds=self.lease_seconds,
+            queues=self.queues,
         )
     except WorkerStopped:
         return []  # the stop abandoned it: not an error

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from jaren_jobs.codec import check_text
+from jaren_jobs.core.commands import check_queues
 from jaren_jobs.engine import EngineHub, JobEngine
 from jaren_jobs.periodic import Periodic, check_schedules
 from jaren_jobs.records import (
@@ -107,6 +108,7 @@ def create_worker(
     on_renewal: Callable[[Lease], Any] | None = None,
     on_idle: Callable[[], Any] | None = None,
     periodic: Sequence[Periodic] | None = None,
+    queues: Iterable[str] | None = None,
 ) -> Worker:
     """Build a :class:`Worker` (``store.jobs.create_worker`` calls this). Not started.
 
@@ -116,12 +118,15 @@ def create_worker(
     outcome; ``on_renewal(Lease)`` every successful renewal; ``on_idle()``
     every time a loop finds nothing to claim and goes idle. ``periodic``:
     :class:`~jaren_jobs.Periodic` schedules whose ticks this worker enqueues
-    (distinct names; their kinds need no handler here). Observers that
+    (distinct names; their kinds need no handler here). ``queues`` (an
+    iterable of queue names; ``None``: every queue) limits what it claims.
+    Observers that
     raise are logged (logger ``jaren_jobs``) and otherwise ignored.
     Mistakes are ``TypeError``/``ValueError``.
     """
     checked = _check_handlers(handlers)
     schedules = check_schedules(periodic, "create_worker()")
+    names = check_queues(queues, "create_worker()")
     loops = check_positive_int(concurrency, "create_worker(): concurrency")
     defaults = hub.defaults
     poll = (
@@ -176,4 +181,5 @@ def create_worker(
         backoff_cap_seconds=cap,
         stop_grace_seconds=grace,
         periodic=schedules,
+        queues=names,
     )

@@ -67,8 +67,11 @@ class Worker:
         backoff_cap_seconds: float | None,
         stop_grace_seconds: float,
         periodic: tuple[Periodic, ...] = (),
+        queues: tuple[str, ...] | None = None,
     ) -> None:
         self._hub = hub
+        #: the queues this worker claims from (``None``: every queue)
+        self.queues = queues
         self._backend = store_backend_of(engine)
         self._handlers = handlers
         self._kinds = sorted(handlers)
@@ -104,7 +107,7 @@ class Worker:
         # settlements of concurrent loops share one transaction (group commit)
         self._settlements = SettlementBatcher(self._control)
         self._claim_request = claim_request_for(
-            self._control, self._kinds, owner=owner, lease_seconds=lease_seconds
+            self._control, self._kinds, owner=owner, lease_seconds=lease_seconds, queues=queues
         )
         self._renewals = _Renewals(
             f"{self._name}-renewals",

@@ -47,6 +47,7 @@ def test_every_migration_from_empty_gives_the_current_schema(pg: PostgresUrl) ->
         "id", "kind", "payload", "state", "priority", "run_at", "attempts", "max_attempts",
         "lease_until", "lease_owner", "lease_generation", "lease_token", "settled_generation",
         "claim_key", "last_error", "result", "created_at", "updated_at", "seq",
+        "queue", "unique_key",
     ]  # fmt: skip
     # times are bigint epoch ms, payloads JSON text (byte-exact)
     kinds = dict(columns)
@@ -54,7 +55,15 @@ def test_every_migration_from_empty_gives_the_current_schema(pg: PostgresUrl) ->
     assert kinds["payload"] == kinds["result"] == "text"
     indexes = {row[0] for row in pg.query("SELECT indexname FROM pg_indexes WHERE schemaname = ?",
                                           (pg.schema,))}  # fmt: skip
-    assert {"_jaren_jobs_ready", "_jaren_jobs_leased", "_jaren_jobs_settled"} <= indexes
+    assert {
+        "_jaren_jobs_ready", "_jaren_jobs_leased", "_jaren_jobs_settled",
+        "_jaren_jobs_ready_queue", "_jaren_jobs_unique",
+    } <= indexes  # fmt: skip
+    # the text keys sort bytewise, as every other key does
+    collations = dict(pg.query(
+        "SELECT column_name, collation_name FROM information_schema.columns "
+        "WHERE table_schema = ? AND table_name = '_jaren_jobs'", (pg.schema,)))  # fmt: skip
+    assert collations["queue"] == collations["unique_key"] == collations["kind"] == "C"
     assert pg.query("SELECT value FROM _jaren_meta WHERE key = 'schema_version'") == [
         (str(SCHEMA_VERSION),)
     ]
@@ -147,6 +156,135 @@ def test_the_claim_and_the_fence_use_their_indexes(pg: PostgresUrl) -> None:
     fence = _plan(pg, sql.SETTLE_DONE, {"id": "x", "token": "t", "now": now, "result": None})
     assert "_jaren_jobs_pkey" in fence
     assert "Seq Scan" not in fence
+
+
+def test_claims_by_queue_and_unique_keys_use_their_indexes(pg: PostgresUrl) -> None:
+    from jaren_jobs.backends.postgres import queries as sql
+
+    store = pg.open()
+    for start in range(0, 20_000, 1_000):
+        store.jobs.enqueue_many(
+            [NewJob("busy", {"n": n}, queue=f"q{n % 8}") for n in range(start, start + 1_000)]
+            + [NewJob("busy", {"n": n}, unique_key=f"u{start + n}") for n in range(50)]
+        )
+    now = 2**62
+    params = {"k0": "busy", "q0": "q3", "q1": "q5", "now": now, "limit": 8}
+    claim = _plan(pg, sql.claim_lock(1, 2), params)
+    # one walk of the queue-first index per (queue, kind), in claim order (no sort under it)
+    assert claim.count("_jaren_jobs_ready_queue") == 2, claim
+    assert "_jaren_jobs_leased" in claim
+    assert "Seq Scan" not in claim
+    branches = claim.split("CTE ")[1:]
+    for branch in branches:
+        if "_jaren_jobs_ready_queue" in branch:
+            assert "Sort" not in branch, claim
+    unique = _plan(
+        pg,
+        sql.ENQUEUE_UNIQUE,
+        {
+            "id": "x", "kind": "busy", "payload": "null", "priority": 0, "run_at": now,
+            "max_attempts": 5, "now": now, "queue": "default", "key": "u7",
+        },
+    )  # fmt: skip
+    assert "_jaren_jobs_unique" in unique, unique
+    assert "Seq Scan" not in unique
+    requeue = _plan(pg, sql.REQUEUE, {"id": "x", "now": now})
+    assert "Seq Scan" not in requeue
+    assert "_jaren_jobs_unique" in requeue, requeue
+    counted = store.jobs.counts(queue="q3")
+    assert counted.pending == 20_000 // 8
+
+
+def test_a_requeue_racing_a_new_holder_of_its_key_is_refused_not_aborted(pg: PostgresUrl) -> None:
+    """The holder commits while the requeue's update waits on it: a unique violation the
+    session turns into the same refusal, and the store goes on."""
+    from jaren_jobs import DuplicateJob
+
+    store = pg.open()
+    store.jobs.enqueue("k", id="old", unique_key="u")
+    store.jobs.cancel("old")
+    other = jaren_jobs.open_store(pg.url)
+    answers: list[BaseException | bool] = []
+    try:
+        with other.transaction() as tx:
+            tx.jobs.enqueue("k", id="new", unique_key="u")
+
+            def requeue() -> None:
+                try:
+                    answers.append(store.jobs.requeue("old"))
+                except BaseException as exc:
+                    answers.append(exc)
+
+            thread = threading.Thread(target=requeue)
+            thread.start()
+            deadline = time.monotonic() + WAIT
+            # the requeue's update waits on the uncommitted holder's index entry
+            while not pg.query(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%_jaren_jobs%'"
+            ):
+                assert time.monotonic() < deadline, "the requeue never waited on the holder"
+                time.sleep(0.01)
+        thread.join(WAIT)
+        assert len(answers) == 1
+        refused = answers[0]
+        assert isinstance(refused, DuplicateJob), refused
+        assert refused.details["held_by"] == "new"
+        assert store.jobs.get("old").state == "cancelled"  # type: ignore[union-attr]
+        assert store.jobs.get("new").state == "pending"  # type: ignore[union-attr]
+        assert store.jobs.enqueue("k", unique_key="u").id == "new"
+    finally:
+        other.close()
+
+
+def test_an_enqueue_that_waited_on_an_uncommitted_holder_answers_it(pg: PostgresUrl) -> None:
+    """The holder commits while the insert waits on it: the statement's snapshot does not
+    show it, so the session reads it again, and answers it (nothing written, no error)."""
+    store = pg.open()
+    other = jaren_jobs.open_store(pg.url)
+    answers: list[Any] = []
+    try:
+        with other.transaction() as tx:
+            tx.jobs.enqueue("k", id="first", unique_key="u")
+
+            def enqueue() -> None:
+                try:
+                    answers.append(store.jobs.enqueue("k", id="second", unique_key="u"))
+                except BaseException as exc:
+                    answers.append(exc)
+
+            thread = threading.Thread(target=enqueue)
+            thread.start()
+            deadline = time.monotonic() + WAIT
+            while not pg.query(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%_jaren_jobs%'"
+            ):
+                assert time.monotonic() < deadline, "the enqueue never waited on the holder"
+                time.sleep(0.01)
+        thread.join(WAIT)
+        assert len(answers) == 1
+        assert getattr(answers[0], "id", answers[0]) == "first"
+        assert store.jobs.get("second") is None
+        # and if the holder rolls back instead, the waiting enqueue makes its own job
+        store.jobs.cancel("first")
+        with pytest.raises(ZeroDivisionError), other.transaction() as tx:  # noqa: PT012
+            tx.jobs.enqueue("k", id="third", unique_key="u")
+            thread = threading.Thread(target=enqueue)
+            thread.start()
+            deadline = time.monotonic() + WAIT
+            while not pg.query(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%_jaren_jobs%'"
+            ):
+                assert time.monotonic() < deadline, "the enqueue never waited on the holder"
+                time.sleep(0.01)
+            1 / 0  # noqa: B018
+        thread.join(WAIT)
+        assert getattr(answers[1], "id", answers[1]) == "second"
+        assert store.jobs.get("third") is None
+    finally:
+        other.close()
 
 
 # ----------------------------------------------------------------- SKIP LOCKED

@@ -215,3 +215,87 @@ def test_release_within_finds_each_row_by_its_key(populated: Store) -> None:
     assert jobs_steps(plan(populated, statements[0])) == [
         f"SEARCH {JOBS} USING INDEX sqlite_autoindex_{JOBS}_1 (id=?)"
     ]
+
+
+# ----------------------------------------------------------------- queues and unique keys (§12)
+
+
+@pytest.fixture(params=[False, True], ids=["no-stats", "analyzed"])
+def queued(request: pytest.FixtureRequest, store: Store, clock: FakeClock) -> Store:
+    """The populated table, plus jobs in named queues and jobs holding unique keys."""
+    populate(store, clock)
+    store.jobs.enqueue_many([NewJob("a", i, queue=f"q{i % 4}") for i in range(400)])
+    store.jobs.enqueue_many([NewJob("a", i, unique_key=f"u{i}") for i in range(200)])
+    if request.param:
+        with store.transaction() as tx:
+            tx.execute("ANALYZE")
+    return store
+
+
+def sorted_branches(store: Store, statement: str, index: str) -> tuple[int, int]:
+    """(branches reading ``index``, those of them that sort their rows): a branch that
+    walks the index in claim order has no TEMP B-TREE of its own."""
+    rows = store.connection.execute("EXPLAIN QUERY PLAN " + statement).fetchall()
+    parents = [parent for _, parent, _, detail in rows if f"USING INDEX {index} " in detail]
+    sorting = [
+        parent
+        for _, parent, _, detail in rows
+        if detail.startswith("USE TEMP B-TREE") and parent in parents
+    ]
+    return len(parents), len(sorting)
+
+
+def test_a_claim_by_queues_reads_the_queue_index_per_queue_and_kind_in_claim_order(
+    queued: Store,
+) -> None:
+    call = lambda: queued.jobs.claim(["a", "b"], owner="w", queues=["q1", "q2"])  # noqa: E731
+    statements = [s for s in traced(queued, call) if s.lstrip().startswith("UPDATE")]
+    assert len(statements) == 1
+    details = plan(queued, statements[0])
+    assert_no_table_scan(details, statements[0])
+    ready = [d for d in details if "_jaren_jobs_ready" in d]
+    probe = f"SEARCH {JOBS} USING INDEX _jaren_jobs_ready_queue (queue=? AND kind=?)"
+    assert ready == [probe] * 4, details
+    assert f"SEARCH {JOBS} USING INDEX _jaren_jobs_leased (lease_until<?)" in details
+    assert sorted_branches(queued, statements[0], "_jaren_jobs_ready_queue") == (4, 0)
+
+
+def test_claim_many_by_queues_reads_the_queue_index_in_claim_order(queued: Store) -> None:
+    statements = traced(
+        queued, lambda: queued.jobs.claim_many(["a"], owner="w", limit=8, queues=["q3"])
+    )
+    selections = [s for s in statements if s.lstrip().startswith("SELECT")]
+    assert len(selections) == 1, statements
+    details = plan(queued, selections[0])
+    assert_no_table_scan(details, selections[0])
+    probe = f"SEARCH {JOBS} USING INDEX _jaren_jobs_ready_queue (queue=? AND kind=?)"
+    assert probe in details
+    assert sorted_branches(queued, selections[0], "_jaren_jobs_ready_queue") == (1, 0)
+    # the claims of every queue still read the kind-first index, unsorted too
+    plain = traced(queued, lambda: queued.jobs.claim_many(["a"], owner="w", limit=8))
+    selection = next(s for s in plain if s.lstrip().startswith("SELECT"))
+    assert sorted_branches(queued, selection, "_jaren_jobs_ready") == (1, 0)
+
+
+def test_an_enqueue_with_a_held_key_reads_the_unique_index(queued: Store) -> None:
+    statements = traced(queued, lambda: queued.jobs.enqueue("a", unique_key="u7"))
+    reads = [s for s in statements if s.lstrip().startswith("SELECT")]
+    assert reads, statements
+    for statement in reads:
+        details = plan(queued, statement)
+        assert_no_table_scan(details, statement)
+    holder = [s for s in reads if "unique_key" in s]
+    assert jobs_steps(plan(queued, holder[0])) == [
+        f"SEARCH {JOBS} USING INDEX _jaren_jobs_unique (unique_key=?)"
+    ]
+
+
+def test_requeue_checks_the_key_by_the_unique_index(queued: Store) -> None:
+    job = queued.jobs.enqueue("a", id="keyed", unique_key="requeued")
+    queued.jobs.cancel(job.id)
+    statements = traced(queued, lambda: queued.jobs.requeue("keyed"))
+    update = [s for s in statements if s.lstrip().startswith("UPDATE")]
+    assert len(update) == 1
+    details = plan(queued, update[0])
+    assert_no_table_scan(details, update[0])
+    assert "SEARCH other USING INDEX _jaren_jobs_unique (unique_key=?)" in details

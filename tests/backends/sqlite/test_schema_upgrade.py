@@ -329,9 +329,7 @@ def test_newer_schema_version_is_refused(db_path: Path) -> None:
 
 
 @pytest.mark.parametrize("value", ["two", "", "2.0", "0x2"])
-def test_a_schema_version_that_is_not_a_number_is_a_schema_error(
-    db_path: Path, value: str
-) -> None:
+def test_a_schema_version_that_is_not_a_number_is_a_schema_error(db_path: Path, value: str) -> None:
     with open_store(db_path) as store:
         store.jobs.enqueue("k", id="j")
     conn = sqlite3.connect(db_path)
@@ -451,3 +449,72 @@ def test_schema_2_is_upgraded_in_place_to_name_the_settling_claim(
         assert fresh is not None
         assert store.jobs.complete(fresh.lease) is True
         assert store.jobs.complete(fresh.lease) is True
+
+
+# ----------------------------------------------------------------- schema 3 -> 4 (SPEC §12)
+
+# round 1's schema (version 3), verbatim as its library left it
+ROUND_1 = [
+    """CREATE TABLE "_jaren_jobs" (
+  id TEXT PRIMARY KEY, kind TEXT NOT NULL, payload TEXT,
+  state TEXT NOT NULL, run_at INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+  max_attempts INTEGER NOT NULL, lease_until INTEGER, lease_owner TEXT,
+  last_error TEXT, result TEXT, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,
+  priority INTEGER NOT NULL DEFAULT 0, lease_generation INTEGER NOT NULL DEFAULT 0,
+  lease_token TEXT, settled_generation INTEGER, claim_key BLOB)""",
+    """CREATE TABLE "_jaren_job_checkpoints" (
+  run_id TEXT NOT NULL, node_id TEXT NOT NULL,
+  value TEXT NOT NULL, generation INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (run_id, node_id))""",
+    """CREATE TABLE "_jaren_meta" (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
+    """CREATE INDEX "_jaren_jobs_ready" ON "_jaren_jobs"
+      (kind, priority DESC, run_at, created_at, id) WHERE state IN ('pending', 'failed')""",
+    """CREATE INDEX "_jaren_jobs_leased" ON "_jaren_jobs"
+      (lease_until) WHERE state = 'leased'""",
+    """CREATE INDEX "_jaren_jobs_settled" ON "_jaren_jobs"
+      (updated_at, id) WHERE state IN ('done', 'dead', 'cancelled')""",
+    """CREATE INDEX "_jaren_jobs_unleased" ON "_jaren_jobs"
+      (state, kind) WHERE state <> 'leased'""",
+    """INSERT INTO "_jaren_meta" VALUES ('schema_version', '3')""",
+]
+
+
+def build_round_1(path: Path) -> None:
+    from tests.backends import round1
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        for statement in ROUND_1:
+            conn.execute(statement)
+        names = ", ".join(round1.COLUMNS)
+        marks = ", ".join("?" * len(round1.COLUMNS))
+        conn.executemany(f'INSERT INTO "_jaren_jobs" ({names}) VALUES ({marks})', round1.ROWS)
+        conn.executemany(
+            'INSERT INTO "_jaren_job_checkpoints" VALUES (?, ?, ?, ?)', round1.CHECKPOINTS
+        )
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def test_round_1_live_rows_upgrade_in_place_to_queues_and_unique_keys(
+    db_path: Path, runtime: Runtime, clock: FakeClock
+) -> None:
+    from tests.backends import round1
+
+    build_round_1(db_path)
+    with open_store(db_path, runtime=runtime) as store:
+        assert query(db_path, 'SELECT value FROM "_jaren_meta"') == [("4",)]
+        indexes = {
+            r[0] for r in query(db_path, "SELECT name FROM sqlite_master WHERE type = 'index'")
+        }
+        assert {"_jaren_jobs_ready_queue", "_jaren_jobs_unique"} <= indexes
+        round1.check_upgraded(store, lambda statement: query(db_path, statement), clock)
+
+
+def test_round_1_schema_upgraded_equals_a_fresh_one(tmp_path: Path, runtime: Runtime) -> None:
+    old, fresh = tmp_path / "old.db", tmp_path / "fresh.db"
+    build_round_1(old)
+    open_store(old, runtime=runtime).close()
+    open_store(fresh, runtime=runtime).close()
+    assert schema_of(old) == schema_of(fresh)

@@ -18,8 +18,10 @@ META = '"_jaren_meta"'
 JOB_COLUMNS = (
     "id, kind, payload, state, priority, attempts, max_attempts, run_at, "
     "lease_until, lease_owner, lease_generation, last_error, result, created_at, "
-    "updated_at, lease_token"
+    "updated_at, lease_token, queue, unique_key"
 )
+# the states in which a job holds its unique_key: the unique index's predicate
+ACTIVE = "state IN ('pending', 'failed', 'leased')"
 FENCE_COLUMNS = (
     "state, lease_token, lease_until, lease_generation, settled_generation, claim_key, last_error"
 )
@@ -42,21 +44,51 @@ TABLE_EXISTS = """SELECT 1 FROM information_schema.tables
 
 # ----------------------------------------------------------------- jobs
 
+# No conflict target: a taken id, and a unique key an active job holds, both
+# insert nothing. ON CONFLICT never raises, so it never aborts the
+# application's transaction.
 ENQUEUE = f"""INSERT INTO {JOBS}
   (id, kind, payload, state, priority, run_at, attempts, max_attempts,
-   lease_generation, created_at, updated_at)
-  VALUES (%s, %s, %s, 'pending', %s, %s, 0, %s, 0, %s, %s)
-  ON CONFLICT (id) DO NOTHING"""
+   lease_generation, created_at, updated_at, queue, unique_key)
+  VALUES (%s, %s, %s, 'pending', %s, %s, 0, %s, 0, %s, %s, %s, %s)
+  ON CONFLICT DO NOTHING"""
+
+# An enqueue with a unique key, in one round trip: whether it inserted,
+# whether the id was taken already, and the job holding the key (all from
+# the statement's snapshot, which does not see its own insert). A holder that
+# committed while the insert waited on it is not in that snapshot: the
+# caller then reads it with a statement of its own (GET_KEY_HOLDER).
+ENQUEUE_UNIQUE = f"""WITH ins AS (INSERT INTO {JOBS}
+    (id, kind, payload, state, priority, run_at, attempts, max_attempts,
+     lease_generation, created_at, updated_at, queue, unique_key)
+    VALUES (%(id)s, %(kind)s, %(payload)s, 'pending', %(priority)s, %(run_at)s, 0,
+      %(max_attempts)s, 0, %(now)s, %(now)s, %(queue)s, %(key)s)
+    ON CONFLICT DO NOTHING RETURNING 1)
+SELECT (SELECT count(*) FROM ins), EXISTS (SELECT 1 FROM {JOBS} WHERE id = %(id)s), h.*
+  FROM (SELECT 1) AS one LEFT JOIN (SELECT {JOB_COLUMNS} FROM {JOBS}
+    WHERE unique_key = %(key)s AND unique_key IS NOT NULL AND {ACTIVE}) AS h ON true"""
+
+GET_KEY_HOLDER = f"""SELECT {JOB_COLUMNS} FROM {JOBS}
+  WHERE unique_key = %s AND unique_key IS NOT NULL AND {ACTIVE}"""
+
+ID_EXISTS = f"SELECT 1 FROM {JOBS} WHERE id = %s"
+
+# the other job holding the unique key of job ``%s`` (what refuses a requeue)
+REQUEUE_KEY_HOLDER = f"""SELECT other.id FROM {JOBS} AS j
+  JOIN {JOBS} AS other ON other.unique_key = j.unique_key AND other.unique_key IS NOT NULL
+    AND other.{ACTIVE} AND other.id <> j.id
+  WHERE j.state IN ('dead', 'cancelled') AND j.id = %s"""
 
 # a batch in one statement: arrays, one element per job
 ENQUEUE_MANY = f"""INSERT INTO {JOBS}
   (id, kind, payload, state, priority, run_at, attempts, max_attempts,
-   lease_generation, created_at, updated_at)
-  SELECT i, k, p, 'pending', pr, r, 0, m, 0, %(now)s, %(now)s
+   lease_generation, created_at, updated_at, queue, unique_key)
+  SELECT i, k, p, 'pending', pr, r, 0, m, 0, %(now)s, %(now)s, q, u
   FROM unnest(%(ids)s::text[], %(kinds)s::text[], %(payloads)s::text[],
-              %(priorities)s::bigint[], %(run_ats)s::bigint[], %(maxes)s::bigint[])
-    AS t(i, k, p, pr, r, m)
-  ON CONFLICT (id) DO NOTHING"""
+              %(priorities)s::bigint[], %(run_ats)s::bigint[], %(maxes)s::bigint[],
+              %(queues)s::text[], %(keys)s::text[])
+    AS t(i, k, p, pr, r, m, q, u)
+  ON CONFLICT DO NOTHING"""
 
 NOTIFY = "SELECT pg_notify(%(channel)s, '')"
 
@@ -69,7 +101,7 @@ _PROBED_KINDS = 32  # up to this many kinds, one index scan per kind
 
 
 @lru_cache(maxsize=64)
-def claim_lock(kind_count: int) -> str:
+def claim_lock(kind_count: int, queue_count: int = 0) -> str:
     """Lock up to ``%(limit)s`` claimable jobs of ``kind_count`` kinds (``%(k0)s`` …).
 
     Each branch walks an index in claim order and skips rows another
@@ -83,7 +115,28 @@ def claim_lock(kind_count: int) -> str:
         raise ValueError("a claim names at least one kind")
     kinds = ", ".join(f"%(k{i})s" for i in range(kind_count))
     columns = "id, priority, run_at, created_at"
-    if kind_count <= _PROBED_KINDS:
+    in_queues = ""
+    if queue_count:
+        queues = ", ".join(f"%(q{j})s" for j in range(queue_count))
+        in_queues = f" AND queue IN ({queues})"
+    if queue_count and kind_count * queue_count <= _PROBED_KINDS:
+        # one walk of the queue-first index per (queue, kind), in claim order
+        ready = [
+            f"""r{j * kind_count + i} AS (SELECT {columns} FROM {JOBS}
+      WHERE state IN ('pending', 'failed') AND queue = %(q{j})s AND kind = %(k{i})s
+        AND run_at <= %(now)s
+      ORDER BY {_CLAIM_ORDER} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"""
+            for j in range(queue_count)
+            for i in range(kind_count)
+        ]
+    elif queue_count:
+        ready = [
+            f"""r0 AS (SELECT {columns} FROM {JOBS}
+      WHERE state IN ('pending', 'failed') AND queue IN ({queues}) AND kind IN ({kinds})
+        AND run_at <= %(now)s
+      ORDER BY {_CLAIM_ORDER} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"""
+        ]
+    elif kind_count <= _PROBED_KINDS:
         ready = [
             f"""r{i} AS (SELECT {columns} FROM {JOBS}
       WHERE state IN ('pending', 'failed') AND kind = %(k{i})s AND run_at <= %(now)s
@@ -98,7 +151,7 @@ def claim_lock(kind_count: int) -> str:
         ]
     rescue = f"""rescue AS (SELECT {columns} FROM {JOBS}
       WHERE state = 'leased' AND lease_until <= %(now)s AND kind IN ({kinds})
-        AND run_at <= %(now)s
+        AND run_at <= %(now)s{in_queues}
       ORDER BY {_CLAIM_ORDER} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"""
     names = [f"r{i}" for i in range(len(ready))] + ["rescue"]
     union = " UNION ALL ".join(f"SELECT * FROM {name}" for name in names)
@@ -231,7 +284,11 @@ CANCEL_LEASED = fenced(
 REQUEUE = f"""UPDATE {JOBS} SET state = 'pending', run_at = %(now)s, lease_until = NULL,
     lease_token = NULL, lease_owner = NULL, updated_at = %(now)s
   WHERE id = %(id)s AND (state IN ('failed', 'dead', 'cancelled')
-    OR (state = 'leased' AND lease_until <= %(now)s))"""
+    OR (state = 'leased' AND lease_until <= %(now)s))
+    AND (unique_key IS NULL OR state IN ('failed', 'leased') OR NOT EXISTS (
+      SELECT 1 FROM {JOBS} AS other
+      WHERE other.unique_key = {JOBS}.unique_key AND other.unique_key IS NOT NULL
+        AND other.{ACTIVE}))"""
 
 _SWEEP_SELECTION = f"""SELECT id FROM {JOBS}
     WHERE state IN ('done', 'dead', 'cancelled') AND updated_at < %(horizon)s
@@ -244,16 +301,21 @@ SELECT count(*) FROM gone"""
 COUNT_BY_STATE = f"SELECT state, count(*) FROM {JOBS} GROUP BY state"
 COUNT_PENDING_KINDS = f"""SELECT kind, count(*) FROM {JOBS}
   WHERE state IN ('pending', 'failed') GROUP BY kind"""
+COUNT_QUEUE_BY_STATE = f"SELECT state, count(*) FROM {JOBS} WHERE queue = %s GROUP BY state"
+COUNT_QUEUE_PENDING_KINDS = f"""SELECT kind, count(*) FROM {JOBS}
+  WHERE state IN ('pending', 'failed') AND queue = %s GROUP BY kind"""
 
 
-@lru_cache(maxsize=8)
-def page_jobs(by_state: bool, by_kind: bool) -> str:
-    """A keyset page by id, filtered by state and/or kind (values are bound)."""
+@lru_cache(maxsize=16)
+def page_jobs(by_state: bool, by_kind: bool, by_queue: bool = False) -> str:
+    """A keyset page by id, filtered by state, kind and/or queue (values are bound)."""
     where = ["id > %(after)s"]
     if by_state:
         where.append("state = %(state)s")
     if by_kind:
         where.append("kind = %(kind)s")
+    if by_queue:
+        where.append("queue = %(queue)s")
     return f"""SELECT {JOB_COLUMNS} FROM {JOBS} WHERE {" AND ".join(where)}
   ORDER BY id LIMIT %(limit)s"""
 

@@ -18,7 +18,7 @@ from jaren_jobs.core.commands import ClaimRequest, Failure, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
 from jaren_jobs.core.policy import failure_transition, retry_at_ms
 from jaren_jobs.core.settle import Completion, SettleBatch
-from jaren_jobs.errors import DuplicateJob
+from jaren_jobs.errors import DuplicateJob, StorageError, key_held
 from jaren_jobs.records import STATES, ClaimedJob, Counts, Job, Lease
 from jaren_jobs.rows import claim_key, claimed_from_row, inserted_job, job_from_row, lease_from_row
 from jaren_jobs.runtime import ResolvedRuntime
@@ -42,7 +42,16 @@ def _fence_row(values: Sequence[Any]) -> FenceRow | None:
     return FenceRow.from_row(tuple(values[:6]), None if values[6] is None else str(values[6]))
 
 
-_JOB_WIDTH = 16  # the columns of sql.JOB_COLUMNS
+_JOB_WIDTH = 18  # the columns of sql.JOB_COLUMNS
+_UNIQUE_TRIES = 8  # inserts of one unique-key enqueue before it gives up
+
+
+def _taken(job_id: str, what: str) -> DuplicateJob:
+    return DuplicateJob(
+        f"{what}: a job with id {job_id!r} already exists; ids are unique for a "
+        "job's whole life (until it is swept)",
+        job_id=job_id,
+    )
 
 
 def _holds(fence: FenceRow | None, token: str, now: int) -> bool:
@@ -124,6 +133,8 @@ class PostgresSession:
     def _insert(self, prepared: PreparedJob, now: int, what: str) -> Job:
         job_id = prepared.id if prepared.id is not None else self._runtime.uuid()
         run_at = prepared.run_at(now)
+        if prepared.unique_key is not None:
+            return self._insert_unique(prepared, job_id, run_at, now, what)
         inserted = self._db.changes(
             sql.ENQUEUE,
             (
@@ -135,16 +146,55 @@ class PostgresSession:
                 prepared.max_attempts,
                 now,
                 now,
+                prepared.queue,
+                None,
             ),
             doing=what,
         )
         if not inserted:
-            raise DuplicateJob(
-                f"{what}: a job with id {job_id!r} already exists; ids are unique for a "
-                "job's whole life (until it is swept)",
-                job_id=job_id,
-            )
+            raise _taken(job_id, what)
         return inserted_job(job_id, prepared, run_at, now)
+
+    def _insert_unique(
+        self, prepared: PreparedJob, job_id: str, run_at: int, now: int, what: str
+    ) -> Job:
+        """Insert, or answer the job holding the key: one round trip unless the holder
+        committed (or settled) while the insert waited on it."""
+        key = prepared.unique_key
+        params = {
+            "id": job_id,
+            "kind": prepared.kind,
+            "payload": prepared.payload,
+            "priority": prepared.priority,
+            "run_at": run_at,
+            "max_attempts": prepared.max_attempts,
+            "now": now,
+            "queue": prepared.queue,
+            "key": key,
+        }
+        # a holder that settles between the insert and the read frees the
+        # key: the insert is tried again (a few times: each try is a change
+        # another writer made meanwhile)
+        for _ in range(_UNIQUE_TRIES):
+            row = self._db.one(sql.ENQUEUE_UNIQUE, params, doing=what)
+            assert row is not None
+            if row[0]:
+                return inserted_job(job_id, prepared, run_at, now)
+            if row[1]:
+                raise _taken(job_id, what)
+            if row[2] is not None:
+                return job_from_row(row[2 : 2 + _JOB_WIDTH])
+            # not in the statement's snapshot: read it in a fresh one
+            if self._db.one(sql.ID_EXISTS, (job_id,), doing=what) is not None:
+                raise _taken(job_id, what)
+            held = self._db.one(sql.GET_KEY_HOLDER, (key,), doing=what)
+            if held is not None:
+                return job_from_row(held)
+        raise StorageError(
+            f"{what}: unique_key {key!r} was taken and freed {_UNIQUE_TRIES} times while "
+            "this enqueue ran; nothing was written — try again",
+            unique_key=key,
+        )
 
     def _insert_batch(self, prepared: Sequence[PreparedJob], now: int, what: str) -> list[Job]:
         """One statement for the batch, under a savepoint; a taken id replays it one by
@@ -160,6 +210,8 @@ class PostgresSession:
             "priorities": [p.priority for p in prepared],
             "run_ats": run_ats,
             "maxes": [p.max_attempts for p in prepared],
+            "queues": [p.queue for p in prepared],
+            "keys": [p.unique_key for p in prepared],
         }
 
         def insert() -> None:
@@ -180,10 +232,23 @@ class PostgresSession:
         row = self._scope.read(lambda: self._db.one(sql.GET_JOB, (job_id,), doing=what), what)
         return None if row is None else job_from_row(row)
 
-    def count_jobs(self, what: str) -> Counts:
+    def count_jobs(self, what: str, queue: str | None = None) -> Counts:
+        if queue is not None:
+            return self._count_queue(queue, what)
+
         def work() -> Counts:
             by_state = {str(s): int(n) for s, n in self._db.all(sql.COUNT_BY_STATE, doing=what)}
             kinds = self._db.all(sql.COUNT_PENDING_KINDS, doing=what)
+            known = {s: by_state.get(s, 0) for s in STATES}
+            return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds})
+
+        return self._scope.read_consistent(work, what)
+
+    def _count_queue(self, queue: str, what: str) -> Counts:
+        def work() -> Counts:
+            rows = self._db.all(sql.COUNT_QUEUE_BY_STATE, (queue,), doing=what)
+            by_state = {str(s): int(n) for s, n in rows}
+            kinds = self._db.all(sql.COUNT_QUEUE_PENDING_KINDS, (queue,), doing=what)
             known = {s: by_state.get(s, 0) for s in STATES}
             return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds})
 
@@ -199,9 +264,13 @@ class PostgresSession:
         params: dict[str, Any] = {"now": now, "limit": limit}
         for index, kind in enumerate(request.kinds):
             params[f"k{index}"] = kind
-        ids = [
-            row[0] for row in self._db.all(sql.claim_lock(len(request.kinds)), params, doing=what)
-        ]
+        queues = 0
+        if request.queues is not None:
+            queues = len(request.queues)
+            for index, queue in enumerate(request.queues):
+                params[f"q{index}"] = queue
+        statement = sql.claim_lock(len(request.kinds), queues)
+        ids = [row[0] for row in self._db.all(statement, params, doing=what)]
         if not ids:
             return []
         tokens = self._runtime.uuids(len(ids))
@@ -285,10 +354,27 @@ class PostgresSession:
 
         def work() -> bool | FenceRow | None:
             now = self._runtime.now_ms()
-            if self._db.changes(sql.REQUEUE, {"id": job_id, "now": now}, doing=what):
+
+            def move() -> int:
+                return self._db.changes(sql.REQUEUE, {"id": job_id, "now": now}, doing=what)
+
+            # REQUEUE skips a row whose key another job holds, as of its snapshot; a
+            # holder enqueued concurrently (committing while the update waits on it)
+            # is a unique violation instead. Under a savepoint, so that it aborts
+            # nothing: it is then refused like the other case.
+            try:
+                moved = self._db.savepoint(move, doing=what)
+            except StorageError as exc:
+                if exc.details.get("sqlstate") != "23505":
+                    raise
+                moved = 0
+            if moved:
                 drop()
                 self._notify(what)
                 return True
+            holder = self._db.one(sql.REQUEUE_KEY_HOLDER, (job_id,), doing=what)
+            if holder is not None:
+                raise key_held(job_id, str(holder[0]), what)
             row = self._fence_row(job_id, what)
             if row is not None and row.state == "pending":
                 drop()
@@ -316,6 +402,7 @@ class PostgresSession:
         limit: object,
         signal: SignalLike | None,
         deadline: datetime | None,
+        queue: object = None,
     ) -> Cursor[Job]:
         from .pages import page_jobs  # noqa: PLC0415 - the cursor module is only needed here
 
@@ -329,6 +416,7 @@ class PostgresSession:
             limit=limit,
             signal=signal,
             deadline=deadline,
+            queue=queue,
         )
 
     # ------------------------------------------------------------ settling a batch

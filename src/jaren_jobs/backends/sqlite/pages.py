@@ -50,6 +50,7 @@ def page_jobs(
     limit: object,
     signal: SignalLike | None,
     deadline: datetime | None,
+    queue: object = None,
 ) -> Cursor[Job]:
     """A keyset cursor over jobs by id (see :func:`~jaren_jobs.backends.keyset.page_cursor`)."""
     return page_cursor(
@@ -66,4 +67,5 @@ def page_jobs(
         limit=limit,
         signal=signal,
         deadline=deadline,
+        queue=queue,
     )

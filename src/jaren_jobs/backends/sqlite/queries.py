@@ -17,8 +17,9 @@ CHECKPOINTS = '"_jaren_job_checkpoints"'
 META = '"_jaren_meta"'
 
 # 1: the fenced schema; 2: the (state, kind) index leaves leased rows out;
-# 3: claim_key, which names the attempt that settled a row
-SCHEMA_VERSION = 3
+# 3: claim_key, which names the attempt that settled a row; 4: queue and
+# unique_key (SPEC §12), the queue-first ready index, the unique-key index
+SCHEMA_VERSION = 4
 
 # the column order every job SELECT/RETURNING uses; engine rows map by index.
 # The free texts (payload, result, last_error) come back as their bytes, which
@@ -28,8 +29,12 @@ SCHEMA_VERSION = 3
 JOB_COLUMNS = (
     "id, kind, CAST(payload AS BLOB), state, priority, attempts, max_attempts, run_at, "
     "lease_until, lease_owner, lease_generation, CAST(last_error AS BLOB), "
-    "CAST(result AS BLOB), created_at, updated_at, lease_token"
+    "CAST(result AS BLOB), created_at, updated_at, lease_token, queue, unique_key"
 )
+
+# the states in which a job holds its unique_key (SPEC §12); the text must be
+# the very one of the unique index's predicate, so a lookup can use the index
+ACTIVE = "state IN ('pending', 'failed', 'leased')"
 
 # The guard every settling statement carries: the token, and a lease still
 # valid now. Never the owner: one worker reuses one owner for every attempt.
@@ -82,6 +87,10 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     # claimed before it existed) matches no lease.
     ("_jaren_jobs", "claim_key", "BLOB"),
     ("_jaren_job_checkpoints", "generation", "INTEGER NOT NULL DEFAULT 0"),
+    # schema 4: every job of an older schema lands in the default queue, and
+    # holds no unique key
+    ("_jaren_jobs", "queue", "TEXT NOT NULL DEFAULT 'default'"),
+    ("_jaren_jobs", "unique_key", "TEXT"),
 )
 
 
@@ -105,6 +114,16 @@ CREATE_INDEXES = (
     # settlement, about a tenth of a busy worker's time
     f"""CREATE INDEX IF NOT EXISTS "_jaren_jobs_unleased" ON {JOBS}
       (state, kind) WHERE state <> 'leased'""",
+    # what a claim filtered by queues reads: ready jobs per (queue, kind) in
+    # claim order. The kind-first index above stays for the claims of every
+    # queue, which would otherwise sort the backlog of each kind
+    f"""CREATE INDEX IF NOT EXISTS "_jaren_jobs_ready_queue" ON {JOBS}
+      (queue, kind, priority DESC, run_at, created_at, id) WHERE state IN ('pending', 'failed')""",
+    # at most one job per unique key while it still counts; the database, not
+    # a read before the write, is what makes this race-free. Jobs without a
+    # key have no entry (they pay nothing for it)
+    f"""CREATE UNIQUE INDEX IF NOT EXISTS "_jaren_jobs_unique" ON {JOBS}
+      (unique_key) WHERE unique_key IS NOT NULL AND {ACTIVE}""",
 )
 
 # indexes of older schemas that the ones above replace, dropped on upgrade
@@ -118,16 +137,42 @@ def drop_index(name: str) -> str:
 
 # ----------------------------------------------------------------- jobs
 
+# No conflict target: a taken id and a unique key some active job holds both
+# insert nothing (the caller reads which it was); neither raises
+# ENQUEUE leaves queue and unique_key to their column defaults (the default
+# queue, no key): the common job binds 8 parameters, as before queues
+# existed. ENQUEUE_QUEUED binds both (10).
 ENQUEUE = f"""INSERT INTO {JOBS}
   (id, kind, payload, state, priority, run_at, attempts, max_attempts,
    lease_generation, created_at, updated_at)
   VALUES (?, ?, ?, 'pending', ?, ?, 0, ?, 0, ?, ?)
-  ON CONFLICT (id) DO NOTHING"""
+  ON CONFLICT DO NOTHING"""
+ENQUEUE_QUEUED = f"""INSERT INTO {JOBS}
+  (id, kind, payload, state, priority, run_at, attempts, max_attempts,
+   lease_generation, created_at, updated_at, queue, unique_key)
+  VALUES (?, ?, ?, 'pending', ?, ?, 0, ?, 0, ?, ?, ?, ?)
+  ON CONFLICT DO NOTHING"""
+
+# the job holding a unique key, if any (pinned to the unique index: the
+# predicate's terms are all here)
+GET_KEY_HOLDER = f"""SELECT {JOB_COLUMNS} FROM {JOBS} INDEXED BY "_jaren_jobs_unique"
+  WHERE unique_key = ? AND unique_key IS NOT NULL AND {ACTIVE}"""
+
+# whether a job with this id exists (what tells a taken id from a held key)
+ID_EXISTS = f"SELECT 1 FROM {JOBS} WHERE id = ?"
+
+# the other job holding the unique key of job ``?`` (what refuses a requeue)
+REQUEUE_KEY_HOLDER = f"""SELECT other.id FROM {JOBS} AS j
+  JOIN {JOBS} AS other INDEXED BY "_jaren_jobs_unique"
+    ON other.unique_key = j.unique_key AND other.unique_key IS NOT NULL
+    AND other.{ACTIVE} AND other.id <> j.id
+  WHERE j.state IN ('dead', 'cancelled') AND j.id = ?"""
 
 
-@lru_cache(maxsize=16)
-def enqueue_rows(count: int) -> str:
-    """ENQUEUE for ``count`` rows in one statement: ENQUEUE's 8 parameters per row, in order.
+@lru_cache(maxsize=32)
+def enqueue_rows(count: int, queued: bool = False) -> str:
+    """ENQUEUE for ``count`` rows in one statement: ENQUEUE's 8 parameters per row, in order
+    (``queued``: ENQUEUE_QUEUED's 10).
 
     One multi-row INSERT costs SQLite less than ``count`` executions of
     ENQUEUE. Callers use a few fixed counts, so the connection's statement
@@ -135,12 +180,17 @@ def enqueue_rows(count: int) -> str:
     """
     if count < 1:
         raise ValueError("a multi-row insert names at least one row")
-    values = ",\n    ".join(["(?, ?, ?, 'pending', ?, ?, 0, ?, 0, ?, ?)"] * count)
+    if queued:
+        values = ",\n    ".join(["(?, ?, ?, 'pending', ?, ?, 0, ?, 0, ?, ?, ?, ?)"] * count)
+        columns = "created_at, updated_at, queue, unique_key"
+    else:
+        values = ",\n    ".join(["(?, ?, ?, 'pending', ?, ?, 0, ?, 0, ?, ?)"] * count)
+        columns = "created_at, updated_at"
     return f"""INSERT INTO {JOBS}
   (id, kind, payload, state, priority, run_at, attempts, max_attempts,
-   lease_generation, created_at, updated_at)
+   lease_generation, {columns})
   VALUES {values}
-  ON CONFLICT (id) DO NOTHING"""
+  ON CONFLICT DO NOTHING"""
 
 
 GET_JOB = f"SELECT {JOB_COLUMNS} FROM {JOBS} WHERE id = ?"
@@ -156,7 +206,7 @@ _PROBED_KINDS = 64  # up to this many kinds, one index probe per kind
 
 
 @lru_cache(maxsize=64)
-def claim_next(kind_count: int) -> str:
+def claim_next(kind_count: int, queue_count: int = 0) -> str:
     """The one-statement claim over ``kind_count`` kinds (named ``:k0`` …).
 
     Each kind's best ready job comes from the ``_jaren_jobs_ready`` index in
@@ -172,14 +222,39 @@ def claim_next(kind_count: int) -> str:
     return f"""UPDATE {JOBS} SET state = 'leased', lease_owner = :owner, lease_until = :until,
     lease_generation = lease_generation + 1, lease_token = :token, settled_generation = NULL,
     claim_key = :claim_key, attempts = attempts + 1, updated_at = :now
-  WHERE id = (SELECT id FROM ({_claimable(kind_count, "1")}) ORDER BY {_CLAIM_ORDER} LIMIT 1)
+  WHERE id = (SELECT id FROM ({_claimable(kind_count, "1", queue_count)})
+    ORDER BY {_CLAIM_ORDER} LIMIT 1)
   RETURNING {JOB_COLUMNS}"""
 
 
-def _claimable(kind_count: int, limit: str) -> str:
-    """The claimable candidates of ``kind_count`` kinds, up to ``limit`` from each branch."""
+def _claimable(kind_count: int, limit: str, queue_count: int = 0) -> str:
+    """The claimable candidates of ``kind_count`` kinds, up to ``limit`` from each branch.
+
+    With ``queue_count`` queues (named ``:q0`` …; 0: every queue), the ready
+    branches probe the queue-first index once per (queue, kind), in claim order.
+    """
     kinds = ", ".join(f":k{i}" for i in range(kind_count))
-    if kind_count <= _PROBED_KINDS:
+    in_queues = ""
+    if queue_count:
+        queues = ", ".join(f":q{j}" for j in range(queue_count))
+        in_queues = f" AND queue IN ({queues})"
+    if queue_count and kind_count * queue_count <= _PROBED_KINDS:
+        ready = "\n    UNION ALL ".join(
+            f"""SELECT * FROM (SELECT rowid AS rid, id, priority, run_at, created_at
+        FROM {JOBS} INDEXED BY "_jaren_jobs_ready_queue"
+        WHERE state IN ('pending', 'failed') AND queue = :q{j} AND kind = :k{i}
+          AND run_at <= :now
+        ORDER BY {_CLAIM_ORDER} LIMIT {limit})"""
+            for j in range(queue_count)
+            for i in range(kind_count)
+        )
+    elif queue_count:
+        ready = f"""SELECT * FROM (SELECT rowid AS rid, id, priority, run_at, created_at
+        FROM {JOBS} INDEXED BY "_jaren_jobs_ready_queue"
+        WHERE state IN ('pending', 'failed') AND queue IN ({queues}) AND kind IN ({kinds})
+          AND run_at <= :now
+        ORDER BY {_CLAIM_ORDER} LIMIT {limit})"""
+    elif kind_count <= _PROBED_KINDS:
         ready = "\n    UNION ALL ".join(
             f"""SELECT * FROM (SELECT rowid AS rid, id, priority, run_at, created_at
         FROM {JOBS} INDEXED BY "_jaren_jobs_ready"
@@ -199,6 +274,7 @@ def _claimable(kind_count: int, limit: str) -> str:
     UNION ALL SELECT * FROM (SELECT rowid AS rid, id, priority, run_at, created_at
         FROM {JOBS} INDEXED BY "_jaren_jobs_leased"
         WHERE state = 'leased' AND lease_until <= :now AND kind IN ({kinds}) AND run_at <= :now
+          {in_queues}
         ORDER BY {_CLAIM_ORDER} LIMIT {limit})
   """
 
@@ -244,7 +320,7 @@ def _values(rows: int, width: int, first: int) -> str:
 
 
 @lru_cache(maxsize=64)
-def claim_candidates(kind_count: int) -> str:
+def claim_candidates(kind_count: int, queue_count: int = 0) -> str:
     """Up to ``:limit`` claimable ``(rowid, id)`` of ``kind_count`` kinds, in claim order.
 
     The same index-pinned branches as :func:`claim_next`, each stopping after
@@ -252,7 +328,7 @@ def claim_candidates(kind_count: int) -> str:
     """
     if kind_count < 1:
         raise ValueError("a claim names at least one kind")
-    return f"""SELECT rid, id FROM ({_claimable(kind_count, ":limit")})
+    return f"""SELECT rid, id FROM ({_claimable(kind_count, ":limit", queue_count)})
   ORDER BY {_CLAIM_ORDER} LIMIT :limit"""
 
 
@@ -277,9 +353,14 @@ def claim_rows(rows: int) -> str:
 
 
 @lru_cache(maxsize=64)
-def next_ready_at(kind_count: int) -> str:
-    """The earliest ``run_at`` of a pending or failed job of these kinds (``:k0`` …)."""
+def next_ready_at(kind_count: int, queue_count: int = 0) -> str:
+    """The earliest ``run_at`` of a pending or failed job of these kinds (``:k0`` …),
+    in these queues (``:q0`` …; 0: every queue)."""
     kinds = ", ".join(f":k{i}" for i in range(kind_count))
+    if queue_count:
+        queues = ", ".join(f":q{j}" for j in range(queue_count))
+        return f"""SELECT min(run_at) FROM {JOBS} INDEXED BY "_jaren_jobs_ready_queue"
+  WHERE state IN ('pending', 'failed') AND queue IN ({queues}) AND kind IN ({kinds})"""
     return f"""SELECT min(run_at) FROM {JOBS} INDEXED BY "_jaren_jobs_ready"
   WHERE state IN ('pending', 'failed') AND kind IN ({kinds})"""
 
@@ -364,7 +445,11 @@ CANCEL_LEASED = f"""UPDATE {JOBS} SET state = 'cancelled', last_error = 'cancell
 REQUEUE = f"""UPDATE {JOBS} SET state = 'pending', run_at = :now, lease_until = NULL,
     lease_token = NULL, lease_owner = NULL, updated_at = :now
   WHERE id = :id AND (state IN ('failed', 'dead', 'cancelled')
-    OR (state = 'leased' AND lease_until <= :now))"""
+    OR (state = 'leased' AND lease_until <= :now))
+    AND (unique_key IS NULL OR state IN ('failed', 'leased') OR NOT EXISTS (
+      SELECT 1 FROM {JOBS} AS other INDEXED BY "_jaren_jobs_unique"
+      WHERE other.unique_key = {JOBS}.unique_key AND other.unique_key IS NOT NULL
+        AND other.{ACTIVE}))"""
 
 # the settled index is in sweep order: a bounded sweep reads `limit` entries,
 # never sorts every settled row
@@ -383,17 +468,27 @@ COUNT_LEASED = f"""SELECT COUNT(*) FROM {JOBS} INDEXED BY "_jaren_jobs_leased"
 COUNT_PENDING_KINDS = f"""SELECT kind, COUNT(*) FROM {JOBS} INDEXED BY "_jaren_jobs_unleased"
   WHERE state IN ('pending', 'failed') AND state <> 'leased' GROUP BY kind"""
 
+# counts(queue=...): one queue's jobs per state, and its ready jobs per kind.
+# The ready jobs come from the queue-first index; the rest is read row by row
+# (a per-queue report, not a hot path)
+COUNT_QUEUE_BY_STATE = f"SELECT state, COUNT(*) FROM {JOBS} WHERE queue = ? GROUP BY state"
+COUNT_QUEUE_PENDING_KINDS = f"""SELECT kind, COUNT(*)
+  FROM {JOBS} INDEXED BY "_jaren_jobs_ready_queue"
+  WHERE state IN ('pending', 'failed') AND queue = ? GROUP BY kind"""
+
 # ----------------------------------------------------------------- pages
 
 
-@lru_cache(maxsize=8)
-def page_jobs(by_state: bool, by_kind: bool) -> str:
-    """A keyset page by id, filtered by state and/or kind (values are bound)."""
+@lru_cache(maxsize=16)
+def page_jobs(by_state: bool, by_kind: bool, by_queue: bool = False) -> str:
+    """A keyset page by id, filtered by state, kind and/or queue (values are bound)."""
     where = ["id > :after"]
     if by_state:
         where.append("state = :state")
     if by_kind:
         where.append("kind = :kind")
+    if by_queue:
+        where.append("queue = :queue")
     return f"""SELECT {JOB_COLUMNS} FROM {JOBS} WHERE {" AND ".join(where)}
   ORDER BY id LIMIT :limit"""
 

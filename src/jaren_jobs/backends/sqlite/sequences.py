@@ -47,16 +47,21 @@ class Sequences:
 
     # ------------------------------------------------------------ claims
 
-    def _claim_params(
-        self, kinds: tuple[str, ...], owner: str, lease_ms: int, *, token: bool = True
-    ) -> dict[str, Any]:
+    def _claim_params(self, request: ClaimRequest, *, token: bool = True) -> dict[str, Any]:
         now = self._runtime.now_ms()
-        params: dict[str, Any] = {"owner": owner, "until": now + lease_ms, "now": now}
+        params: dict[str, Any] = {
+            "owner": request.owner,
+            "until": now + request.lease_ms,
+            "now": now,
+        }
         if token:
             params["token"] = minted = self._runtime.uuid()
             params["claim_key"] = claim_key(minted)
-        for index, kind in enumerate(kinds):
+        for index, kind in enumerate(request.kinds):
             params[f"k{index}"] = kind
+        if request.queues is not None:
+            for index, queue in enumerate(request.queues):
+                params[f"q{index}"] = queue
         return params
 
     # An empty root claim records the connection's `PRAGMA data_version`
@@ -66,16 +71,17 @@ class Sequences:
     # one of the three moves, the next claim of those kinds would find nothing
     # too: it answers None without taking the write lock.
 
-    def _remember_empty(self, kinds: tuple[str, ...], params: dict[str, Any], what: str) -> None:
+    def _remember_empty(self, request: ClaimRequest, params: dict[str, Any], what: str) -> None:
         """Inside the empty claim's transaction: when could these kinds next be claimable?"""
         if not self._root:
             return
-        ready = self._db.one(sql.next_ready_at(len(kinds)), params, doing=what)
+        queues = 0 if request.queues is None else len(request.queues)
+        ready = self._db.one(sql.next_ready_at(len(request.kinds), queues), params, doing=what)
         lease = self._db.one(sql.NEXT_LEASE_EXPIRY, doing=what)
         dues = [int(r[0]) for r in (ready, lease) if r is not None and r[0] is not None]
         version = self._db.one(sql.DATA_VERSION, doing=what)
         assert version is not None
-        self._idle_claims[kinds] = (
+        self._idle_claims[request.idle_key] = (
             int(version[0]),
             self._db.connection.total_changes,
             min(dues) if dues else None,
@@ -91,25 +97,27 @@ class Sequences:
         """
         if limit > 1 and sql.MULTI_ROW_UPDATES:
             return self._claim_batch(request, limit, what)
-        statement = sql.claim_next(len(request.kinds))
+        queues = 0 if request.queues is None else len(request.queues)
+        statement = sql.claim_next(len(request.kinds), queues)
         claimed: list[ClaimedJob] = []
         for _ in range(limit):
-            params = self._claim_params(request.kinds, request.owner, request.lease_ms)
+            params = self._claim_params(request)
             row = self._db.one(statement, params, doing=what)
             if row is None:
                 if not claimed:
-                    self._remember_empty(request.kinds, params, what)
+                    self._remember_empty(request, params, what)
                 break
             claimed.append(claimed_from_row(row, params["claim_key"], self._db.text_codec))
         return claimed
 
     def _claim_batch(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
-        kinds = request.kinds
-        params = self._claim_params(kinds, request.owner, request.lease_ms, token=False)
+        queues = 0 if request.queues is None else len(request.queues)
+        params = self._claim_params(request, token=False)
         params["limit"] = limit
-        candidates = self._db.all(sql.claim_candidates(len(kinds)), params, doing=what)
+        statement = sql.claim_candidates(len(request.kinds), queues)
+        candidates = self._db.all(statement, params, doing=what)
         if not candidates:
-            self._remember_empty(kinds, params, what)
+            self._remember_empty(request, params, what)
             return []
         # one fresh token per lease, as many uuid() calls would give
         tokens = self._runtime.uuids(len(candidates))

@@ -18,7 +18,7 @@ from jaren_jobs.backend import Missed, Scope, SettleAnswer, StoreBackend
 from jaren_jobs.core.commands import ClaimRequest, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
 from jaren_jobs.core.settle import SettleBatch
-from jaren_jobs.errors import DuplicateJob
+from jaren_jobs.errors import DuplicateJob, key_held
 from jaren_jobs.records import STATES, ClaimedJob, Counts, Job, Lease
 from jaren_jobs.rows import inserted_job, job_from_row, lease_from_row
 from jaren_jobs.runtime import ResolvedRuntime
@@ -108,7 +108,10 @@ class SqliteSession:
         row = self._scope.read(lambda: self._db.one(sql.GET_JOB, (job_id,), doing=what), what)
         return None if row is None else job_from_row(row, self._db.text_codec)
 
-    def count_jobs(self, what: str) -> Counts:
+    def count_jobs(self, what: str, queue: str | None = None) -> Counts:
+        if queue is not None:
+            return self._count_queue(queue, what)
+
         def work() -> Counts:
             by_state = dict(self._db.all(sql.COUNT_BY_STATE, doing=what))
             leased = self._db.one(sql.COUNT_LEASED, doing=what)
@@ -119,8 +122,17 @@ class SqliteSession:
 
         return self._scope.read_consistent(work, what)
 
+    def _count_queue(self, queue: str, what: str) -> Counts:
+        def work() -> Counts:
+            by_state = dict(self._db.all(sql.COUNT_QUEUE_BY_STATE, (queue,), doing=what))
+            kinds = dict(self._db.all(sql.COUNT_QUEUE_PENDING_KINDS, (queue,), doing=what))
+            known = {s: int(by_state.get(s, 0)) for s in STATES}
+            return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds.items()})
+
+        return self._scope.read_consistent(work, what)
+
     def claim(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
-        if self._nothing_claimable(request.kinds, what):
+        if self._nothing_claimable(request.idle_key, what):
             return []
         return self._scope.write(lambda: self._seq.claim_within(request, limit, what), what)
 
@@ -176,6 +188,9 @@ class SqliteSession:
             if self._db.changes(sql.REQUEUE, {"id": job_id, "now": now}, doing=what):
                 drop()
                 return True
+            holder = self._db.one(sql.REQUEUE_KEY_HOLDER, (job_id,), doing=what)
+            if holder is not None:
+                raise key_held(job_id, str(holder[0]), what)
             row = self._seq.fence_row_within(job_id, what)
             if row is not None and row.state == "pending":
                 drop()
@@ -203,6 +218,7 @@ class SqliteSession:
         limit: object,
         signal: SignalLike | None,
         deadline: datetime | None,
+        queue: object = None,
     ) -> Cursor[Job]:
         return page_jobs(
             self._db,
@@ -214,6 +230,7 @@ class SqliteSession:
             limit=limit,
             signal=signal,
             deadline=deadline,
+            queue=queue,
         )
 
     # ------------------------------------------------------------ inserts
@@ -221,22 +238,30 @@ class SqliteSession:
     def _insert(self, prepared: PreparedJob, now: int, what: str) -> Job:
         job_id = prepared.id if prepared.id is not None else self._runtime.uuid()
         run_at = prepared.run_at(now)
-        # one statement: a taken id inserts nothing
-        inserted = self._db.changes(
-            sql.ENQUEUE,
-            (
-                job_id,
-                prepared.kind,
-                prepared.payload,
-                prepared.priority,
-                run_at,
-                prepared.max_attempts,
-                now,
-                now,
-            ),
-            doing=what,
+        # one statement: a taken id, or a unique key an active job holds,
+        # inserts nothing (inside the write lock: no other writer can come between)
+        params: tuple[Any, ...] = (
+            job_id,
+            prepared.kind,
+            prepared.payload,
+            prepared.priority,
+            run_at,
+            prepared.max_attempts,
+            now,
+            now,
         )
+        if prepared.unique_key is None and prepared.queue == "default":
+            inserted = self._db.changes(sql.ENQUEUE, params, doing=what)
+        else:
+            params += (prepared.queue, prepared.unique_key)
+            inserted = self._db.changes(sql.ENQUEUE_QUEUED, params, doing=what)
         if not inserted:
+            if prepared.unique_key is not None and (
+                prepared.id is None or self._db.one(sql.ID_EXISTS, (job_id,), doing=what) is None
+            ):
+                held = self._db.one(sql.GET_KEY_HOLDER, (prepared.unique_key,), doing=what)
+                if held is not None:
+                    return job_from_row(held, self._db.text_codec)
             raise DuplicateJob(
                 f"{what}: a job with id {job_id!r} already exists; ids are unique for a "
                 "job's whole life (until it is swept)",
@@ -257,11 +282,18 @@ class SqliteSession:
         run_ats = [p.run_at(now) for p in prepared]
         params: list[Any] = []
         add = params.extend
-        for job_id, p, run_at in zip(ids, prepared, run_ats, strict=True):
-            add((job_id, p.kind, p.payload, p.priority, run_at, p.max_attempts, now, now))
+        queued = any(p.unique_key is not None or p.queue != "default" for p in prepared)
+        width = _ROW_PARAMS + 2 if queued else _ROW_PARAMS
+        if queued:
+            for job_id, p, run_at in zip(ids, prepared, run_ats, strict=True):
+                row = (job_id, p.kind, p.payload, p.priority, run_at, p.max_attempts, now, now)
+                add((*row, p.queue, p.unique_key))
+        else:
+            for job_id, p, run_at in zip(ids, prepared, run_ats, strict=True):
+                add((job_id, p.kind, p.payload, p.priority, run_at, p.max_attempts, now, now))
         db = self._db
         # statements of a few fixed sizes (powers of two), each kept prepared
-        largest = self._seq.largest_rows(0, _ROW_PARAMS)
+        largest = self._seq.largest_rows(0, width)
 
         def insert() -> None:
             inserted = start = 0
@@ -269,8 +301,8 @@ class SqliteSession:
             while start < len(ids):
                 while size > len(ids) - start:
                     size //= 2
-                chunk = params[start * _ROW_PARAMS : (start + size) * _ROW_PARAMS]
-                inserted += db.run(sql.enqueue_rows(size), chunk, doing=what).rowcount
+                chunk = params[start * width : (start + size) * width]
+                inserted += db.run(sql.enqueue_rows(size, queued), chunk, doing=what).rowcount
                 start += size
             if inserted != len(ids):
                 raise _Skipped

@@ -1,0 +1,91 @@
+"""PostgreSQL: migration 2 (queues and unique keys) upgrades round 1's tables with live rows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import jaren_jobs
+from jaren_jobs import Runtime
+from jaren_jobs.backends.postgres import queries as sql
+from jaren_jobs.backends.postgres.schema import MIGRATIONS, SCHEMA_VERSION
+from tests.backends import round1
+from tests.conftest import FakeClock, require_postgres
+from tests.harness import PostgresUrl
+
+psycopg = pytest.importorskip("psycopg", reason="the dev extra installs psycopg")
+
+
+@pytest.fixture
+def pg(tmp_path: Path) -> Iterator[PostgresUrl]:
+    require_postgres()
+    harness = PostgresUrl(tmp_path / "unused.db")
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+def build_round_1(pg: PostgresUrl) -> None:
+    """Migration 1 alone, as round 1's library applied it, then its live rows."""
+    number, _, text = MIGRATIONS[0]
+    assert number == 1
+    with psycopg.connect(pg.url) as conn:
+        conn.execute(text)
+        conn.execute(sql.CREATE_META)
+        conn.execute(sql.WRITE_SCHEMA_VERSION, {"v": "1"})
+        names = ", ".join(round1.COLUMNS)
+        marks = ", ".join(["%s"] * len(round1.COLUMNS))
+        with conn.cursor() as cursor:
+            cursor.executemany(f'INSERT INTO "_jaren_jobs" ({names}) VALUES ({marks})', round1.ROWS)
+            cursor.executemany(
+                'INSERT INTO "_jaren_job_checkpoints" VALUES (%s, %s, %s, %s)', round1.CHECKPOINTS
+            )
+
+
+def _query(pg: PostgresUrl) -> Any:
+    def query(statement: str) -> list[tuple[Any, ...]]:
+        return pg.query(statement)
+
+    return query
+
+
+def test_round_1_live_rows_upgrade_in_place_to_queues_and_unique_keys(
+    pg: PostgresUrl, runtime: Runtime, clock: FakeClock
+) -> None:
+    build_round_1(pg)
+    assert SCHEMA_VERSION == 2
+    with jaren_jobs.open_store(pg.url, runtime=runtime) as store:
+        assert pg.query("SELECT value FROM _jaren_meta WHERE key = 'schema_version'") == [("2",)]
+        round1.check_upgraded(store, _query(pg), clock)
+
+
+def test_round_1_upgraded_equals_every_migration_from_empty(
+    pg: PostgresUrl, tmp_path: Path, runtime: Runtime
+) -> None:
+    build_round_1(pg)
+    jaren_jobs.open_store(pg.url, runtime=runtime).close()
+    fresh = PostgresUrl(tmp_path / "fresh.db")
+    try:
+        jaren_jobs.open_store(fresh.url, runtime=runtime).close()
+
+        def shape(harness: PostgresUrl) -> tuple[Any, ...]:
+            columns = harness.query(
+                "SELECT table_name, column_name, data_type, is_nullable, column_default, "
+                "collation_name FROM information_schema.columns WHERE table_schema = ? "
+                "ORDER BY table_name, ordinal_position",
+                (harness.schema,),
+            )
+            indexes = harness.query(
+                "SELECT indexname, replace(indexdef, ?, 'S') FROM pg_indexes "
+                "WHERE schemaname = ? ORDER BY indexname",
+                (harness.schema, harness.schema),
+            )
+            return columns, indexes
+
+        assert shape(pg) == shape(fresh)
+    finally:
+        fresh.close()
