@@ -1152,3 +1152,56 @@ def test_demo_on_a_terminal_draws_one_live_progress_line() -> None:
     assert progress.startswith("\r")
     assert progress.split("\r")[-1].startswith("settled 61/61")
     check_demo_report(out, 60)
+
+
+# ------------------------------------------------------------------ queues (SPEC §12)
+
+
+@pytest.fixture
+def queued(tmp_path: Path) -> Path:
+    path = tmp_path / "queued.db"
+    with open_store(path) as store:
+        store.jobs.enqueue("double", 1, id="e1", queue="emails")
+        store.jobs.enqueue("double", 2, id="e2", queue="emails")
+        store.jobs.enqueue("other", 3, id="b1", queue="bulk")
+        store.jobs.enqueue("double", 4, id="d1")
+    return path
+
+
+def test_ls_and_counts_filter_by_queue(queued: Path) -> None:
+    listed = json_lines(ok(run_cli("--db", queued, "ls", "--json", "--queue", "emails")))
+    assert [job["id"] for job in listed] == ["e1", "e2"]
+    assert [row[0] for row in table_rows(ok(run_cli("--db", queued, "ls", "--queue", "bulk")))] == [
+        "b1"
+    ]
+    assert ok(run_cli("--db", queued, "ls", "--queue", "nowhere")) == "no jobs\n"
+    out = ok(run_cli("--db", queued, "counts", "--queue", "emails"))
+    assert out.splitlines()[0] == "queue emails:"
+    states = {row[0]: int(row[1]) for row in table_rows(out.split("\n", 1)[1])}
+    assert states == {**dict.fromkeys(STATES, 0), "pending": 2}
+    as_json = json.loads(ok(run_cli("--db", queued, "counts", "--json", "--queue", "bulk")))
+    assert (as_json["pending"], as_json["pending_kinds"]) == (1, {"other": 1})
+    shown = json.loads(ok(run_cli("--db", queued, "show", "e1", "--json")))
+    assert (shown["queue"], shown["unique_key"]) == ("emails", None)
+    assert_one_line_error(run_cli("--db", queued, "ls", "--queue", ""), 2, "--queue")
+
+
+def test_worker_queues_runs_only_those_queues(user_code: Path, queued: Path) -> None:
+    result = run_cli("--db", queued, "worker", "userjobs:H", "--queues", " , ", cwd=user_code)
+    assert_one_line_error(result, 2, "--queues names no queue")
+    process = start_worker(queued, "userjobs:H", "--queues", "emails", cwd=user_code)
+    try:
+        wait_until(
+            lambda: all((read_job(queued, j) or {})["state"] == "done" for j in ("e1", "e2")),
+            30,
+            "the emails queue",
+        )
+    finally:
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=SUBPROCESS_TIMEOUT)
+    assert process.returncode == 0, stderr
+    summary = SUMMARY.match(stdout.strip())
+    assert summary is not None, stdout
+    assert summary.groups() == ("2", "0", "0", "0", "drained")
+    assert (read_job(queued, "d1") or {})["state"] == "pending"
+    assert (read_job(queued, "b1") or {})["state"] == "pending"
