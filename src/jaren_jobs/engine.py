@@ -527,6 +527,38 @@ def _moved_or_refused(
 # (whose public names are SPEC §3's): functions of this module, not methods.
 
 
+def enqueue_tick(
+    engine: JobEngine,
+    kind: str,
+    payload: Any,
+    *,
+    id: str,
+    run_at: datetime,
+    max_attempts: int | None,
+    priority: int,
+    queue: str,
+) -> Job:
+    """``enqueue`` of a periodic tick: its ``run_at`` stays the tick even when
+    the tick is enqueued after it (SPEC §12), where a plain past ``run_at``
+    runs at the enqueue's now."""
+    what = "enqueue()"
+    prepared = engine._prepare(
+        kind,
+        payload,
+        job_id=id,
+        run_at=run_at,
+        delay_seconds=None,
+        max_attempts=max_attempts,
+        priority=priority,
+        queue=queue,
+        unique_key=None,
+        what=what,
+    )._replace(exact_run_at=True)
+    (job,) = engine._session.insert_jobs((prepared,), one_by_one=True, what=what)
+    engine._session.after_commit(engine._hub.wake)
+    return job
+
+
 def session_of(engine: JobEngine) -> JobsSession:
     """The session under an engine view (checkpoint stores and test helpers reach it so)."""
     return engine._session

@@ -23,7 +23,7 @@ from typing import Any
 from .codec import check_aware, check_identifier, encode_json
 from .core.commands import prepare_job
 from .cron import CronExpression, load_zone, parse_cron
-from .engine import JobEngine
+from .engine import JobEngine, enqueue_tick
 from .errors import DuplicateJob
 from .records import Job
 from .runtime import resolve_defaults
@@ -299,22 +299,17 @@ def _enqueue_tick(jobs: JobEngine, schedule: Periodic, tick: datetime) -> Job | 
             tick.isoformat(),
         )
         return None
-    options: dict[str, Any] = {}
-    if schedule.queue != "default":
-        # queue= on enqueue arrives with queues (issue 16); the default queue
-        # needs no keyword, so a schedule in it works either way
-        options["queue"] = schedule.queue
     try:
-        return jobs.enqueue(
+        return enqueue_tick(
+            jobs,
             schedule.kind,
             schedule.payload,
             id=schedule.job_id(tick),
-            # a tick enqueued on time runs at its tick; one enqueued late (the
-            # catch-up after a gap) runs at once, as any past run_at does
+            # the tick, even for a tick enqueued late (the catch-up after a gap)
             run_at=tick,
             max_attempts=schedule.max_attempts,
             priority=schedule.priority,
-            **options,
+            queue=schedule.queue,
         )
     except DuplicateJob:
         return None  # another worker enqueued this tick: the database let one win

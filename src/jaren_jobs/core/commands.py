@@ -113,10 +113,14 @@ class PreparedJob(NamedTuple):
     priority: int
     queue: str
     unique_key: str | None
+    # a periodic tick keeps its run_at even when enqueued after it (SPEC §12)
+    exact_run_at: bool
 
     def run_at(self, now: int) -> int:
         """When the job may first run, for an insert at ``now`` (epoch ms)."""
         if self.run_at_ms is not None:
+            if self.exact_run_at:
+                return self.run_at_ms
             return max(self.run_at_ms, now)  # a past run_at runs now, in FIFO order
         if self.delay_ms is not None:
             return now + self.delay_ms
@@ -176,7 +180,7 @@ def prepare_job(
         unique_key = check_queue(unique_key, f"{what}: unique_key")
     return _new_prepared(
         PreparedJob,
-        (job_id, kind, text, run_at_ms, delay_ms, attempts, priority, queue, unique_key),
+        (job_id, kind, text, run_at_ms, delay_ms, attempts, priority, queue, unique_key, False),
     )
 
 
