@@ -17,6 +17,13 @@ so that a new backend is one more class:
 * :meth:`sibling`: a second, independent database of the same backend (twin
   stores compared row for row), and :meth:`reset`.
 
+The async harnesses (:class:`SqliteFileAsync`, :class:`PostgresUrlAsync`)
+open their stores with ``open_async_store`` and hand the test a
+:class:`tests.async_bridge.BridgeStore`: ``Store``'s surface whose every call
+is the asyncio API's coroutine, awaited on an event loop thread of the
+harness's own. So the whole suite also runs through the async API; a test
+about the sync API's own thread mechanics declares ``requires("sync-api")``.
+
 The PostgreSQL harnesses (:class:`PostgresUrl`, :class:`PostgresConnection`)
 give each test a schema of its own on the server named by
 ``JAREN_JOBS_TEST_POSTGRES_URL`` (or on the throwaway server
@@ -46,6 +53,7 @@ from typing import Any, ClassVar
 from urllib.parse import quote
 
 from jaren_jobs import Runtime, Store, open_store
+from tests.async_bridge import BridgeStore, EventLoopThread
 
 try:  # the PostgreSQL harnesses need the driver (the extra jaren_jobs[postgres]); SQLite's do not
     import psycopg
@@ -61,8 +69,10 @@ __all__ = [
     "MissingCapability",
     "PostgresConnection",
     "PostgresUrl",
+    "PostgresUrlAsync",
     "SqliteConnection",
     "SqliteFile",
+    "SqliteFileAsync",
     "app_sql_for",
 ]
 
@@ -78,6 +88,11 @@ CAPABILITIES: dict[str, str] = {
     "sqlite": (
         "the test speaks SQLite itself: SQLite's own SQL (PRAGMA, triggers, conflict "
         "clauses, rowid), the sqlite3 module's API, or TEXT that is not UTF-8"
+    ),
+    "sync-api": (
+        "the test is about the synchronous API's own mechanics (a transaction keyed by "
+        "thread, that API misused from coroutines), which the async harnesses, driving "
+        "the asyncio API, do not have"
     ),
 }
 
@@ -332,9 +347,39 @@ class SqliteFile(_Sqlite):
     """``open_store(path)``: the store opens, configures and owns its connection."""
 
     name: ClassVar[str] = "sqlite-file"
+    capabilities: ClassVar[frozenset[str]] = _Sqlite.capabilities | {"sync-api"}
 
     def _open(self, *, runtime: Runtime | None, **options: Any) -> Store:
         return open_store(self.db_path, runtime=runtime, **options)
+
+
+class _AsyncApi(Harness):
+    """The harness's stores opened with ``open_async_store`` and driven through the asyncio
+    API (``tests/async_bridge.py``), on an event loop thread of the harness's own."""
+
+    _loop: EventLoopThread | None = None
+
+    def _bridge(self, *args: Any, **options: Any) -> Store:
+        if self._loop is None:
+            self._loop = EventLoopThread()
+        return BridgeStore.open(self._loop, *args, **options)  # type: ignore[return-value]
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self._loop is not None:
+                self._loop.close()
+                self._loop = None
+
+
+class SqliteFileAsync(_AsyncApi, _Sqlite):
+    """``open_async_store(path)``, every call through the asyncio API."""
+
+    name: ClassVar[str] = "sqlite-file-async"
+
+    def _open(self, *, runtime: Runtime | None, **options: Any) -> Store:
+        return self._bridge(self.db_path, runtime=runtime, **options)
 
 
 class SqliteConnection(_Sqlite):
@@ -349,6 +394,7 @@ class SqliteConnection(_Sqlite):
     """
 
     name: ClassVar[str] = "sqlite-connection"
+    capabilities: ClassVar[frozenset[str]] = _Sqlite.capabilities | {"sync-api"}
 
     def __init__(self, db_path: Path, *, declared: Sequence[str] | None = None) -> None:
         super().__init__(db_path, declared=declared)
@@ -530,9 +576,19 @@ class PostgresUrl(_Postgres):
     """``open_store("postgresql://...")``: the store opens and owns a small pool."""
 
     name: ClassVar[str] = "postgres"
+    capabilities: ClassVar[frozenset[str]] = _Postgres.capabilities | {"sync-api"}
 
     def _open(self, *, runtime: Runtime | None, **options: Any) -> Store:
         return open_store(self.url, runtime=runtime, **options)
+
+
+class PostgresUrlAsync(_AsyncApi, _Postgres):
+    """``open_async_store("postgresql://...")``, every call through the asyncio API."""
+
+    name: ClassVar[str] = "postgres-async"
+
+    def _open(self, *, runtime: Runtime | None, **options: Any) -> Store:
+        return self._bridge(self.url, runtime=runtime, **options)
 
 
 class PostgresConnection(_Postgres):
@@ -541,6 +597,7 @@ class PostgresConnection(_Postgres):
     harness, like the application, closes it after the store."""
 
     name: ClassVar[str] = "postgres-connection"
+    capabilities: ClassVar[frozenset[str]] = _Postgres.capabilities | {"sync-api"}
 
     def __init__(self, db_path: Path, *, declared: Sequence[str] | None = None) -> None:
         super().__init__(db_path, declared=declared)
@@ -563,7 +620,13 @@ class PostgresConnection(_Postgres):
 HARNESSES: tuple[type[Harness], ...] = (
     SqliteFile,
     SqliteConnection,
+    SqliteFileAsync,
     PostgresUrl,
     PostgresConnection,
+    PostgresUrlAsync,
 )
-POSTGRES_HARNESSES: frozenset[type[Harness]] = frozenset({PostgresUrl, PostgresConnection})
+POSTGRES_HARNESSES: frozenset[type[Harness]] = frozenset(
+    {PostgresUrl, PostgresConnection, PostgresUrlAsync}
+)
+# the harnesses that drive the asyncio API (the others drive the sync one)
+ASYNC_HARNESSES: frozenset[type[Harness]] = frozenset({SqliteFileAsync, PostgresUrlAsync})

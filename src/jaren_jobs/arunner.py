@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from .checkpoints import CheckpointStore
 
-__all__ = ["AsyncCheckpointStore", "ThreadRunner"]
+__all__ = ["AsyncCheckpointStore", "TaskRouted", "ThreadRunner"]
 
 T = TypeVar("T")
 
@@ -50,6 +50,34 @@ class ThreadRunner:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False)
+
+
+class TaskRouted(ThreadRunner):
+    """The store's root runner, except for a task inside its own transaction, whose calls
+    run on that transaction's lane.
+
+    So a root call (``store.jobs.*``, ``store.close()``) made inside the caller's own
+    ``async with store.transaction()`` meets the store exactly as the sync API's
+    same-thread call does — refused at once as reentrant where the store is gated —
+    instead of waiting on another thread for a gate its own transaction holds.
+    """
+
+    def __init__(
+        self, root: ThreadRunner, lanes: Mapping[asyncio.Task[Any] | None, ThreadRunner]
+    ) -> None:
+        self._root = root
+        self._lanes = lanes
+
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
+        lanes = self._lanes
+        if lanes:
+            lane = lanes.get(asyncio.current_task())
+            if lane is not None:
+                return lane.submit(fn)
+        return self._root.submit(fn)
+
+    def shutdown(self) -> None:
+        self._root.shutdown()
 
 
 class AsyncCheckpointStore:

@@ -26,8 +26,8 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-from .arunner import AsyncCheckpointStore, ThreadRunner
-from .aworker import AsyncWorker, create_async_worker
+from .arunner import AsyncCheckpointStore, TaskRouted, ThreadRunner
+from .aworker import AsyncWorker
 from .backend import Rows
 from .cursor import Barrier, Cursor, Streaming
 from .records import ClaimedJob, Counts, Job, Lease, NewJob, Outcome, StopOutcome
@@ -99,9 +99,10 @@ class AsyncJobs:
     """``store.jobs`` / ``tx.jobs`` under asyncio: every call of SPEC §3 as a coroutine,
     with the same arguments, results and errors."""
 
-    def __init__(self, jobs: Jobs, runner: ThreadRunner) -> None:
+    def __init__(self, jobs: Jobs, runner: ThreadRunner, root: ThreadRunner) -> None:
         self._jobs = jobs
-        self._runner = runner
+        self._runner = runner  # where its calls run: the store's threads, or a lane
+        self._root = root  # where a worker's own calls run (never a transaction's lane)
 
     def _run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
         return self._runner.run(functools.partial(fn, *args, **kwargs))
@@ -261,23 +262,17 @@ class AsyncJobs:
     ) -> AsyncWorker:
         """An :class:`~jaren_jobs.AsyncWorker` for ``handlers``, not started (SPEC §11):
         ``async def`` handlers are awaited on the calling loop, plain ones run on threads.
-        Called from a coroutine (the loop its handlers will run on)."""
-        return create_async_worker(
-            self._jobs,
-            self._runner,
-            handlers,
-            concurrency=concurrency,
-            poll_seconds=poll_seconds,
-            lease_seconds=lease_seconds,
-            owner=owner,
-            renew=renew,
-            on_outcome=on_outcome,
-            backoff_base_seconds=backoff_base_seconds,
-            backoff_cap_seconds=backoff_cap_seconds,
-            stop_grace_seconds=stop_grace_seconds,
-            on_renewal=on_renewal,
-            on_idle=on_idle,
-        )
+        Called from a coroutine (the loop its handlers will run on). Its own calls run on
+        the store's threads, even when it is made through ``tx.jobs``."""
+        # the keyword options as one mapping, taken first (nothing else is local yet): the
+        # signature is their one list here, kept equal to Jobs.create_worker's by the parity
+        # test, and the thread worker underneath checks them
+        given = locals()
+        options = {name: value for name, value in given.items() if name not in _NOT_OPTIONS}
+        return AsyncWorker(self._jobs, self._root, handlers, options)
+
+
+_NOT_OPTIONS = frozenset({"self", "handlers"})
 
 
 class AsyncTransaction:
@@ -286,10 +281,10 @@ class AsyncTransaction:
     Every call runs on the transaction's own lane (the thread that opened it).
     """
 
-    def __init__(self, transaction: Transaction, lane: ThreadRunner) -> None:
+    def __init__(self, transaction: Transaction, lane: ThreadRunner, root: ThreadRunner) -> None:
         self._transaction = transaction
         self._lane = lane
-        self.jobs = AsyncJobs(transaction.jobs, lane)
+        self.jobs = AsyncJobs(transaction.jobs, lane, root)
         self.depth = transaction.depth
 
     async def execute(self, statement: str, parameters: Any = ()) -> Rows:
@@ -395,7 +390,7 @@ class _TransactionBlock:
                 self._give_back()
             raise cancelled
         self._block = block
-        return AsyncTransaction(tx, lane)
+        return AsyncTransaction(tx, lane, store._root)
 
     async def __aexit__(
         self,
@@ -428,11 +423,12 @@ class AsyncStore:
         self._store = store
         threads = 1 if store.backend == "sqlite" else _POOLED_ROOT_THREADS
         self._root = ThreadRunner("jaren_jobs-async", threads)
-        self.jobs = AsyncJobs(store.jobs, self._root)
         self._lanes_lock = threading.Lock()
         self._lane_slots = asyncio.Semaphore(_LANES)
         self._idle_lanes: list[ThreadRunner] = []
         self._lanes_by_task: dict[asyncio.Task[Any] | None, ThreadRunner] = {}
+        self._shut = False
+        self.jobs = AsyncJobs(store.jobs, TaskRouted(self._root, self._lanes_by_task), self._root)
 
     @property
     def store(self) -> Store:
@@ -488,17 +484,26 @@ class AsyncStore:
         self._lane_slots.release()
 
     async def close(self, *, grace_seconds: float | None = None) -> list[StopOutcome]:
-        """Stop the store's workers (bounded), then close it (see ``Store.close``)."""
+        """Stop the store's workers (bounded), then close it (see ``Store.close``).
+
+        Idempotent. Inside this task's own transaction it is refused as the sync
+        API refuses it (``GateRefused``, reason ``"reentrant"``): it runs on that
+        transaction's lane, where the store sees its own transaction open.
+        """
+        if self._shut:
+            return []
+        runner = self._lanes_by_task.get(current_task(), self._root)
         try:
-            return await self._root.run_to_end(
-                lambda: self._store.close(grace_seconds=grace_seconds)
-            )
+            return await runner.run_to_end(lambda: self._store.close(grace_seconds=grace_seconds))
         finally:
-            self._root.shutdown()
-            with self._lanes_lock:
-                lanes, self._idle_lanes = self._idle_lanes, []
-            for lane in lanes:
-                lane.shutdown()
+            if self._store.closed and not self._shut:
+                # the threads go only once the store is closed: a refused close leaves it usable
+                self._shut = True
+                self._root.shutdown()
+                with self._lanes_lock:
+                    lanes, self._idle_lanes = self._idle_lanes, []
+                for lane in lanes:
+                    lane.shutdown()
 
     async def __aenter__(self) -> AsyncStore:
         return self

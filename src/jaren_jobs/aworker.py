@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Any
 
 from .arunner import AsyncCheckpointStore, ThreadRunner
-from .records import ClaimedJob, Lease, Outcome, StopOutcome, WorkerStats
+from .records import ClaimedJob, Lease, StopOutcome, WorkerStats
 from .signals import Signal
 from .store import Jobs
 from .worker import JobContext, Worker, WorkerStopped, is_async
@@ -148,7 +148,7 @@ class AsyncWorker:
         jobs: Jobs,
         runner: ThreadRunner,
         handlers: Mapping[str, Callable[..., Any]],
-        options: dict[str, Any],
+        options: Mapping[str, Any],
     ) -> None:
         if not isinstance(handlers, Mapping):
             raise TypeError(
@@ -245,36 +245,3 @@ class AsyncWorker:
 
     def __repr__(self) -> str:
         return f"<jaren_jobs.AsyncWorker {self.owner!r} running={self.running}>"
-
-
-def create_async_worker(
-    jobs: Jobs,
-    runner: ThreadRunner,
-    handlers: Mapping[str, Callable[..., Any]],
-    *,
-    concurrency: int = 1,
-    poll_seconds: float | None = None,
-    lease_seconds: float | None = None,
-    owner: str | None = None,
-    renew: bool = True,
-    on_outcome: Callable[[Outcome], Any] | None = None,
-    backoff_base_seconds: float | None = None,
-    backoff_cap_seconds: float | None = None,
-    stop_grace_seconds: float | None = None,
-    on_renewal: Callable[[Lease], Any] | None = None,
-    on_idle: Callable[[], Any] | None = None,
-) -> AsyncWorker:
-    options = {
-        "concurrency": concurrency,
-        "poll_seconds": poll_seconds,
-        "lease_seconds": lease_seconds,
-        "owner": owner,
-        "renew": renew,
-        "on_outcome": on_outcome,
-        "backoff_base_seconds": backoff_base_seconds,
-        "backoff_cap_seconds": backoff_cap_seconds,
-        "stop_grace_seconds": stop_grace_seconds,
-        "on_renewal": on_renewal,
-        "on_idle": on_idle,
-    }
-    return AsyncWorker(jobs, runner, handlers, options)

@@ -33,11 +33,6 @@ def run(coroutine: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coroutine, WAIT * 3))
 
 
-@pytest.fixture
-def astore(store: Store) -> AsyncStore:
-    """The backend's store under asyncio (the harness closes the store underneath)."""
-    return AsyncStore(store)
-
 
 def make_orders(store: Store, backend: Harness) -> str:
     with store.transaction() as tx:

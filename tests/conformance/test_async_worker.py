@@ -23,11 +23,6 @@ def run(coroutine: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coroutine, WAIT * 3))
 
 
-@pytest.fixture
-def astore(store: Store) -> AsyncStore:
-    return AsyncStore(store)
-
-
 def test_async_handlers_run_on_the_loop_and_plain_ones_on_threads(
     astore: AsyncStore, store: Store
 ) -> None:
