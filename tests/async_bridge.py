@@ -26,6 +26,11 @@ How the sync shapes map onto the async ones:
 
 Anything else (``store.connection``, the SQLite gate a test watches) is the
 sync store underneath, which the async store wraps.
+
+The cursor, checkpoint store and worker shims subclass the sync types they
+stand for (and override every public name), so a test's ``isinstance(cursor,
+Cursor)`` asks what it means here: that the async API handed back its own
+twin (``AsyncCursor``…), which each shim asserts when it is made.
 """
 
 from __future__ import annotations
@@ -37,7 +42,16 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
-from jaren_jobs import AsyncStore, open_async_store
+from jaren_jobs import (
+    AsyncCheckpointStore,
+    AsyncCursor,
+    AsyncStore,
+    AsyncWorker,
+    CheckpointStore,
+    Cursor,
+    Worker,
+    open_async_store,
+)
 
 T = TypeVar("T")
 
@@ -50,10 +64,19 @@ class EventLoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, name="bridge-loop", daemon=True
-        )
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="bridge-loop", daemon=True)
         self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            try:
+                self.loop.run_forever()
+            except (KeyboardInterrupt, SystemExit):
+                # asyncio lets these out of the loop as well as setting them on their task
+                # (an AsyncWorker's run_once whose handler raised one): the task's caller
+                # gets it; the loop goes on serving the other calls
+                continue
 
     def run(self, make: Callable[[], Awaitable[T]]) -> T:
         """Run ``make()``'s coroutine in a task of its own on the loop; its result or error."""
@@ -81,6 +104,7 @@ class EventLoopThread:
         try:
             asyncio.run_coroutine_threadsafe(drain(), self.loop).result(_ANSWER_SECONDS)
         finally:
+            self._stopping = True
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(_ANSWER_SECONDS)
             self.loop.close()
@@ -343,10 +367,11 @@ class BridgeJobs:
         return BridgeWorker(self._bridge, self._bridge.loop.run(make))
 
 
-class BridgeCursor:
+class BridgeCursor(Cursor[Any]):
     """A sync cursor over an ``AsyncCursor``."""
 
     def __init__(self, bridge: BridgeStore, cursor: Any, owner: _TransactionTask | None) -> None:
+        assert isinstance(cursor, AsyncCursor), cursor
         self._bridge = bridge
         self._cursor = cursor
         self._owner = owner
@@ -385,10 +410,11 @@ class BridgeCursor:
         return repr(self._cursor)
 
 
-class BridgeCheckpoints:
+class BridgeCheckpoints(CheckpointStore):
     """A sync checkpoint store over an ``AsyncCheckpointStore``."""
 
     def __init__(self, bridge: BridgeStore, checkpoints: Any, owner: _TransactionTask | None):
+        assert isinstance(checkpoints, AsyncCheckpointStore), checkpoints
         self._bridge = bridge
         self._checkpoints = checkpoints
         self._owner = owner
@@ -413,12 +439,46 @@ class BridgeCheckpoints:
         )
 
 
-class BridgeWorker:
+class BridgeWorker(Worker):
     """A sync worker over an ``AsyncWorker``: its lifecycle awaited, the rest read as is."""
 
+    _OWN = frozenset({"_bridge", "aworker", "owner"})
+
     def __init__(self, bridge: BridgeStore, worker: Any) -> None:
+        assert isinstance(worker, AsyncWorker), worker
         self._bridge = bridge
         self.aworker = worker
+        self.owner = worker.owner
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # a test standing in one of the worker's internals (worker._step = ...) means the
+        # thread worker's, which the AsyncWorker runs on
+        if name in self._OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.aworker.worker, name, value)
+
+    @property
+    def name(self) -> str:
+        return str(self.aworker.name)
+
+    @property
+    def kinds(self) -> list[str]:
+        return list(self.aworker.kinds)
+
+    @property
+    def running(self) -> bool:
+        return bool(self.aworker.running)
+
+    @property
+    def interrupted(self) -> BaseException | None:
+        return self.aworker.interrupted  # type: ignore[no-any-return]
+
+    def stats(self) -> Any:
+        return self.aworker.stats()
+
+    def leases(self) -> Any:
+        return self.aworker.leases()
 
     def start(self) -> BridgeWorker:
         self._bridge.loop.run(self.aworker.start)
@@ -430,15 +490,9 @@ class BridgeWorker:
     def run_once(self) -> bool:
         return bool(self._bridge.loop.run(self.aworker.run_once))
 
-    def __enter__(self) -> BridgeWorker:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     def __getattr__(self, name: str) -> Any:
-        # owner, name, kinds, running, interrupted, stats(), leases(): the AsyncWorker's
-        return getattr(self.aworker, name)
+        # anything else a test reads: the thread worker underneath
+        return getattr(self.aworker.worker, name)
 
     def __repr__(self) -> str:
         return repr(self.aworker)

@@ -90,9 +90,10 @@ CAPABILITIES: dict[str, str] = {
         "clauses, rowid), the sqlite3 module's API, or TEXT that is not UTF-8"
     ),
     "sync-api": (
-        "the test is about the synchronous API's own mechanics (a transaction keyed by "
-        "thread, that API misused from coroutines), which the async harnesses, driving "
-        "the asyncio API, do not have"
+        "the test is about the synchronous API itself — its thread mechanics (a call from "
+        "a worker's own thread, fork), that API misused from coroutines or given async "
+        "handlers, or the engine internals it hands to jaren_jobs.batcher/testing — which "
+        "the async harnesses, driving the asyncio API, do not present"
     ),
 }
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -23,8 +23,13 @@ class ThreadRunner:
 
     def __init__(self, name: str, threads: int) -> None:
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+        self._shut = False
 
     def submit(self, fn: Callable[[], T]) -> Future[T]:
+        if self._shut:
+            # the store is closed: its calls refuse at once (StoreClosed), touching no
+            # connection, so the refusal is answered here rather than by a thread
+            return _done(fn)
         # the caller's context (contextvars) goes with the call, as asyncio.to_thread does
         return self._executor.submit(contextvars.copy_context().run, fn)
 
@@ -49,7 +54,17 @@ class ThreadRunner:
         return result
 
     def shutdown(self) -> None:
+        self._shut = True
         self._executor.shutdown(wait=False)
+
+
+def _done(fn: Callable[[], T]) -> Future[T]:
+    future: Future[T] = Future()
+    try:
+        future.set_result(fn())
+    except BaseException as exc:
+        future.set_exception(exc)
+    return future
 
 
 class TaskRouted(ThreadRunner):
@@ -62,19 +77,13 @@ class TaskRouted(ThreadRunner):
     instead of waiting on another thread for a gate its own transaction holds.
     """
 
-    def __init__(
-        self, root: ThreadRunner, lanes: Mapping[asyncio.Task[Any] | None, ThreadRunner]
-    ) -> None:
+    def __init__(self, root: ThreadRunner, lane: Callable[[], ThreadRunner | None]) -> None:
         self._root = root
-        self._lanes = lanes
+        self._lane = lane
 
     def submit(self, fn: Callable[[], T]) -> Future[T]:
-        lanes = self._lanes
-        if lanes:
-            lane = lanes.get(asyncio.current_task())
-            if lane is not None:
-                return lane.submit(fn)
-        return self._root.submit(fn)
+        lane = self._lane()
+        return (self._root if lane is None else lane).submit(fn)
 
     def shutdown(self) -> None:
         self._root.shutdown()

@@ -18,6 +18,9 @@ the loop) until the first commits. A task cancelled inside
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
 import functools
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
@@ -30,6 +33,7 @@ from .arunner import AsyncCheckpointStore, TaskRouted, ThreadRunner
 from .aworker import AsyncWorker
 from .backend import Rows
 from .cursor import Barrier, Cursor, Streaming
+from .errors import StorageError
 from .records import ClaimedJob, Counts, Job, Lease, NewJob, Outcome, StopOutcome
 from .runtime import Defaults
 from .signals import SignalLike
@@ -304,6 +308,35 @@ class AsyncTransaction:
         self._transaction.after_commit(callback)
 
 
+class _OwnedLane(ThreadRunner):
+    """A transaction's lane as its calls reach it: only from the task that opened it.
+
+    The lane's thread is the transaction's, so the sync check (same thread) passes
+    for any task's call; this is the async API's own check. Another task's
+    statement would otherwise land in the middle of this task's transaction and
+    commit or roll back with it.
+    """
+
+    def __init__(self, lane: ThreadRunner, transaction: Transaction, mark: _Mark) -> None:
+        self._lane = lane
+        self._transaction = transaction
+        self._mark = mark
+
+    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        # an ended transaction's call goes on to say so (the sync check, which comes first)
+        if self._transaction._active and not self._mark.owns():
+            raise StorageError(
+                "a transaction is used only by the task that opened it and the tasks it "
+                "makes inside the block (as a sync transaction only from its thread); "
+                "open a store.transaction() in this task",
+                doing="store.transaction()",
+            )
+        return self._lane.submit(fn)
+
+    def shutdown(self) -> None:
+        self._lane.shutdown()
+
+
 class _Fetched(Rows):
     """A result read whole on the lane, so the loop never waits on the driver for a row."""
 
@@ -342,14 +375,43 @@ class _Fetched(Rows):
         return self._description
 
 
+class _Mark:
+    """An open outermost transaction of a task: its lane, and whether it is still open.
+
+    The task that opened it owns it; so do the tasks that task makes inside the
+    block (``asyncio.wait_for`` and ``gather`` make one per call before Python
+    3.12), which find the mark in the context they copied (:data:`_INSIDE`).
+    """
+
+    __slots__ = ("lane", "open", "store", "task")
+
+    def __init__(self, store: AsyncStore, lane: ThreadRunner, task: asyncio.Task[Any] | None):
+        self.store = store
+        self.lane = lane
+        self.task = task
+        self.open = True
+
+    def owns(self) -> bool:
+        """Whether the calling task may use this transaction (its own, or one it made)."""
+        return self.open and (current_task() is self.task or self in _INSIDE.get())
+
+
+# the transactions the calling context is inside (each a _Mark): copied into the tasks
+# made inside an ``async with store.transaction()`` block
+_INSIDE: contextvars.ContextVar[tuple[_Mark, ...]] = contextvars.ContextVar(
+    "jaren_jobs_inside_transactions", default=()
+)
+
+
 class _TransactionBlock:
     """What ``AsyncStore.transaction()`` returns: ``async with`` it (on one task)."""
 
     def __init__(self, store: AsyncStore) -> None:
         self._store = store
-        self._lane: ThreadRunner | None = None
+        self._mark: _Mark | None = None
         self._block: AbstractContextManager[Transaction] | None = None
         self._owned_lane = False
+        self._token: contextvars.Token[tuple[_Mark, ...]] | None = None
 
     async def __aenter__(self) -> AsyncTransaction:
         store = self._store
@@ -357,12 +419,13 @@ class _TransactionBlock:
         held = store._lanes_by_task.get(task)
         if held is not None:
             # nested in the same task: a savepoint on the lane that holds the transaction
-            lane = held
+            mark = held
         else:
-            lane = await store._take_lane()
+            mark = _Mark(store, await store._take_lane(), task)
             self._owned_lane = True
-            store._lanes_by_task[task] = lane
-        self._lane = lane
+            store._lanes_by_task[task] = mark
+        self._mark = mark
+        lane = mark.lane
         block = store._store.transaction()
         entered = asyncio.wrap_future(lane.submit(block.__enter__))
         cancelled: asyncio.CancelledError | None = None
@@ -390,7 +453,9 @@ class _TransactionBlock:
                 self._give_back()
             raise cancelled
         self._block = block
-        return AsyncTransaction(tx, lane, store._root)
+        if self._owned_lane:
+            self._token = _INSIDE.set((*_INSIDE.get(), mark))
+        return AsyncTransaction(tx, _OwnedLane(lane, tx, mark), store._root)
 
     async def __aexit__(
         self,
@@ -398,21 +463,28 @@ class _TransactionBlock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        assert self._lane is not None
+        assert self._mark is not None
         assert self._block is not None
         block = self._block
         try:
             # a cancelled task's rollback (CancelledError is a BaseException) runs to its end
-            return bool(await self._lane.run_to_end(lambda: block.__exit__(exc_type, exc, tb)))
+            return bool(await self._mark.lane.run_to_end(lambda: block.__exit__(exc_type, exc, tb)))
         finally:
             self._give_back()
 
     def _give_back(self) -> None:
         if self._owned_lane:
             store = self._store
-            store._lanes_by_task.pop(current_task(), None)
-            assert self._lane is not None
-            store._return_lane(self._lane)
+            mark = self._mark
+            assert mark is not None
+            mark.open = False
+            store._lanes_by_task.pop(mark.task, None)
+            if self._token is not None:
+                # exited in another context than it entered: nothing there to undo
+                with contextlib.suppress(ValueError):
+                    _INSIDE.reset(self._token)
+                self._token = None
+            store._return_lane(mark.lane)
             self._owned_lane = False
 
 
@@ -426,9 +498,9 @@ class AsyncStore:
         self._lanes_lock = threading.Lock()
         self._lane_slots = asyncio.Semaphore(_LANES)
         self._idle_lanes: list[ThreadRunner] = []
-        self._lanes_by_task: dict[asyncio.Task[Any] | None, ThreadRunner] = {}
+        self._lanes_by_task: dict[asyncio.Task[Any] | None, _Mark] = {}
         self._shut = False
-        self.jobs = AsyncJobs(store.jobs, TaskRouted(self._root, self._lanes_by_task), self._root)
+        self.jobs = AsyncJobs(store.jobs, TaskRouted(self._root, self._caller_lane), self._root)
 
     @property
     def store(self) -> Store:
@@ -463,6 +535,18 @@ class AsyncStore:
     def defaults(self) -> Defaults:
         return self._store.defaults
 
+    def _caller_lane(self) -> ThreadRunner | None:
+        """The lane of the transaction the calling task is inside, if any (see TaskRouted)."""
+        if not self._lanes_by_task:
+            return None
+        mark = self._lanes_by_task.get(current_task())
+        if mark is None:
+            for inside in _INSIDE.get():
+                if inside.store is self and inside.open:
+                    return inside.lane
+            return None
+        return mark.lane
+
     def transaction(self) -> _TransactionBlock:
         """``async with store.transaction() as tx``: one transaction of the database,
         belonging to this task; rolled back on an exception or a cancellation. Nested
@@ -480,7 +564,10 @@ class AsyncStore:
 
     def _return_lane(self, lane: ThreadRunner) -> None:
         with self._lanes_lock:
-            self._idle_lanes.append(lane)
+            if self._shut:
+                lane.shutdown()  # a transaction that outlived close(): its thread goes too
+            else:
+                self._idle_lanes.append(lane)
         self._lane_slots.release()
 
     async def close(self, *, grace_seconds: float | None = None) -> list[StopOutcome]:
@@ -492,15 +579,20 @@ class AsyncStore:
         """
         if self._shut:
             return []
-        runner = self._lanes_by_task.get(current_task(), self._root)
+        lane = self._caller_lane()
+        # not on the root threads: those may be waiting for the gate, and a close must
+        # begin at once to refuse what waits there (StoreClosed)
+        runner = lane if lane is not None else ThreadRunner("jaren_jobs-async-close", 1)
         try:
             return await runner.run_to_end(lambda: self._store.close(grace_seconds=grace_seconds))
         finally:
+            if lane is None:
+                runner.shutdown()
             if self._store.closed and not self._shut:
                 # the threads go only once the store is closed: a refused close leaves it usable
-                self._shut = True
                 self._root.shutdown()
                 with self._lanes_lock:
+                    self._shut = True
                     lanes, self._idle_lanes = self._idle_lanes, []
                 for lane in lanes:
                     lane.shutdown()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import functools
 import inspect
 import threading
@@ -33,6 +34,12 @@ from .store import Jobs
 from .worker import JobContext, Worker, WorkerStopped, is_async
 
 __all__ = ["AsyncJobContext", "AsyncWorker", "HandlerCancelled"]
+
+
+# the worker whose handler this task runs (or a task that handler made): its stop() is refused
+_HANDLER_OF: contextvars.ContextVar[AsyncWorker | None] = contextvars.ContextVar(
+    "jaren_jobs_async_handler_of", default=None
+)
 
 
 class HandlerCancelled(Exception):
@@ -114,7 +121,9 @@ class _OnLoop:
     def __call__(self, payload: Any, ctx: JobContext) -> Any:
         worker = self._worker
         actx = AsyncJobContext(ctx, worker._runner)
-        running = asyncio.run_coroutine_threadsafe(self._handler(payload, actx), worker._loop)
+        running = asyncio.run_coroutine_threadsafe(
+            worker._as_handler_task(self._handler(payload, actx)), worker._loop
+        )
         with worker._lock:
             worker._running.add(running)
 
@@ -213,9 +222,25 @@ class AsyncWorker:
         """Claim and run at most one job (its handler awaited on this loop); True if one ran."""
         return await asyncio.to_thread(self._worker.run_once)
 
+    async def _as_handler_task(self, handler: Coroutine[Any, Any, Any]) -> Any:
+        # marks the handler's task, and the tasks it makes (they copy its context)
+        _HANDLER_OF.set(self)
+        return await handler
+
     async def stop(self, grace_seconds: float | None = None) -> StopOutcome:
         """Stop: handlers get the grace period to wind up (``ctx.signal``); the tasks of
-        those still running then are cancelled. Quiescent when it returns (§7)."""
+        those still running then are cancelled. Quiescent when it returns (§7).
+
+        Awaited by one of this worker's own handlers it is a ``RuntimeError``, as
+        the thread worker's ``stop()`` from its own threads is: it would wait for
+        the very handler that awaits it, for the whole grace period.
+        """
+        if _HANDLER_OF.get() is self:
+            raise RuntimeError(
+                "stop() was awaited by one of this worker's own handlers, which stop() "
+                "would wait for; return from the handler instead, or stop the worker "
+                "from another task"
+            )
         stopping = asyncio.ensure_future(asyncio.to_thread(self._worker.stop, grace_seconds))
         try:
             outcome = await asyncio.shield(stopping)
