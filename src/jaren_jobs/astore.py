@@ -18,7 +18,6 @@ the loop) until the first commits. A task cancelled inside
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import contextvars
 import functools
@@ -322,7 +321,7 @@ class _OwnedLane(ThreadRunner):
         self._transaction = transaction
         self._mark = mark
 
-    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+    def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         # an ended transaction's call goes on to say so (the sync check, which comes first)
         if self._transaction._active and not self._mark.owns():
             raise StorageError(
@@ -427,7 +426,7 @@ class _TransactionBlock:
         self._mark = mark
         lane = mark.lane
         block = store._store.transaction()
-        entered = asyncio.wrap_future(lane.submit(block.__enter__))
+        entered = lane.submit(block.__enter__)
         cancelled: asyncio.CancelledError | None = None
         while True:
             try:
