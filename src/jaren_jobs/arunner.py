@@ -15,12 +15,12 @@ from typing import Any, TypeVar
 
 from .checkpoints import CheckpointStore
 
-__all__ = ["AsyncCheckpointStore", "TaskRouted", "ThreadRunner"]
+__all__ = ["AsyncCheckpointStore", "LoopPoster", "TaskRouted", "ThreadRunner"]
 
 T = TypeVar("T")
 
 
-class _Poster:
+class LoopPoster:
     """Hands callbacks to one event loop from other threads, many per wake-up.
 
     ``loop.call_soon_threadsafe`` writes to the loop's self-pipe each time it is
@@ -68,7 +68,7 @@ class ThreadRunner:
     Lighter per call than ``asyncio.to_thread`` / ``run_in_executor``: the loop
     puts the call on a queue (a thread wakes only if it was idle) and gets an
     ``asyncio.Future`` of its own; the answers go back through a
-    :class:`_Poster`, one loop wake-up for every answer ready by then, instead
+    :class:`LoopPoster`, one loop wake-up for every answer ready by then, instead
     of a ``concurrent.futures.Future`` chained to an asyncio one per call.
     """
 
@@ -78,7 +78,7 @@ class ThreadRunner:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._started = 0
         self._start_lock = threading.Lock()
-        self._posters: dict[asyncio.AbstractEventLoop, _Poster] = {}
+        self._posters: dict[asyncio.AbstractEventLoop, LoopPoster] = {}
         self._shut = False
 
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
@@ -95,7 +95,7 @@ class ThreadRunner:
             return future
         poster = self._posters.get(loop)
         if poster is None:
-            poster = self._posters.setdefault(loop, _Poster(loop))
+            poster = self._posters.setdefault(loop, LoopPoster(loop))
         if self._started < self._threads:
             self._start_thread()
         # the caller's context (contextvars) goes with the call, as asyncio.to_thread does

@@ -27,7 +27,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import Any
 
-from .arunner import AsyncCheckpointStore, ThreadRunner
+from .arunner import AsyncCheckpointStore, LoopPoster, ThreadRunner
 from .records import ClaimedJob, Lease, StopOutcome, WorkerStats
 from .signals import Signal
 from .store import Jobs
@@ -121,11 +121,16 @@ class _OnLoop:
     def __call__(self, payload: Any, ctx: JobContext) -> Any:
         worker = self._worker
         actx = AsyncJobContext(ctx, worker._runner)
-        running = asyncio.run_coroutine_threadsafe(
-            worker._as_handler_task(self._handler(payload, actx)), worker._loop
-        )
+        if worker._loop.is_closed():
+            raise RuntimeError(
+                f"the event loop of worker {worker.owner!r} is closed: its async handlers "
+                "cannot run (stop the worker before its loop ends)"
+            )
+        running = _HandlerRun(worker, self._handler(payload, actx))
         with worker._lock:
             worker._running.add(running)
+        # handed to the loop with the other threads' hand-offs of the moment, one wake-up
+        worker._poster.post(running.start)
 
         def on_abort() -> None:
             # a stop only asks (the grace period); a cancel or a lost lease ends the task now
@@ -146,6 +151,66 @@ class _OnLoop:
             unsubscribe()
             with worker._lock:
                 worker._running.discard(running)
+
+
+class _HandlerRun:
+    """One async handler's task, as the worker's thread that claimed the job waits for it.
+
+    Lighter than ``run_coroutine_threadsafe``'s chained futures: the task is made
+    on the loop by :meth:`start` (posted with other hand-offs), its end sets an
+    event the thread waits on, and :meth:`cancel` (any thread) cancels the task —
+    or, if it has not started yet, closes the coroutine unrun.
+    """
+
+    __slots__ = ("_cancelled", "_coroutine", "_done", "_outcome", "_task", "_worker")
+
+    def __init__(self, worker: AsyncWorker, coroutine: Coroutine[Any, Any, Any]) -> None:
+        self._worker = worker
+        self._coroutine: Coroutine[Any, Any, Any] | None = coroutine
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelled = False
+        self._done = threading.Event()
+        self._outcome: tuple[bool, Any] = (False, None)
+
+    def start(self) -> None:
+        """On the loop: the handler's task begins (unless it was cancelled first)."""
+        coroutine, self._coroutine = self._coroutine, None
+        assert coroutine is not None
+        if self._cancelled:
+            coroutine.close()  # never started: closed, so it is not reported "never awaited"
+            self._end(False, concurrent.futures.CancelledError())
+            return
+        task = self._worker._loop.create_task(self._worker._as_handler_task(coroutine))
+        self._task = task
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled():
+            self._end(False, concurrent.futures.CancelledError())
+            return
+        error = task.exception()
+        self._end(error is None, task.result() if error is None else error)
+
+    def _end(self, ok: bool, value: Any) -> None:
+        self._outcome = (ok, value)
+        self._done.set()
+
+    def cancel(self) -> None:
+        """From any thread: the task is cancelled (on the loop)."""
+        self._cancelled = True
+        self._worker._poster.post(self._cancel_task)
+
+    def _cancel_task(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def result(self) -> Any:
+        """From the worker's thread: what the handler returned, or its error, once it ended."""
+        self._done.wait()
+        ok, value = self._outcome
+        if ok:
+            return value
+        raise value
 
 
 class AsyncWorker:
@@ -173,7 +238,8 @@ class AsyncWorker:
             ) from None
         self._runner = runner
         self._lock = threading.Lock()
-        self._running: set[concurrent.futures.Future[Any]] = set()
+        self._running: set[_HandlerRun] = set()
+        self._poster = LoopPoster(self._loop)
         wrapped = {kind: _wrap(self, kind, handler) for kind, handler in handlers.items()}
         self._worker: Worker = jobs.create_worker(wrapped, **options)
 
