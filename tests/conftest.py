@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 
 import jaren_jobs
-from jaren_jobs import Runtime, Store
+from jaren_jobs import AsyncStore, Runtime, Store
 from tests import postgres_server
+from tests.async_bridge import BridgeStore
 from tests.harness import CAPABILITIES, HARNESSES, POSTGRES_HARNESSES, Harness, psycopg
 
 START = 1_800_000_000.0  # 2027-01-15, a fixed epoch for every fake clock
@@ -240,6 +241,14 @@ def backend(request: pytest.FixtureRequest, db_path: Path) -> Iterator[Harness]:
 def store(backend: Harness, runtime: Runtime) -> Store:
     """A store on the backend under test, on the fake clock (closed by the harness)."""
     return backend.open(runtime=runtime)
+
+
+@pytest.fixture
+def astore(store: Store) -> AsyncStore:
+    """The store under test under asyncio, for async-native tests: an ``AsyncStore`` over
+    the harness's store (on an async harness, over the sync store its bridge drives), used
+    from the test's own event loop (``asyncio.run``); the harness closes what is underneath."""
+    return AsyncStore(store.astore.store if isinstance(store, BridgeStore) else store)
 
 
 @pytest.fixture

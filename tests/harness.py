@@ -17,6 +17,13 @@ so that a new backend is one more class:
 * :meth:`sibling`: a second, independent database of the same backend (twin
   stores compared row for row), and :meth:`reset`.
 
+The async harnesses (:class:`SqliteFileAsync`, :class:`PostgresUrlAsync`)
+open their stores with ``open_async_store`` and hand the test a
+:class:`tests.async_bridge.BridgeStore`: ``Store``'s surface whose every call
+is the asyncio API's coroutine, awaited on an event loop thread of the
+harness's own. So the whole suite also runs through the async API; a test
+about the sync API's own thread mechanics declares ``requires("sync-api")``.
+
 The PostgreSQL harnesses (:class:`PostgresUrl`, :class:`PostgresConnection`)
 give each test a schema of its own on the server named by
 ``JAREN_JOBS_TEST_POSTGRES_URL`` (or on the throwaway server
@@ -46,6 +53,7 @@ from typing import Any, ClassVar
 from urllib.parse import quote
 
 from jaren_jobs import Runtime, Store, open_store
+from tests.async_bridge import BridgeStore, EventLoopThread
 
 try:  # the PostgreSQL harnesses need the driver (the extra jaren_jobs[postgres]); SQLite's do not
     import psycopg
@@ -61,8 +69,10 @@ __all__ = [
     "MissingCapability",
     "PostgresConnection",
     "PostgresUrl",
+    "PostgresUrlAsync",
     "SqliteConnection",
     "SqliteFile",
+    "SqliteFileAsync",
     "app_sql_for",
 ]
 
@@ -82,6 +92,12 @@ CAPABILITIES: dict[str, str] = {
     "sqlite": (
         "the test speaks SQLite itself: SQLite's own SQL (PRAGMA, triggers, conflict "
         "clauses, rowid), the sqlite3 module's API, or TEXT that is not UTF-8"
+    ),
+    "sync-api": (
+        "the test is about the synchronous API itself — its thread mechanics (a call from "
+        "a worker's own thread, fork), that API misused from coroutines or given async "
+        "handlers, or the engine internals it hands to jaren_jobs.batcher/testing — which "
+        "the async harnesses, driving the asyncio API, do not present"
     ),
 }
 
@@ -336,9 +352,39 @@ class SqliteFile(_Sqlite):
     """``open_store(path)``: the store opens, configures and owns its connection."""
 
     name: ClassVar[str] = "sqlite-file"
+    capabilities: ClassVar[frozenset[str]] = _Sqlite.capabilities | {"sync-api"}
 
     def _open(self, *, runtime: Runtime | None, **options: Any) -> Store:
         return open_store(self.db_path, runtime=runtime, **options)
+
+
+class _AsyncApi(Harness):
+    """The harness's stores opened with ``open_async_store`` and driven through the asyncio
+    API (``tests/async_bridge.py``), on an event loop thread of the harness's own."""
+
+    _loop: EventLoopThread | None = None
+
+    def _bridge(self, *args: Any, **options: Any) -> Store:
+        if self._loop is None:
+            self._loop = EventLoopThread()
+        return BridgeStore.open(self._loop, *args, **options)  # type: ignore[return-value]
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self._loop is not None:
+                self._loop.close()
+                self._loop = None
+
+
+class SqliteFileAsync(_AsyncApi, _Sqlite):
+    """``open_async_store(path)``, every call through the asyncio API."""
+
+    name: ClassVar[str] = "sqlite-file-async"
+
+    def _open(self, *, runtime: Runtime | None, **options: Any) -> Store:
+        return self._bridge(self.db_path, runtime=runtime, **options)
 
 
 class SqliteConnection(_Sqlite):
@@ -353,6 +399,7 @@ class SqliteConnection(_Sqlite):
     """
 
     name: ClassVar[str] = "sqlite-connection"
+    capabilities: ClassVar[frozenset[str]] = _Sqlite.capabilities | {"sync-api"}
 
     def __init__(self, db_path: Path, *, declared: Sequence[str] | None = None) -> None:
         super().__init__(db_path, declared=declared)
@@ -534,10 +581,21 @@ class PostgresUrl(_Postgres):
 
     name: ClassVar[str] = "postgres"
     # no "gate": another thread's call takes another connection of the pool
-    capabilities: ClassVar[frozenset[str]] = frozenset({"pool"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"pool", "sync-api"})
 
     def _open(self, *, runtime: Runtime | None, **options: Any) -> Store:
         return open_store(self.url, runtime=runtime, **options)
+
+
+class PostgresUrlAsync(_AsyncApi, _Postgres):
+    """``open_async_store("postgresql://...")``, every call through the asyncio API."""
+
+    name: ClassVar[str] = "postgres-async"
+    # a pooled URL store underneath: another task's transaction takes another connection
+    capabilities: ClassVar[frozenset[str]] = frozenset({"pool"})
+
+    def _open(self, *, runtime: Runtime | None, **options: Any) -> Store:
+        return self._bridge(self.url, runtime=runtime, **options)
 
 
 class PostgresConnection(_Postgres):
@@ -547,7 +605,7 @@ class PostgresConnection(_Postgres):
 
     name: ClassVar[str] = "postgres-connection"
     # one connection behind the store's gate, as on SQLite
-    capabilities: ClassVar[frozenset[str]] = frozenset({"gate"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"gate", "sync-api"})
 
     def __init__(self, db_path: Path, *, declared: Sequence[str] | None = None) -> None:
         super().__init__(db_path, declared=declared)
@@ -570,7 +628,13 @@ class PostgresConnection(_Postgres):
 HARNESSES: tuple[type[Harness], ...] = (
     SqliteFile,
     SqliteConnection,
+    SqliteFileAsync,
     PostgresUrl,
     PostgresConnection,
+    PostgresUrlAsync,
 )
-POSTGRES_HARNESSES: frozenset[type[Harness]] = frozenset({PostgresUrl, PostgresConnection})
+POSTGRES_HARNESSES: frozenset[type[Harness]] = frozenset(
+    {PostgresUrl, PostgresConnection, PostgresUrlAsync}
+)
+# the harnesses that drive the asyncio API (the others drive the sync one)
+ASYNC_HARNESSES: frozenset[type[Harness]] = frozenset({SqliteFileAsync, PostgresUrlAsync})

@@ -6,35 +6,137 @@ Shared by :mod:`jaren_jobs.astore` and :mod:`jaren_jobs.aworker`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import queue
+import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from .checkpoints import CheckpointStore
 
-__all__ = ["AsyncCheckpointStore", "ThreadRunner"]
+__all__ = ["AsyncCheckpointStore", "LoopPoster", "TaskRouted", "ThreadRunner"]
 
 T = TypeVar("T")
 
 
+class LoopPoster:
+    """Hands callbacks to one event loop from other threads, many per wake-up.
+
+    ``loop.call_soon_threadsafe`` writes to the loop's self-pipe each time it is
+    called; under load the store's threads finish calls faster than the loop
+    wakes, so each wake-up takes every answer posted since the last one.
+    """
+
+    __slots__ = ("_items", "_lock", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._items: list[Callable[[], None]] = []
+
+    def post(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            first = not self._items
+            self._items.append(callback)
+        if first:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits these now
+                self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for callback in items:
+            callback()
+
+
+def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> Callable[[], None]:
+    def settle() -> None:
+        if future.cancelled():
+            return  # its awaiter was cancelled (the call may still have run, as with to_thread)
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+    return settle
+
+
 class ThreadRunner:
-    """Runs blocking calls on threads of its own and awaits them without blocking the loop."""
+    """Runs blocking calls on threads of its own and awaits them without blocking the loop.
+
+    Lighter per call than ``asyncio.to_thread`` / ``run_in_executor``: the loop
+    puts the call on a queue (a thread wakes only if it was idle) and gets an
+    ``asyncio.Future`` of its own; the answers go back through a
+    :class:`LoopPoster`, one loop wake-up for every answer ready by then, instead
+    of a ``concurrent.futures.Future`` chained to an asyncio one per call.
+    """
 
     def __init__(self, name: str, threads: int) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+        self._name = name
+        self._threads = threads
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._started = 0
+        self._start_lock = threading.Lock()
+        self._posters: dict[asyncio.AbstractEventLoop, LoopPoster] = {}
+        self._shut = False
 
-    def submit(self, fn: Callable[[], T]) -> Future[T]:
+    def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        """Queue ``fn`` (called from a coroutine): an ``asyncio.Future`` of the running loop."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        if self._shut:
+            # the store is closed: its calls refuse at once (StoreClosed), touching no
+            # connection, so the refusal is answered here rather than by a thread
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+            return future
+        poster = self._posters.get(loop)
+        if poster is None:
+            poster = self._posters.setdefault(loop, LoopPoster(loop))
+        if self._started < self._threads:
+            self._start_thread()
         # the caller's context (contextvars) goes with the call, as asyncio.to_thread does
-        return self._executor.submit(contextvars.copy_context().run, fn)
+        self._queue.put((contextvars.copy_context(), fn, future, poster))
+        return future
+
+    def _start_thread(self) -> None:
+        with self._start_lock:
+            if self._started >= self._threads or self._shut:
+                return
+            self._started += 1
+            name = f"{self._name}_{self._started - 1}"
+        # daemon: a store never closed must not hold the interpreter's exit on an idle
+        # thread (an executor's atexit hook does that for its own; SQLite and PostgreSQL
+        # commits are atomic, so a call cut short at exit leaves no half-written row)
+        threading.Thread(target=self._work, name=name, daemon=True).start()
+
+    def _work(self) -> None:
+        take = self._queue.get
+        while True:
+            item = take()
+            if item is None:
+                return
+            context, fn, future, poster = item
+            del item
+            if future.cancelled():  # a racy read, as concurrent.futures' own: it only skips
+                continue
+            try:
+                ok, value = True, context.run(fn)
+            except BaseException as exc:  # handed to the awaiting task, as an executor does
+                ok, value = False, exc
+            poster.post(_settle(future, ok, value))
+            del context, fn, future, value
 
     async def run(self, fn: Callable[[], T]) -> T:
-        return await asyncio.wrap_future(self.submit(fn))
+        return await self.submit(fn)
 
     async def run_to_end(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` and wait for it to finish even if this task is cancelled meanwhile
         (a rollback or a close must not be left half done); the cancellation goes on after."""
-        future = asyncio.wrap_future(self.submit(fn))
+        future = self.submit(fn)
         cancelled = False
         while True:
             try:
@@ -49,7 +151,34 @@ class ThreadRunner:
         return result
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=False)
+        """Let the threads go once the calls queued so far have run (never waits)."""
+        with self._start_lock:
+            self._shut = True
+            started = self._started
+        for _ in range(started):
+            self._queue.put(None)
+
+
+class TaskRouted(ThreadRunner):
+    """The store's root runner, except for a task inside its own transaction, whose calls
+    run on that transaction's lane.
+
+    So a root call (``store.jobs.*``, ``store.close()``) made inside the caller's own
+    ``async with store.transaction()`` meets the store exactly as the sync API's
+    same-thread call does — refused at once as reentrant where the store is gated —
+    instead of waiting on another thread for a gate its own transaction holds.
+    """
+
+    def __init__(self, root: ThreadRunner, lane: Callable[[], ThreadRunner | None]) -> None:
+        self._root = root
+        self._lane = lane
+
+    def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        lane = self._lane()
+        return (self._root if lane is None else lane).submit(fn)
+
+    def shutdown(self) -> None:
+        self._root.shutdown()
 
 
 class AsyncCheckpointStore:

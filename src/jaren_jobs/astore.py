@@ -18,6 +18,8 @@ the loop) until the first commits. A task cancelled inside
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import functools
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
@@ -26,10 +28,11 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-from .arunner import AsyncCheckpointStore, ThreadRunner
-from .aworker import AsyncWorker, create_async_worker
+from .arunner import AsyncCheckpointStore, TaskRouted, ThreadRunner
+from .aworker import AsyncWorker
 from .backend import Rows
 from .cursor import Barrier, Cursor, Streaming
+from .errors import StorageError
 from .periodic import Periodic
 from .records import ClaimedJob, Counts, Job, Lease, NewJob, Outcome, StopOutcome
 from .runtime import Defaults
@@ -100,9 +103,10 @@ class AsyncJobs:
     """``store.jobs`` / ``tx.jobs`` under asyncio: every call of SPEC §3 as a coroutine,
     with the same arguments, results and errors."""
 
-    def __init__(self, jobs: Jobs, runner: ThreadRunner) -> None:
+    def __init__(self, jobs: Jobs, runner: ThreadRunner, root: ThreadRunner) -> None:
         self._jobs = jobs
-        self._runner = runner
+        self._runner = runner  # where its calls run: the store's threads, or a lane
+        self._root = root  # where a worker's own calls run (never a transaction's lane)
 
     def _run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
         return self._runner.run(functools.partial(fn, *args, **kwargs))
@@ -288,25 +292,17 @@ class AsyncJobs:
     ) -> AsyncWorker:
         """An :class:`~jaren_jobs.AsyncWorker` for ``handlers``, not started (SPEC §11):
         ``async def`` handlers are awaited on the calling loop, plain ones run on threads.
-        Called from a coroutine (the loop its handlers will run on)."""
-        return create_async_worker(
-            self._jobs,
-            self._runner,
-            handlers,
-            concurrency=concurrency,
-            poll_seconds=poll_seconds,
-            lease_seconds=lease_seconds,
-            owner=owner,
-            renew=renew,
-            on_outcome=on_outcome,
-            backoff_base_seconds=backoff_base_seconds,
-            backoff_cap_seconds=backoff_cap_seconds,
-            stop_grace_seconds=stop_grace_seconds,
-            on_renewal=on_renewal,
-            on_idle=on_idle,
-            periodic=periodic,
-            queues=queues,
-        )
+        Called from a coroutine (the loop its handlers will run on). Its own calls run on
+        the store's threads, even when it is made through ``tx.jobs``."""
+        # the keyword options as one mapping, taken first (nothing else is local yet): the
+        # signature is their one list here, kept equal to Jobs.create_worker's by the parity
+        # test, and the thread worker underneath checks them
+        given = locals()
+        options = {name: value for name, value in given.items() if name not in _NOT_OPTIONS}
+        return AsyncWorker(self._jobs, self._root, handlers, options)
+
+
+_NOT_OPTIONS = frozenset({"self", "handlers"})
 
 
 class AsyncTransaction:
@@ -315,10 +311,10 @@ class AsyncTransaction:
     Every call runs on the transaction's own lane (the thread that opened it).
     """
 
-    def __init__(self, transaction: Transaction, lane: ThreadRunner) -> None:
+    def __init__(self, transaction: Transaction, lane: ThreadRunner, root: ThreadRunner) -> None:
         self._transaction = transaction
         self._lane = lane
-        self.jobs = AsyncJobs(transaction.jobs, lane)
+        self.jobs = AsyncJobs(transaction.jobs, lane, root)
         self.depth = transaction.depth
 
     async def execute(self, statement: str, parameters: Any = ()) -> Rows:
@@ -336,6 +332,35 @@ class AsyncTransaction:
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once the outermost transaction has committed (never on rollback)."""
         self._transaction.after_commit(callback)
+
+
+class _OwnedLane(ThreadRunner):
+    """A transaction's lane as its calls reach it: only from the task that opened it.
+
+    The lane's thread is the transaction's, so the sync check (same thread) passes
+    for any task's call; this is the async API's own check. Another task's
+    statement would otherwise land in the middle of this task's transaction and
+    commit or roll back with it.
+    """
+
+    def __init__(self, lane: ThreadRunner, transaction: Transaction, mark: _Mark) -> None:
+        self._lane = lane
+        self._transaction = transaction
+        self._mark = mark
+
+    def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        # an ended transaction's call goes on to say so (the sync check, which comes first)
+        if self._transaction._active and not self._mark.owns():
+            raise StorageError(
+                "a transaction is used only by the task that opened it and the tasks it "
+                "makes inside the block (as a sync transaction only from its thread); "
+                "open a store.transaction() in this task",
+                doing="store.transaction()",
+            )
+        return self._lane.submit(fn)
+
+    def shutdown(self) -> None:
+        self._lane.shutdown()
 
 
 class _Fetched(Rows):
@@ -376,14 +401,43 @@ class _Fetched(Rows):
         return self._description
 
 
+class _Mark:
+    """An open outermost transaction of a task: its lane, and whether it is still open.
+
+    The task that opened it owns it; so do the tasks that task makes inside the
+    block (``asyncio.wait_for`` and ``gather`` make one per call before Python
+    3.12), which find the mark in the context they copied (:data:`_INSIDE`).
+    """
+
+    __slots__ = ("lane", "open", "store", "task")
+
+    def __init__(self, store: AsyncStore, lane: ThreadRunner, task: asyncio.Task[Any] | None):
+        self.store = store
+        self.lane = lane
+        self.task = task
+        self.open = True
+
+    def owns(self) -> bool:
+        """Whether the calling task may use this transaction (its own, or one it made)."""
+        return self.open and (current_task() is self.task or self in _INSIDE.get())
+
+
+# the transactions the calling context is inside (each a _Mark): copied into the tasks
+# made inside an ``async with store.transaction()`` block
+_INSIDE: contextvars.ContextVar[tuple[_Mark, ...]] = contextvars.ContextVar(
+    "jaren_jobs_inside_transactions", default=()
+)
+
+
 class _TransactionBlock:
     """What ``AsyncStore.transaction()`` returns: ``async with`` it (on one task)."""
 
     def __init__(self, store: AsyncStore) -> None:
         self._store = store
-        self._lane: ThreadRunner | None = None
+        self._mark: _Mark | None = None
         self._block: AbstractContextManager[Transaction] | None = None
         self._owned_lane = False
+        self._token: contextvars.Token[tuple[_Mark, ...]] | None = None
 
     async def __aenter__(self) -> AsyncTransaction:
         store = self._store
@@ -391,14 +445,15 @@ class _TransactionBlock:
         held = store._lanes_by_task.get(task)
         if held is not None:
             # nested in the same task: a savepoint on the lane that holds the transaction
-            lane = held
+            mark = held
         else:
-            lane = await store._take_lane()
+            mark = _Mark(store, await store._take_lane(), task)
             self._owned_lane = True
-            store._lanes_by_task[task] = lane
-        self._lane = lane
+            store._lanes_by_task[task] = mark
+        self._mark = mark
+        lane = mark.lane
         block = store._store.transaction()
-        entered = asyncio.wrap_future(lane.submit(block.__enter__))
+        entered = lane.submit(block.__enter__)
         cancelled: asyncio.CancelledError | None = None
         while True:
             try:
@@ -424,7 +479,9 @@ class _TransactionBlock:
                 self._give_back()
             raise cancelled
         self._block = block
-        return AsyncTransaction(tx, lane)
+        if self._owned_lane:
+            self._token = _INSIDE.set((*_INSIDE.get(), mark))
+        return AsyncTransaction(tx, _OwnedLane(lane, tx, mark), store._root)
 
     async def __aexit__(
         self,
@@ -432,21 +489,28 @@ class _TransactionBlock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        assert self._lane is not None
+        assert self._mark is not None
         assert self._block is not None
         block = self._block
         try:
             # a cancelled task's rollback (CancelledError is a BaseException) runs to its end
-            return bool(await self._lane.run_to_end(lambda: block.__exit__(exc_type, exc, tb)))
+            return bool(await self._mark.lane.run_to_end(lambda: block.__exit__(exc_type, exc, tb)))
         finally:
             self._give_back()
 
     def _give_back(self) -> None:
         if self._owned_lane:
             store = self._store
-            store._lanes_by_task.pop(current_task(), None)
-            assert self._lane is not None
-            store._return_lane(self._lane)
+            mark = self._mark
+            assert mark is not None
+            mark.open = False
+            store._lanes_by_task.pop(mark.task, None)
+            if self._token is not None:
+                # exited in another context than it entered: nothing there to undo
+                with contextlib.suppress(ValueError):
+                    _INSIDE.reset(self._token)
+                self._token = None
+            store._return_lane(mark.lane)
             self._owned_lane = False
 
 
@@ -457,11 +521,12 @@ class AsyncStore:
         self._store = store
         threads = 1 if store.backend == "sqlite" else _POOLED_ROOT_THREADS
         self._root = ThreadRunner("jaren_jobs-async", threads)
-        self.jobs = AsyncJobs(store.jobs, self._root)
         self._lanes_lock = threading.Lock()
         self._lane_slots = asyncio.Semaphore(_LANES)
         self._idle_lanes: list[ThreadRunner] = []
-        self._lanes_by_task: dict[asyncio.Task[Any] | None, ThreadRunner] = {}
+        self._lanes_by_task: dict[asyncio.Task[Any] | None, _Mark] = {}
+        self._shut = False
+        self.jobs = AsyncJobs(store.jobs, TaskRouted(self._root, self._caller_lane), self._root)
 
     @property
     def store(self) -> Store:
@@ -496,6 +561,18 @@ class AsyncStore:
     def defaults(self) -> Defaults:
         return self._store.defaults
 
+    def _caller_lane(self) -> ThreadRunner | None:
+        """The lane of the transaction the calling task is inside, if any (see TaskRouted)."""
+        if not self._lanes_by_task:
+            return None
+        mark = self._lanes_by_task.get(current_task())
+        if mark is None:
+            for inside in _INSIDE.get():
+                if inside.store is self and inside.open:
+                    return inside.lane
+            return None
+        return mark.lane
+
     def transaction(self) -> _TransactionBlock:
         """``async with store.transaction() as tx``: one transaction of the database,
         belonging to this task; rolled back on an exception or a cancellation. Nested
@@ -513,21 +590,38 @@ class AsyncStore:
 
     def _return_lane(self, lane: ThreadRunner) -> None:
         with self._lanes_lock:
-            self._idle_lanes.append(lane)
+            if self._shut:
+                lane.shutdown()  # a transaction that outlived close(): its thread goes too
+            else:
+                self._idle_lanes.append(lane)
         self._lane_slots.release()
 
     async def close(self, *, grace_seconds: float | None = None) -> list[StopOutcome]:
-        """Stop the store's workers (bounded), then close it (see ``Store.close``)."""
+        """Stop the store's workers (bounded), then close it (see ``Store.close``).
+
+        Idempotent. Inside this task's own transaction it is refused as the sync
+        API refuses it (``GateRefused``, reason ``"reentrant"``): it runs on that
+        transaction's lane, where the store sees its own transaction open.
+        """
+        if self._shut:
+            return []
+        lane = self._caller_lane()
+        # not on the root threads: those may be waiting for the gate, and a close must
+        # begin at once to refuse what waits there (StoreClosed)
+        runner = lane if lane is not None else ThreadRunner("jaren_jobs-async-close", 1)
         try:
-            return await self._root.run_to_end(
-                lambda: self._store.close(grace_seconds=grace_seconds)
-            )
+            return await runner.run_to_end(lambda: self._store.close(grace_seconds=grace_seconds))
         finally:
-            self._root.shutdown()
-            with self._lanes_lock:
-                lanes, self._idle_lanes = self._idle_lanes, []
-            for lane in lanes:
-                lane.shutdown()
+            if lane is None:
+                runner.shutdown()
+            if self._store.closed and not self._shut:
+                # the threads go only once the store is closed: a refused close leaves it usable
+                self._root.shutdown()
+                with self._lanes_lock:
+                    self._shut = True
+                    lanes, self._idle_lanes = self._idle_lanes, []
+                for lane in lanes:
+                    lane.shutdown()
 
     async def __aenter__(self) -> AsyncStore:
         return self

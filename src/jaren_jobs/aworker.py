@@ -19,21 +19,27 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import functools
 import inspect
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import Any
 
-from .arunner import AsyncCheckpointStore, ThreadRunner
-from .periodic import Periodic
-from .records import ClaimedJob, Lease, Outcome, StopOutcome, WorkerStats
+from .arunner import AsyncCheckpointStore, LoopPoster, ThreadRunner
+from .records import ClaimedJob, Lease, StopOutcome, WorkerStats
 from .signals import Signal
 from .store import Jobs
 from .worker import JobContext, Worker, WorkerStopped, is_async
 
 __all__ = ["AsyncJobContext", "AsyncWorker", "HandlerCancelled"]
+
+
+# the worker whose handler this task runs (or a task that handler made): its stop() is refused
+_HANDLER_OF: contextvars.ContextVar[AsyncWorker | None] = contextvars.ContextVar(
+    "jaren_jobs_async_handler_of", default=None
+)
 
 
 class HandlerCancelled(Exception):
@@ -115,9 +121,16 @@ class _OnLoop:
     def __call__(self, payload: Any, ctx: JobContext) -> Any:
         worker = self._worker
         actx = AsyncJobContext(ctx, worker._runner)
-        running = asyncio.run_coroutine_threadsafe(self._handler(payload, actx), worker._loop)
+        if worker._loop.is_closed():
+            raise RuntimeError(
+                f"the event loop of worker {worker.owner!r} is closed: its async handlers "
+                "cannot run (stop the worker before its loop ends)"
+            )
+        running = _HandlerRun(worker, self._handler(payload, actx))
         with worker._lock:
             worker._running.add(running)
+        # handed to the loop with the other threads' hand-offs of the moment, one wake-up
+        worker._poster.post(running.start)
 
         def on_abort() -> None:
             # a stop only asks (the grace period); a cancel or a lost lease ends the task now
@@ -140,6 +153,66 @@ class _OnLoop:
                 worker._running.discard(running)
 
 
+class _HandlerRun:
+    """One async handler's task, as the worker's thread that claimed the job waits for it.
+
+    Lighter than ``run_coroutine_threadsafe``'s chained futures: the task is made
+    on the loop by :meth:`start` (posted with other hand-offs), its end sets an
+    event the thread waits on, and :meth:`cancel` (any thread) cancels the task —
+    or, if it has not started yet, closes the coroutine unrun.
+    """
+
+    __slots__ = ("_cancelled", "_coroutine", "_done", "_outcome", "_task", "_worker")
+
+    def __init__(self, worker: AsyncWorker, coroutine: Coroutine[Any, Any, Any]) -> None:
+        self._worker = worker
+        self._coroutine: Coroutine[Any, Any, Any] | None = coroutine
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelled = False
+        self._done = threading.Event()
+        self._outcome: tuple[bool, Any] = (False, None)
+
+    def start(self) -> None:
+        """On the loop: the handler's task begins (unless it was cancelled first)."""
+        coroutine, self._coroutine = self._coroutine, None
+        assert coroutine is not None
+        if self._cancelled:
+            coroutine.close()  # never started: closed, so it is not reported "never awaited"
+            self._end(False, concurrent.futures.CancelledError())
+            return
+        task = self._worker._loop.create_task(self._worker._as_handler_task(coroutine))
+        self._task = task
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled():
+            self._end(False, concurrent.futures.CancelledError())
+            return
+        error = task.exception()
+        self._end(error is None, task.result() if error is None else error)
+
+    def _end(self, ok: bool, value: Any) -> None:
+        self._outcome = (ok, value)
+        self._done.set()
+
+    def cancel(self) -> None:
+        """From any thread: the task is cancelled (on the loop)."""
+        self._cancelled = True
+        self._worker._poster.post(self._cancel_task)
+
+    def _cancel_task(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def result(self) -> Any:
+        """From the worker's thread: what the handler returned, or its error, once it ended."""
+        self._done.wait()
+        ok, value = self._outcome
+        if ok:
+            return value
+        raise value
+
+
 class AsyncWorker:
     """A worker for an :class:`~jaren_jobs.AsyncStore` (SPEC §11): ``await worker.start()``,
     ``await worker.stop()``, ``await worker.run_once()``, ``async with worker``."""
@@ -149,7 +222,7 @@ class AsyncWorker:
         jobs: Jobs,
         runner: ThreadRunner,
         handlers: Mapping[str, Callable[..., Any]],
-        options: dict[str, Any],
+        options: Mapping[str, Any],
     ) -> None:
         if not isinstance(handlers, Mapping):
             raise TypeError(
@@ -165,7 +238,8 @@ class AsyncWorker:
             ) from None
         self._runner = runner
         self._lock = threading.Lock()
-        self._running: set[concurrent.futures.Future[Any]] = set()
+        self._running: set[_HandlerRun] = set()
+        self._poster = LoopPoster(self._loop)
         wrapped = {kind: _wrap(self, kind, handler) for kind, handler in handlers.items()}
         self._worker: Worker = jobs.create_worker(wrapped, **options)
 
@@ -214,9 +288,25 @@ class AsyncWorker:
         """Claim and run at most one job (its handler awaited on this loop); True if one ran."""
         return await asyncio.to_thread(self._worker.run_once)
 
+    async def _as_handler_task(self, handler: Coroutine[Any, Any, Any]) -> Any:
+        # marks the handler's task, and the tasks it makes (they copy its context)
+        _HANDLER_OF.set(self)
+        return await handler
+
     async def stop(self, grace_seconds: float | None = None) -> StopOutcome:
         """Stop: handlers get the grace period to wind up (``ctx.signal``); the tasks of
-        those still running then are cancelled. Quiescent when it returns (§7)."""
+        those still running then are cancelled. Quiescent when it returns (§7).
+
+        Awaited by one of this worker's own handlers it is a ``RuntimeError``, as
+        the thread worker's ``stop()`` from its own threads is: it would wait for
+        the very handler that awaits it, for the whole grace period.
+        """
+        if _HANDLER_OF.get() is self:
+            raise RuntimeError(
+                "stop() was awaited by one of this worker's own handlers, which stop() "
+                "would wait for; return from the handler instead, or stop the worker "
+                "from another task"
+            )
         stopping = asyncio.ensure_future(asyncio.to_thread(self._worker.stop, grace_seconds))
         try:
             outcome = await asyncio.shield(stopping)
@@ -246,40 +336,3 @@ class AsyncWorker:
 
     def __repr__(self) -> str:
         return f"<jaren_jobs.AsyncWorker {self.owner!r} running={self.running}>"
-
-
-def create_async_worker(
-    jobs: Jobs,
-    runner: ThreadRunner,
-    handlers: Mapping[str, Callable[..., Any]],
-    *,
-    concurrency: int = 1,
-    poll_seconds: float | None = None,
-    lease_seconds: float | None = None,
-    owner: str | None = None,
-    renew: bool = True,
-    on_outcome: Callable[[Outcome], Any] | None = None,
-    backoff_base_seconds: float | None = None,
-    backoff_cap_seconds: float | None = None,
-    stop_grace_seconds: float | None = None,
-    on_renewal: Callable[[Lease], Any] | None = None,
-    on_idle: Callable[[], Any] | None = None,
-    periodic: Sequence[Periodic] | None = None,
-    queues: Iterable[str] | None = None,
-) -> AsyncWorker:
-    options = {
-        "concurrency": concurrency,
-        "poll_seconds": poll_seconds,
-        "lease_seconds": lease_seconds,
-        "owner": owner,
-        "renew": renew,
-        "on_outcome": on_outcome,
-        "backoff_base_seconds": backoff_base_seconds,
-        "backoff_cap_seconds": backoff_cap_seconds,
-        "stop_grace_seconds": stop_grace_seconds,
-        "on_renewal": on_renewal,
-        "on_idle": on_idle,
-        "periodic": periodic,
-        "queues": queues,
-    }
-    return AsyncWorker(jobs, runner, handlers, options)

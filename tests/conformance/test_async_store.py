@@ -17,11 +17,14 @@ import jaren_jobs
 from jaren_jobs import (
     AsyncStore,
     DuplicateJob,
+    GateRefused,
     Job,
     LeaseSuperseded,
     NewJob,
     Runtime,
+    StorageError,
     Store,
+    StoreClosed,
 )
 from tests.conftest import FakeClock
 from tests.harness import Harness
@@ -31,12 +34,6 @@ WAIT = 10.0
 
 def run(coroutine: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coroutine, WAIT * 3))
-
-
-@pytest.fixture
-def astore(store: Store) -> AsyncStore:
-    """The backend's store under asyncio (the harness closes the store underneath)."""
-    return AsyncStore(store)
 
 
 def make_orders(store: Store, backend: Harness) -> str:
@@ -303,3 +300,68 @@ def test_a_cursor_pulls_off_the_loop_and_closes_once(astore: AsyncStore) -> None
             astore.jobs.page(state="no-such-state")  # a bad filter raises at once
 
     run(main())
+
+
+def test_a_transaction_is_used_only_by_the_task_that_opened_it(
+    astore: AsyncStore, backend: Harness
+) -> None:
+    async def main() -> None:
+        handed: asyncio.Event = asyncio.Event()
+        box: list[Any] = []
+
+        async def stray() -> None:
+            await handed.wait()
+            tx = box[0]
+            # another task is refused, never joins it (its write would commit with it)
+            with pytest.raises(StorageError, match="task that opened it"):
+                await tx.jobs.enqueue("k", id="stray")
+            with pytest.raises(StorageError, match="task that opened it"):
+                await tx.execute(backend.app_sql("SELECT 1"))
+
+        other = asyncio.create_task(stray())  # made before, outside the transaction
+        async with astore.transaction() as tx:
+            await tx.jobs.enqueue("k", id="mine")
+            box.append(tx)
+            handed.set()
+            await other
+            # the tasks this task makes inside the block are its own (before Python 3.12,
+            # wait_for makes one per call; gather makes one per coroutine)
+            await asyncio.wait_for(tx.jobs.enqueue("k", id="child"), WAIT)
+            mine, _ = await asyncio.gather(
+                tx.jobs.get("mine"), tx.execute(backend.app_sql("SELECT 1"))
+            )
+            assert mine is not None
+        # once it ended, any task is told so (as the sync API says after the block)
+        with pytest.raises(StorageError, match="ended"):
+            await asyncio.create_task(tx.jobs.get("mine"))
+
+    run(main())
+    assert backend.job_ids() == ["child", "mine"]
+
+
+@pytest.mark.requires("gate")
+def test_a_root_call_inside_the_tasks_own_transaction_is_refused_at_once(
+    astore: AsyncStore, backend: Harness
+) -> None:
+    async def main() -> None:
+        async with astore.transaction() as tx:
+            await tx.jobs.enqueue("k", id="in-tx")
+            # store.jobs would wait for the gate this task's transaction holds: refused
+            # at once as the sync API's same-thread call is, not after the gate timeout
+            with pytest.raises(GateRefused, match=r"tx\.jobs") as refused:
+                await asyncio.wait_for(astore.jobs.enqueue("k", id="root"), WAIT)
+            assert refused.value.details["reason"] == "reentrant"
+            with pytest.raises(GateRefused) as closing:
+                await asyncio.wait_for(astore.close(), WAIT)
+            assert closing.value.details["reason"] == "reentrant"
+            assert not astore.closed
+        # the refused close left the store open and usable
+        assert (await astore.jobs.get("in-tx")) is not None
+        await astore.close()
+        assert astore.closed
+        assert await astore.close() == []  # idempotent
+        with pytest.raises(StoreClosed):
+            await astore.jobs.get("in-tx")  # the store's own refusal, threads gone or not
+
+    run(main())
+    assert backend.job_ids() == ["in-tx"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from jaren_jobs import AsyncJobContext, AsyncStore, NewJob, Outcome, Store
+from jaren_jobs import AsyncJobContext, AsyncStore, AsyncWorker, NewJob, Outcome, Store
 from tests.conftest import FakeClock
 
 WAIT = 10.0
@@ -21,11 +21,6 @@ WAIT = 10.0
 
 def run(coroutine: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coroutine, WAIT * 3))
-
-
-@pytest.fixture
-def astore(store: Store) -> AsyncStore:
-    return AsyncStore(store)
 
 
 def test_async_handlers_run_on_the_loop_and_plain_ones_on_threads(
@@ -187,3 +182,36 @@ def test_create_worker_outside_a_loop_says_it_needs_one(astore: AsyncStore) -> N
 
     with pytest.raises(RuntimeError, match="coroutine"):
         astore.jobs.create_worker({"k": handler})
+
+
+def test_stop_awaited_by_its_own_handler_is_refused(astore: AsyncStore, store: Store) -> None:
+    errors: list[BaseException] = []
+
+    async def main() -> None:
+        holder: list[AsyncWorker] = []
+
+        async def handler(payload: Any, ctx: AsyncJobContext) -> Any:
+            try:
+                await asyncio.wait_for(holder[0].stop(), WAIT)
+            except RuntimeError as exc:
+                errors.append(exc)
+            return "ok"
+
+        loop, settled = asyncio.get_running_loop(), asyncio.Event()
+
+        def observe(outcome: Outcome) -> None:
+            if outcome.job_id == "second":
+                loop.call_soon_threadsafe(settled.set)
+
+        worker = astore.jobs.create_worker({"k": handler}, poll_seconds=3600, on_outcome=observe)
+        holder.append(worker)
+        await astore.jobs.enqueue("k", id="first")
+        assert await worker.run_once() is True  # a handler driven by run_once() too
+        async with worker:
+            await astore.jobs.enqueue("k", id="second")  # wakes the started worker
+            await asyncio.wait_for(settled.wait(), WAIT)
+
+    run(main())
+    assert len(errors) == 2
+    assert "own handlers" in str(errors[0])
+    assert [store.jobs.get(i).state for i in ("first", "second")] == ["done", "done"]  # type: ignore[union-attr]

@@ -41,6 +41,10 @@ from jaren_jobs.core.settle import SettleBatch
 from tests.conftest import FakeClock, Sequence
 from tests.harness import Harness
 
+# the batcher and jaren_jobs.testing take the sync engine (store.jobs) itself; the AsyncWorker
+# settles through this same batcher, which the worker tests run through the async API
+pytestmark = pytest.mark.requires("sync-api")
+
 THREADS = 12
 WAIT = 30.0
 

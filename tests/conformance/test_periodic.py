@@ -259,8 +259,9 @@ def test_a_started_worker_enqueues_ticks_from_its_ticker_thread(
     assert not [t for t in threading.enumerate() if t.name == f"{worker.name}-ticks"]
 
 
-def test_async_worker_run_once_enqueues_the_due_tick(store: Store, clock: FakeClock) -> None:
-    astore = AsyncStore(store)
+def test_async_worker_run_once_enqueues_the_due_tick(
+    astore: AsyncStore, store: Store, clock: FakeClock
+) -> None:
     ran: list[str] = []
 
     async def beat(payload: Any, ctx: Any) -> None:

@@ -220,7 +220,9 @@ def test_a_pool_size_a_store_cannot_honour_is_refused_before_it_opens(
     assert store.jobs.get("one") is not None
 
 
-@pytest.mark.requires("pool")
+# it wraps the harness's sync store in an AsyncStore itself: the async harness's
+# store is already one (its bridge), and its other pool tests run through it
+@pytest.mark.requires("pool", "sync-api")
 def test_two_tasks_transactions_run_at_once_on_a_pooled_async_store(backend: Harness) -> None:
     import asyncio
 

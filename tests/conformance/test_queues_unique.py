@@ -417,8 +417,7 @@ def test_a_key_held_outside_the_transaction_answers_inside_it(store: Store) -> N
 # ----------------------------------------------------------------- the async API
 
 
-def test_queues_and_keys_through_the_async_api(store: Store) -> None:
-    astore = AsyncStore(store)
+def test_queues_and_keys_through_the_async_api(astore: AsyncStore) -> None:
 
     async def main() -> None:
         jobs = astore.jobs

@@ -275,6 +275,8 @@ def test_root_write_from_another_thread_waits_for_commit(app_store: Store) -> No
 # first task's transaction (it would commit, or roll back, with it).
 
 
+# about the sync API misused from coroutines: the async harnesses' bridge maps a thread to a task
+@pytest.mark.requires("sync-api")
 def test_a_second_asyncio_task_never_joins_another_tasks_transaction(
     app_store: Store, backend: Harness
 ) -> None:
@@ -345,7 +347,7 @@ def test_nested_transactions_of_one_asyncio_task_are_savepoints(
     assert backend.job_ids() == ["inner-job", "outer-job"]
 
 
-@pytest.mark.requires("gate")
+@pytest.mark.requires("gate", "sync-api")  # the sync API misused from coroutines
 def test_a_root_call_of_a_second_task_during_a_transaction_is_refused_naming_threads(
     app_store: Store, backend: Harness
 ) -> None:
@@ -649,7 +651,9 @@ def assert_refused_as_forked(found: dict[str, list[Any]]) -> None:
 
 
 @needs_fork
-@pytest.mark.requires("sqlite")  # sqlite3's trace callback counts the statements
+# sqlite3's trace callback counts the statements; sync-api: a child of fork() has none of
+# its parent's other threads, an event loop's among them (asyncio does not survive a fork)
+@pytest.mark.requires("sqlite", "sync-api")
 @pytest.mark.filterwarnings(FORK_WARNING)
 @pytest.mark.parametrize("holder", ["nobody", "a parent transaction", "the gate's own lock"])
 def test_a_forked_child_is_refused_at_once_and_never_touches_the_connection(
@@ -729,7 +733,8 @@ def test_a_forked_child_is_refused_at_once_and_never_touches_the_connection(
 
 
 @needs_fork
-@pytest.mark.requires("sqlite")  # sqlite3's trace callback counts the statements
+# sqlite3's trace callback counts the statements; sync-api: as above, no loop after a fork
+@pytest.mark.requires("sqlite", "sync-api")
 @pytest.mark.filterwarnings(FORK_WARNING)
 def test_a_fork_inside_a_transaction_leaves_it_to_the_parent(
     app_store: Store, backend: Harness

@@ -200,6 +200,9 @@ def three_arguments(prefix: str, payload: Any, ctx: JobContext) -> Any:
     ],
     ids=["async-def", "async-generator", "partial", "nested-partial", "object", "partial-object"],
 )
+@pytest.mark.requires(
+    "sync-api"
+)  # the async API takes these (tests/conformance/test_async_worker.py)
 def test_an_async_handler_is_refused(store: Store, handler: Any) -> None:
     with pytest.raises(TypeError, match=r"kind 'k'.*async"):
         store.jobs.create_worker({"other": noop, "k": handler})
@@ -1223,6 +1226,9 @@ def test_an_undrained_handler_is_barred_and_its_job_reclaimed(
     second.stop()
 
 
+# a plain handler cannot await the AsyncWorker's stop(); an async handler that does is refused
+# (test_async_worker.py)
+@pytest.mark.requires("sync-api")
 def test_stop_from_inside_a_handler_is_refused(store: Store) -> None:
     errors: list[BaseException] = []
     holder: list[Worker] = []

@@ -360,6 +360,8 @@ def test_a_cancelled_unstarted_job_is_not_handed_back_by_a_stop(store: Store) ->
     finally:
         stopping = threading.Thread(target=worker.stop, kwargs={"grace_seconds": WAIT})
         stopping.start()
+        # job 100 finishes only once the stop has begun (else the worker may go on to 101)
+        assert wait_until(lambda: not worker.running)
         gate.set()
         stopping.join(WAIT)
     assert ahead, "no job was leased ahead of job 100: the test proved nothing"
