@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import bisect
 import calendar
-import zoneinfo
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone, tzinfo
 
@@ -80,6 +79,10 @@ def load_zone(name: object, what: str = "timezone") -> tzinfo:
         raise ValueError(
             f"{what} must be an IANA zone name such as 'UTC' or 'Europe/Berlin', got ''"
         )
+    # imported here, not with the package: zoneinfo pulls in sysconfig and
+    # its platform data, which `import jaren_jobs` (and the CLI worker) need not load
+    import zoneinfo  # noqa: PLC0415
+
     try:
         return zoneinfo.ZoneInfo(name)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError) as exc:
