@@ -40,6 +40,7 @@ from .errors import (
     StorageError,
     StoreClosed,
     TransactionAborted,
+    UnknownJob,
 )
 from .records import (
     ClaimedJob,
@@ -56,6 +57,7 @@ from .records import (
 )
 from .runtime import Defaults, Runtime
 from .signals import CancelScope, Signal, any_signal
+from .snooze import Snooze
 from .store import Rows, Store, Transaction, open_store
 from .worker import JobContext, Worker, WorkerStopped
 
@@ -104,6 +106,7 @@ __all__ = [
     "Runtime",
     "SchemaError",
     "Signal",
+    "Snooze",
     "StopOutcome",
     "StorageError",
     "Store",
@@ -112,6 +115,7 @@ __all__ = [
     "TaskContext",
     "Transaction",
     "TransactionAborted",
+    "UnknownJob",
     "Worker",
     "WorkerStats",
     "WorkerStopped",

@@ -21,7 +21,7 @@ import asyncio
 import functools
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, TypeVar
@@ -30,6 +30,7 @@ from .arunner import AsyncCheckpointStore, ThreadRunner
 from .aworker import AsyncWorker, create_async_worker
 from .backend import Rows
 from .cursor import Barrier, Cursor, Streaming
+from .engine import wait_plan
 from .records import ClaimedJob, Counts, Job, Lease, NewJob, Outcome, StopOutcome
 from .runtime import Defaults
 from .signals import SignalLike
@@ -178,6 +179,43 @@ class AsyncJobs:
             backoff_base_seconds=backoff_base_seconds,
             backoff_cap_seconds=backoff_cap_seconds,
         )
+
+    async def snooze(self, lease: Lease, delay_seconds: float) -> bool:
+        """Pending again at now + delay, the attempt not spent (``store.jobs.snooze``)."""
+        return await self._run(self._jobs.snooze, lease, delay_seconds)
+
+    async def wait(
+        self,
+        id: str,
+        *,
+        timeout_seconds: float | None = None,
+        signal: SignalLike | None = None,
+    ) -> Job:
+        """The job once done, dead or cancelled (see ``store.jobs.wait``).
+
+        The task awaits its wake-ups on the loop; only each read of the row
+        runs off it, so the loop is never blocked, and the store's thread is
+        held only for those reads. Cancelling the task ends the wait.
+        """
+        plan = wait_plan(self._jobs, id, timeout_seconds, signal)
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+
+        def wake() -> None:  # from any thread; never blocks
+            with suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+                loop.call_soon_threadsafe(woken.set)
+
+        plan.start(wake)
+        try:
+            while True:
+                woken.clear()
+                job = plan.verdict(await self._run(self._jobs.get, plan.job_id))
+                if job is not None:
+                    return job
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), plan.pause())
+        finally:
+            plan.stop()
 
     async def cancel(
         self,

@@ -219,7 +219,7 @@ class Page(Generic[T]):
     has_more: bool
 
 
-OutcomeName = Literal["completed", "failed", "cancelled", "lost"]
+OutcomeName = Literal["completed", "failed", "cancelled", "lost", "snoozed"]
 
 
 @dataclass(frozen=True)
@@ -231,7 +231,7 @@ class Outcome:
     kind: str
     attempt: int
     generation: int
-    phase: Literal["completion", "failure"] | None = None
+    phase: Literal["completion", "failure", "snooze"] | None = None
     code: str | None = None
     reason: str | None = None
 
@@ -250,6 +250,9 @@ class WorkerStats:
     renewals: int = 0
     lost_settlements: int = 0
     in_flight: int = 0
+    # attempts handed back without spending them: a handler's Snooze, or
+    # the worker's stop hand-back (SPEC §12)
+    snoozes: int = 0
 
 
 @dataclass(frozen=True)

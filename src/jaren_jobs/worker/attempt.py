@@ -39,6 +39,7 @@ _COUNTERS = {
     "failed": "failures",
     "cancelled": "cancellations",
     "lost": "lost_settlements",
+    "snoozed": "snoozes",
 }
 
 
