@@ -17,9 +17,10 @@ while the listener reconnects is never waited for forever.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .errors import DeadlinePassed, OperationCancelled, UnknownJob
 from .records import Job
@@ -27,7 +28,6 @@ from .signals import SignalLike
 
 if TYPE_CHECKING:
     from .backend import StoreBackend
-    from .engine import EngineHub
 
 __all__ = ["SETTLED_STATES", "WaitPlan"]
 
@@ -38,6 +38,15 @@ _POLL_FIRST_SECONDS = 0.005
 _POLL_MOST_SECONDS = 0.1
 # the poll behind a listener: only for what a reconnection could lose
 _POLL_LISTENED_SECONDS = 1.0
+
+
+class WaitHub(Protocol):
+    """What a wait needs of the store's engine hub (``engine.EngineHub``)."""
+
+    lock: threading.Lock
+    settle_waiters: set[Callable[[], None]]
+
+    def settled(self) -> None: ...
 
 
 class WaitPlan:
@@ -59,7 +68,7 @@ class WaitPlan:
 
     def __init__(
         self,
-        hub: EngineHub,
+        hub: WaitHub,
         backend: StoreBackend,
         *,
         job_id: str,

@@ -23,8 +23,11 @@ DOCUMENTED = {
     "page",
     "checkpoints_for",
     "create_worker",
+    # SPEC §12: wait() is the contract's; snooze() is the engine call behind
+    # jaren_jobs.Snooze, added so a snooze can be made without a worker
+    "snooze",
+    "wait",
 }
-
 
 
 def _public(obj: object) -> set[str]:

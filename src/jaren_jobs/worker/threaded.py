@@ -316,6 +316,7 @@ class Worker:
                 # bar, so each raises at once and is handed back (SPEC §12)
                 # instead of being barred and spending its attempt
                 self._on_grace_end()
+                # (StopOutcome still counts them: they did not finish within the grace)
                 settle_by = time.monotonic() + _HAND_BACK_SECONDS
                 with self._cond:
                     while self._busy > 0:
@@ -323,7 +324,6 @@ class Worker:
                         if left <= 0:
                             break
                         self._cond.wait(left)
-                    undrained = self._busy
             if first:
                 self._release_unstarted()
                 self._quiesce()
