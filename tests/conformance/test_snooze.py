@@ -291,7 +291,7 @@ def test_a_handler_stopped_five_times_is_handed_back_never_dead(store: Store) ->
         result = worker.stop()
         assert result.drained
         (event,) = outcomes.wait_for(1)
-        assert event.outcome == "snoozed", event
+        assert (event.outcome, event.code) == ("snoozed", "JD2091"), event
         assert event.attempt == 1
         assert event.generation == round_ + 1
         assert "handed back" in (event.reason or "")

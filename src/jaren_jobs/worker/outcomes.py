@@ -27,7 +27,7 @@ from jaren_jobs.records import (
     assemble,
 )
 
-from .attempt import _Attempt
+from .attempt import WorkerStopped, _Attempt
 
 if TYPE_CHECKING:
     from .settler import _Entry
@@ -112,7 +112,9 @@ def _snoozed(self: Worker, entry: _Entry, item: Snoozing) -> Outcome:
         truth = self._truth(attempt, entry.row)
         if truth is not None and truth.outcome != "snoozed":
             return truth  # this attempt had settled the job otherwise already
-        return self._outcome(attempt, "snoozed", reason=reason)
+        # a hand-back names why, as a stop's lost attempt does (JD2091)
+        code = WorkerStopped.code if item.stopping else None
+        return self._outcome(attempt, "snoozed", code=code, reason=reason)
     refused = self._refused(attempt, "snooze", exc, entry.row)
     if refused is not None:
         return refused
