@@ -526,7 +526,11 @@ class JobEngine:
                 given=type(claimed).__name__,
             )
         return CheckpointStore(
-            self._session, self._runtime.now_ms, claimed.id, lambda: claimed.lease
+            self._session,
+            self._runtime.now_ms,
+            claimed.id,
+            lambda: claimed.lease,
+            self._hub.settled,
         )
 
 
@@ -580,6 +584,11 @@ def root_scope_of(engine: JobEngine) -> Scope:
     return engine._session.store_backend.root_session(
         engine._runtime, engine._hub.idle_claims
     ).scope
+
+
+def settled_wake_of(engine: JobEngine) -> Callable[[], None]:
+    """What wakes the store's ``wait()``ers once a settlement commits (checkpoint stores)."""
+    return engine._hub.settled
 
 
 def runtime_of(engine: JobEngine) -> ResolvedRuntime:

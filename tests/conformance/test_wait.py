@@ -29,6 +29,7 @@ from jaren_jobs import (
     OperationCancelled,
     Store,
     UnknownJob,
+    waiting,
 )
 
 WAIT = 10.0
@@ -91,6 +92,31 @@ def test_wait_returns_the_job_a_completion_settled(store: Store) -> None:
     assert isinstance(job, Job)
     assert (job.id, job.state, job.result) == ("a", "done", {"answer": 42})
     assert waiters(store) == 0  # a finished wait holds nothing
+
+
+def test_in_process_settlements_wake_the_waiter_without_its_poll(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # no poll before the test gives up: only the settlement's own wake-up can end it
+    for name in ("_POLL_FIRST_SECONDS", "_POLL_MOST_SECONDS", "_POLL_LISTENED_SECONDS"):
+        monkeypatch.setattr(waiting, name, WAIT * 60)
+    for job_id in ("a-complete", "b-checkpoints", "c-cancel"):
+        store.jobs.enqueue("k", id=job_id)
+    first = Waiter(store, "a-complete").subscribed()
+    claimed = store.jobs.claim(["k"], owner="w")
+    assert claimed is not None
+    assert claimed.id == "a-complete"
+    store.jobs.complete(claimed.lease, 1)
+    assert first.result().state == "done"
+    second = Waiter(store, "b-checkpoints").subscribed()
+    claimed = store.jobs.claim(["k"], owner="w")
+    assert claimed is not None
+    assert claimed.id == "b-checkpoints"
+    store.jobs.checkpoints_for(claimed).complete("b-checkpoints", 2)
+    assert second.result().result == 2
+    third = Waiter(store, "c-cancel").subscribed()
+    store.jobs.cancel("c-cancel")
+    assert third.result().state == "cancelled"
 
 
 def test_wait_returns_a_dead_job_and_a_cancelled_one(store: Store) -> None:
