@@ -324,6 +324,8 @@ _COROUTINES = (
     "cancel",
     "requeue",
     "sweep",
+    "snooze",
+    "wait",
 )
 
 

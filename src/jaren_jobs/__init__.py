@@ -40,6 +40,7 @@ from .errors import (
     StorageError,
     StoreClosed,
     TransactionAborted,
+    UnknownJob,
 )
 from .periodic import Periodic
 from .records import (
@@ -57,6 +58,7 @@ from .records import (
 )
 from .runtime import Defaults, Runtime
 from .signals import CancelScope, Signal, any_signal
+from .snooze import Snooze
 from .store import Rows, Store, Transaction, open_store
 from .worker import JobContext, Worker, WorkerStopped
 
@@ -106,6 +108,7 @@ __all__ = [
     "Runtime",
     "SchemaError",
     "Signal",
+    "Snooze",
     "StopOutcome",
     "StorageError",
     "Store",
@@ -114,6 +117,7 @@ __all__ = [
     "TaskContext",
     "Transaction",
     "TransactionAborted",
+    "UnknownJob",
     "Worker",
     "WorkerStats",
     "WorkerStopped",

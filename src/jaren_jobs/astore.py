@@ -23,7 +23,7 @@ import contextvars
 import functools
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, TypeVar
@@ -32,6 +32,7 @@ from .arunner import AsyncCheckpointStore, TaskRouted, ThreadRunner
 from .aworker import AsyncWorker
 from .backend import Rows
 from .cursor import Barrier, Cursor, Streaming
+from .engine import wait_plan
 from .errors import StorageError
 from .periodic import Periodic
 from .records import ClaimedJob, Counts, Job, Lease, NewJob, Outcome, StopOutcome
@@ -200,6 +201,45 @@ class AsyncJobs:
             backoff_base_seconds=backoff_base_seconds,
             backoff_cap_seconds=backoff_cap_seconds,
         )
+
+    async def snooze(self, lease: Lease, delay_seconds: float) -> bool:
+        """Pending again at now + delay, the attempt not spent (``store.jobs.snooze``)."""
+        return await self._run(self._jobs.snooze, lease, delay_seconds)
+
+    async def wait(
+        self,
+        id: str,
+        *,
+        timeout_seconds: float | None = None,
+        signal: SignalLike | None = None,
+    ) -> Job:
+        """The job once done, dead or cancelled (see ``store.jobs.wait``).
+
+        The task awaits its wake-ups on the loop; only each read of the row
+        runs off it, so the loop is never blocked, and the store's thread is
+        held only for those reads. Cancelling the task ends the wait.
+        """
+        # checked where the task's calls run: inside its own transaction that is
+        # the transaction's thread, which the refusal must see
+        plan = await self._run(wait_plan, self._jobs, id, timeout_seconds, signal)
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+
+        def wake() -> None:  # from any thread; never blocks
+            with suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+                loop.call_soon_threadsafe(woken.set)
+
+        plan.start(wake)
+        try:
+            while True:
+                woken.clear()
+                job = plan.verdict(await self._run(self._jobs.get, plan.job_id))
+                if job is not None:
+                    return job
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), plan.pause())
+        finally:
+            plan.stop()
 
     async def cancel(
         self,

@@ -242,6 +242,9 @@ class AsyncWorker:
         self._poster = LoopPoster(self._loop)
         wrapped = {kind: _wrap(self, kind, handler) for kind, handler in handlers.items()}
         self._worker: Worker = jobs.create_worker(wrapped, **options)
+        # the grace period over: cancel the tasks before the worker bars them, so
+        # each raises while it may still settle and its job is handed back
+        self._worker._on_grace_end = self._cancel_running
 
     # ------------------------------------------------------------ what §7 reads
 

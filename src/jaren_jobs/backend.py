@@ -340,6 +340,14 @@ class StoreBackend(Protocol):
         """Call ``wake`` when another process commits work (PostgreSQL: LISTEN); may do nothing."""
         ...
 
+    def wake_on_settlements(self, wake: Callable[[], None]) -> bool:
+        """Call ``wake`` when another process commits a settlement (PostgreSQL: LISTEN).
+
+        ``True`` when such wake-ups will come; ``False`` when the caller must
+        poll for them (SQLite; a store without a listener).
+        """
+        ...
+
     def close(self) -> None:
         """Close the database once the workers have stopped (waits for calls in flight)."""
         ...

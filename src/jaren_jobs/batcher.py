@@ -42,7 +42,17 @@ from .backend import Missed
 from .core import fence
 from .core.commands import Failure, prepare_complete
 from .core.fence import FenceRow
-from .core.settle import CLAIM, COMPLETE, FAIL, RELEASE, Completion, SettleBatch, Settlement, merge
+from .core.settle import (
+    CLAIM,
+    COMPLETE,
+    FAIL,
+    RELEASE,
+    Completion,
+    SettleBatch,
+    Settlement,
+    merge,
+    what_of,
+)
 from .engine import JobEngine, prepare_failure, settle
 from .records import ClaimedJob, Lease
 
@@ -314,7 +324,7 @@ class SettlementBatcher:
 
 
 def _of(item: Settlement) -> str:
-    return COMPLETE if isinstance(item, Completion) else FAIL
+    return what_of(item)
 
 
 def _what(batch: SettleBatch) -> str:

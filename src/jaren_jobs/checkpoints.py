@@ -34,6 +34,7 @@ class CheckpointStore:
         now_ms: Callable[[], int],
         job_id: str,
         lease: Callable[[], Lease],
+        settled: Callable[[], None] | None = None,
     ) -> None:
         # the engine's session and clock, not the engine: checkpoints sit beside
         # the engine in the layers, and neither imports the other's module
@@ -43,6 +44,8 @@ class CheckpointStore:
         # a callable, so a worker's store follows the attempt's CURRENT lease
         # across renewals (the generation never changes within an attempt)
         self._lease = lease
+        # what a completion's commit calls: the store's wait()ers read again
+        self._settled = settled
 
     @property
     def job_id(self) -> str:
@@ -113,4 +116,6 @@ class CheckpointStore:
             refusal = fence.refusal(answer.row, lease, self._now_ms(), what)
             if refusal is not None:
                 raise refusal
+        elif self._settled is not None:
+            self._session.after_commit(self._settled)
         return True

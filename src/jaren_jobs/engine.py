@@ -35,16 +35,19 @@ from .core.commands import (
 )
 from .core.fence import FenceRow
 from .core.policy import backoff_seconds, is_lease_lost, lease_ms
-from .core.settle import Completion, SettleBatch
+from .core.settle import SNOOZE, Completion, SettleBatch, Settlement, Snoozing
 from .errors import (
     DuplicateJob,
+    GateRefused,
     JobSettled,
     LeaseLost,
     LeaseRequired,
 )
 from .records import ClaimedJob, Counts, Job, Lease, NewJob, StopOutcome
-from .runtime import Defaults, ResolvedRuntime, check_positive_int
+from .runtime import Defaults, ResolvedRuntime, check_positive_int, check_seconds
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
+from .snooze import snooze_ms
+from .waiting import WaitPlan
 
 if TYPE_CHECKING:
     from .cursor import Cursor
@@ -74,6 +77,16 @@ class EngineHub:
     # kinds -> (data_version, total_changes, next due ms) as of the last root
     # claim of those kinds that found nothing; read and written under the gate
     idle_claims: dict[tuple[str, ...], tuple[int, int, int | None]] = field(default_factory=dict)
+    # wait() calls of this process, woken by every settlement's commit
+    # (each a thread-safe callable that never blocks)
+    settle_waiters: set[Callable[[], None]] = field(default_factory=set)
+
+    def settled(self) -> None:
+        """A settlement committed (here, or in another process): every waiter reads again."""
+        with self.lock:
+            waiters = list(self.settle_waiters)
+        for wake in waiters:
+            wake()
 
     def wake(self) -> None:
         with self.lock:
@@ -297,10 +310,15 @@ class JobEngine:
                 raise refusal
         return True  # written, or this same attempt already settled it: idempotent
 
-    def _settle_one(self, item: Completion | Failure, what: str) -> bool:
+    def _settle_one(self, item: Settlement, what: str) -> bool:
         """A lone settlement: a batch of one."""
         answer = self._session.settle(SettleBatch((item,)), what)
-        return self._settled(answer.settled[0], item.lease, what, answer.now)
+        settled = self._settled(answer.settled[0], item.lease, what, answer.now)
+        if answer.settled[0] is True:
+            self._session.after_commit(
+                self._hub.wake if isinstance(item, Snoozing) else self._hub.settled
+            )
+        return settled
 
     def complete(self, lease: Lease, result: Any = None) -> bool:
         """Mark the job done with ``result``; fenced, idempotent for the same attempt.
@@ -338,6 +356,54 @@ class JobEngine:
         )
         return self._settle_one(failure, what)
 
+    def snooze(self, lease: Lease, delay_seconds: float) -> bool:
+        """Put the job back to pending at ``now + delay_seconds`` without spending the attempt.
+
+        Fenced like :meth:`complete` (SPEC §12): the job's ``attempts`` go
+        back to what they were before this lease's claim, the lease is
+        cleared and the generation kept, so this lease (and any older one)
+        settles nothing afterwards. A repeat by the same attempt is
+        idempotent (``True``). ``delay_seconds`` is a finite number >= 0 (a
+        bool is refused). What a handler does by raising
+        :class:`~jaren_jobs.Snooze`.
+        """
+        what = SNOOZE
+        current = self._require_lease(lease, what)
+        delay = check_seconds(delay_seconds, f"{what}: delay_seconds", allow_zero=True)
+        return self._settle_one(Snoozing(current, snooze_ms(delay)), what)
+
+    def wait(
+        self,
+        id: str,
+        *,
+        timeout_seconds: float | None = None,
+        signal: SignalLike | None = None,
+    ) -> Job:
+        """Block until the job is done, dead or cancelled, wherever it runs; return it.
+
+        Woken at once by a settlement in this process, by PostgreSQL's
+        ``NOTIFY`` from another process, else by a short bounded poll.
+        ``timeout_seconds`` (finite, >= 0; ``None``: no bound) is measured in
+        real time: past it, :class:`~jaren_jobs.DeadlinePassed`. An aborted
+        ``signal`` (already, or while waiting) is
+        :class:`~jaren_jobs.OperationCancelled`; an id no job has is
+        :class:`~jaren_jobs.UnknownJob`. Refused inside ``store.transaction()``
+        (:class:`~jaren_jobs.GateRefused`): the transaction holds the
+        connection, so no other settlement could ever be seen from it.
+        """
+        plan = wait_plan(self, id, timeout_seconds, signal)
+        event = threading.Event()
+        plan.start(event.set)
+        try:
+            while True:
+                event.clear()
+                job = plan.verdict(self._session.get_job(plan.job_id, plan.what))
+                if job is not None:
+                    return job
+                event.wait(plan.pause())
+        finally:
+            plan.stop()
+
     # ------------------------------------------------------------ administration
 
     def cancel(
@@ -373,7 +439,7 @@ class JobEngine:
         refuse_if_cancelled(sig, dl, self._runtime.now(), what)
 
         if current is None:
-            return _moved_or_refused(
+            moved = _moved_or_refused(
                 self._session.cancel_queued(job_id, what, sig),
                 job_id,
                 what,
@@ -383,6 +449,9 @@ class JobEngine:
                 "it to settle",
                 settled="already settled",
             )
+            if moved:
+                self._session.after_commit(self._hub.settled)
+            return moved
         leased = self._session.cancel_leased(current, what, sig)
         if isinstance(leased, Missed):
             self._settled(leased, current, what)
@@ -393,6 +462,7 @@ class JobEngine:
             cancelled=True,
         )
         self._session.after_commit(lambda: self._hub.abort_local(job_id, reason))
+        self._session.after_commit(self._hub.settled)
         return True
 
     def requeue(
@@ -492,7 +562,11 @@ class JobEngine:
                 given=type(claimed).__name__,
             )
         return CheckpointStore(
-            self._session, self._runtime.now_ms, claimed.id, lambda: claimed.lease
+            self._session,
+            self._runtime.now_ms,
+            claimed.id,
+            lambda: claimed.lease,
+            self._hub.settled,
         )
 
 
@@ -580,6 +654,11 @@ def root_scope_of(engine: JobEngine) -> Scope:
     ).scope
 
 
+def settled_wake_of(engine: JobEngine) -> Callable[[], None]:
+    """What wakes the store's ``wait()``ers once a settlement commits (checkpoint stores)."""
+    return engine._hub.settled
+
+
 def runtime_of(engine: JobEngine) -> ResolvedRuntime:
     """The runtime (clock, random, ids) an engine view reads."""
     return engine._runtime
@@ -592,12 +671,53 @@ def rescoped(engine: JobEngine, scope: Scope) -> JobEngine:
 
 def settle(engine: JobEngine, batch: SettleBatch, what: str) -> SettleAnswer:
     """Settle ``batch`` as one unit of work (see :mod:`jaren_jobs.core.settle`)."""
-    return engine._session.settle(batch, what)
+    answer = engine._session.settle(batch, what)
+    _woken(engine, batch, answer)
+    return answer
 
 
 def settle_within(engine: JobEngine, batch: SettleBatch, now: int, what: str) -> SettleAnswer:
     """:func:`settle`'s statements, for callers already inside a write, fenced at ``now``."""
-    return engine._session.settle_within(batch, now, what)
+    answer = engine._session.settle_within(batch, now, what)
+    _woken(engine, batch, answer)
+    return answer
+
+
+def _woken(engine: JobEngine, batch: SettleBatch, answer: SettleAnswer) -> None:
+    """Once the batch commits: this process's waiters read again; a snooze wakes workers."""
+    written = [
+        item for item, got in zip(batch.settlements, answer.settled, strict=True) if got is True
+    ]
+    if not written:
+        return
+    if any(not isinstance(item, Snoozing) for item in written):
+        engine._session.after_commit(engine._hub.settled)
+    if any(isinstance(item, Snoozing) and item.delay_ms <= 0 for item in written):
+        engine._session.after_commit(engine._hub.wake)  # claimable again now
+
+
+def wait_plan(engine: JobEngine, id: object, timeout_seconds: object, signal: object) -> WaitPlan:
+    """``wait()``'s checked arguments and refusals before it waits (sync and async alike)."""
+    what = "wait()"
+    job_id = check_id(id, f"{what}: id")
+    timeout = (
+        None
+        if timeout_seconds is None
+        else check_seconds(timeout_seconds, f"{what}: timeout_seconds", allow_zero=True)
+    )
+    sig = check_signal_arg(signal, what)
+    refuse_if_cancelled(sig, None, engine._runtime.now(), what)
+    backend = engine._session.store_backend
+    backend.check_open(what)
+    if not engine._session.scope.root or backend.in_my_transaction():
+        raise GateRefused(
+            f"{what} was called inside store.transaction(): the transaction holds the "
+            "store's connection, so no other settlement could ever be seen from it; wait "
+            "after the transaction ends (store.jobs.wait)",
+            reason="reentrant",
+            job_id=job_id,
+        )
+    return WaitPlan(engine._hub, backend, job_id=job_id, timeout=timeout, signal=sig, what=what)
 
 
 def claim_request_for(

@@ -23,6 +23,7 @@ boundary in its backend (``backends/sqlite/errors.py``) and never escape raw.
     ├── OperationCancelled   JD2081  handed an aborted signal or a passed deadline
     ├── DuplicateJob         JD2090  enqueue with an id that exists
     ├── StoreClosed          JD2091  the store was closed
+    ├── UnknownJob           JD2092  an unknown id where a job must exist (a LookupError)
     ├── TransactionAborted   JD2093  SQLite rolled back the store.transaction() in use
     └── StorageError         JD2099  any other driver failure (``__cause__`` is the driver's error)
 """
@@ -51,6 +52,7 @@ __all__ = [
     "StorageError",
     "StoreClosed",
     "TransactionAborted",
+    "UnknownJob",
     "describe_error",
     "storable_text",
 ]
@@ -179,6 +181,16 @@ class StoreClosed(JobsError):
     """The store was closed; open a new one."""
 
     code = "JD2091"
+
+
+class UnknownJob(JobsError, LookupError):
+    """A call that needs an existing job was given an id no job has (never enqueued, or swept).
+
+    Also a :class:`LookupError`, so ``except LookupError`` catches it as it
+    would a missing key. ``details["job_id"]`` names the id.
+    """
+
+    code = "JD2092"
 
 
 class TransactionAborted(JobsError):

@@ -227,7 +227,7 @@ class Page(Generic[T]):
     has_more: bool
 
 
-OutcomeName = Literal["completed", "failed", "cancelled", "lost"]
+OutcomeName = Literal["completed", "failed", "cancelled", "lost", "snoozed"]
 
 
 @dataclass(frozen=True)
@@ -239,7 +239,7 @@ class Outcome:
     kind: str
     attempt: int
     generation: int
-    phase: Literal["completion", "failure"] | None = None
+    phase: Literal["completion", "failure", "snooze"] | None = None
     code: str | None = None
     reason: str | None = None
 
@@ -258,6 +258,9 @@ class WorkerStats:
     renewals: int = 0
     lost_settlements: int = 0
     in_flight: int = 0
+    # attempts handed back without spending them: a handler's Snooze, or
+    # the worker's stop hand-back (SPEC §12)
+    snoozes: int = 0
 
 
 @dataclass(frozen=True)

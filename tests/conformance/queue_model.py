@@ -339,6 +339,24 @@ class QueueModel:
             raise Refused(LeaseRequired, "cancel: a claimed job needs its lease")
         raise Refused(JobSettled, f"cancel: job is {job.state}")
 
+    # ------------------------------------------------------------ snooze (SPEC §12)
+    #
+    # A block of its own: a snooze is a settlement that spends no attempt. The
+    # job is pending again at now + delay, the claim's attempt given back, the
+    # lease cleared, the generation kept; the row records the attempt that
+    # settled it (a repeat of that attempt is idempotent, as for any settlement).
+
+    def snooze(self, lease: Any, delay_ms: int, now: int) -> bool:
+        found = self._fence(lease, now, "snooze")
+        if found is _SAME_ATTEMPT:
+            return True  # idempotent: writes nothing
+        assert isinstance(found, ModelJob)
+        self._settle(found, "pending", now)
+        found.attempts -= 1
+        found.lease_owner = None
+        found.run_at = now + delay_ms
+        return True
+
     # ------------------------------------------------------------ administration
 
     def requeue(self, job_id: str, now: int) -> bool:

@@ -1206,9 +1206,10 @@ def test_stop_between_nodes_leaves_a_run_the_next_worker_resumes(
     assert stopped.drained is True
     assert saw_abort == [True]
     [outcome] = stopping.outcomes
-    assert (outcome.outcome, outcome.code) == ("failed", "JD2091")
+    # handed back (SPEC §12): the stop cost the run no attempt
+    assert (outcome.outcome, outcome.code) == ("snoozed", "JD2091")
     waiting = get(store, job.id)
-    assert (waiting.state, waiting.attempts) == ("failed", 1)
+    assert (waiting.state, waiting.attempts) == ("pending", 0)
     assert calls.snapshot() == ["n1", "n2"]
     assert nodes_of(rows(backend, job.id)) == [RUN_IDENTITY_NODE, "n1", "n2"]
 

@@ -525,6 +525,24 @@ class QueueMachine(RuleBasedStateMachine):
         if not refused:
             assert answer is expected, (answer, expected)
 
+    # ---- snooze (SPEC §12): a block of its own
+
+    @precondition(lambda self: self.leases)
+    @rule(pick=picks, which=lease_kinds, delay_ms=st.sampled_from([0, 1, 500, 60_000]))
+    def snooze(self, pick: int, which: str, delay_ms: int) -> None:
+        self.do_snooze(self._pick_lease(pick, which), delay_ms)
+
+    def do_snooze(self, lease: Lease, delay_ms: int = 0) -> None:
+        now = self.now()
+        refused, expected, answer = self._both(
+            lambda: self.model.snooze(lease, delay_ms, now),
+            lambda: self.jobs.snooze(lease, delay_ms / 1000),
+        )
+        if not refused:
+            assert answer is expected, (answer, expected)
+
+    # ---- end of snooze
+
     @precondition(lambda self: self.leases)
     @rule(
         pick=picks,
@@ -825,5 +843,43 @@ def test_queue_and_unique_key_paths_walked_once(backend: Harness) -> None:
         assert step(machine.do_requeue, "k1") is DuplicateJob
         assert step(machine.do_cancel, "k6") is True
         assert step(machine.do_requeue, "k1") is True
+    finally:
+        machine.teardown()
+
+
+def test_snooze_paths_walked_once(backend: Harness) -> None:
+    """The snooze paths (SPEC §12), walked deterministically through the same machine:
+    the attempt given back, the fence's three refusals, the idempotent repeat."""
+    machine = QueueMachine(backend)
+    try:
+
+        def step(call: Callable[..., None], *args: Any, **kwargs: Any) -> Any:
+            call(*args, **kwargs)
+            machine.database_equals_model()
+            return machine.last
+
+        step(machine.enqueue, _raw("s", max_attempts=1))
+        for _ in range(3):  # max_attempts=1, snoozed again and again: never dead
+            assert isinstance(step(machine.claim, ["email"], "w1", None), ClaimedJob)
+            held = machine.leases[-1]
+            assert step(machine.do_snooze, held, 500) is True
+            assert machine.model.jobs["s"].attempts == 0
+            assert step(machine.do_snooze, held, 60_000) is True  # a repeat: idempotent
+            assert step(machine.claim, ["email"], "w2", None) is None  # not due yet
+            step(machine.advance, 500)
+        assert isinstance(step(machine.claim, ["email"], "w1", 500), ClaimedJob)
+        current = machine.leases[-1]
+        assert step(machine.do_snooze, held, 0) is LeaseSuperseded  # an older attempt's
+        assert isinstance(step(machine.do_renew, current), Lease)
+        assert step(machine.do_snooze, current, 0) is LeaseSuperseded  # the pre-renewal lease
+        renewed = machine.leases[-1]
+        step(machine.advance, 30_000)
+        assert step(machine.do_snooze, renewed, 0) is LeaseExpired
+        assert step(machine.do_requeue, "s") is True
+        assert step(machine.do_snooze, renewed, 0) is JobSettled
+        step(machine.claim, ["email"], "w1", None)
+        assert step(machine.do_complete, machine.leases[-1], "done at last") is True
+        # the expired attempt was spent (requeue keeps the history); no snooze was
+        assert machine.model.jobs["s"].attempts == 2
     finally:
         machine.teardown()

@@ -16,11 +16,11 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "jaren_jobs"
 
 # Lowest first. A module may import modules of its own layer or below.
 LAYERS: list[set[str]] = [
-    {"errors", "runtime", "signals", "codec", "records", "cron"},
+    {"errors", "runtime", "signals", "codec", "records", "cron", "snooze"},
     {"core"},
     {"gate", "rows", "backend", "cursor"},
     {"backends"},
-    {"pages", "hub"},
+    {"pages", "hub", "waiting"},
     {"engine", "checkpoints", "batcher", "aio"},
     # schedules and tick enqueueing: over the engine, given to workers
     {"periodic"},

@@ -23,6 +23,10 @@ DOCUMENTED = {
     "page",
     "checkpoints_for",
     "create_worker",
+    # SPEC §12: wait() is the contract's; snooze() is the engine call behind
+    # jaren_jobs.Snooze, added so a snooze can be made without a worker
+    "snooze",
+    "wait",
 }
 
 

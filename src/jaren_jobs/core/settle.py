@@ -7,7 +7,8 @@ a batch of one. The backend answers data per item (``backend.SettleAnswer``:
 ``True``, written, or ``Missed`` with the fence row) and the caller names
 any refusal with :mod:`jaren_jobs.core.fence` at the answer's ``now``.
 
-Snoozes (SPEC §12) join the batch when they exist; there is no slot yet.
+Snoozes (SPEC §12) are settlements too (:class:`Snoozing`): fenced like a
+completion, applied in order with the others.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from typing import NamedTuple
 from jaren_jobs.core.commands import ClaimRequest, Failure
 from jaren_jobs.records import Lease
 
-__all__ = ["Completion", "SettleBatch", "Settlement", "merge"]
+__all__ = ["Completion", "SettleBatch", "Settlement", "Snoozing", "merge", "what_of"]
 
 # the ``what`` of each part's statements (an error names the call it stands for)
 COMPLETE = "complete()"
 FAIL = "fail()"
+SNOOZE = "snooze()"
 RELEASE = "releasing unstarted jobs"
 CLAIM = "claim()"
 
@@ -35,7 +37,30 @@ class Completion(NamedTuple):
     result: str
 
 
-Settlement = Completion | Failure
+class Snoozing(NamedTuple):
+    """A checked snooze: the lease, and how long until the job may run again (ms).
+
+    The backend puts the job back to ``pending`` at ``now + delay_ms`` under
+    the fence, gives the claim's attempt back (``attempts - 1``), clears the
+    lease and keeps the generation (so the old lease stays refused); the row
+    records which attempt settled it, so a repeat of the same attempt is
+    idempotent. ``stopping`` marks the worker's stop hand-back (a handler
+    that raised because its worker is stopping): the same write.
+    """
+
+    lease: Lease
+    delay_ms: int
+    stopping: bool = False
+
+
+Settlement = Completion | Failure | Snoozing
+
+
+def what_of(item: Settlement) -> str:
+    """The call a settlement stands for, as its errors name it."""
+    if isinstance(item, Completion):
+        return COMPLETE
+    return SNOOZE if isinstance(item, Snoozing) else FAIL
 
 
 @dataclass(frozen=True, slots=True)

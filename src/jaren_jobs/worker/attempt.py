@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from jaren_jobs.checkpoints import CheckpointStore
 from jaren_jobs.core.fence import FenceRow
-from jaren_jobs.engine import JobEngine, runtime_of, session_of
+from jaren_jobs.engine import JobEngine, runtime_of, session_of, settled_wake_of
 from jaren_jobs.errors import (
     LeaseLost,
     StorageError,
@@ -39,6 +39,7 @@ _COUNTERS = {
     "failed": "failures",
     "cancelled": "cancellations",
     "lost": "lost_settlements",
+    "snoozed": "snoozes",
 }
 
 
@@ -165,7 +166,11 @@ class _AttemptCheckpoints(CheckpointStore):
 
     def __init__(self, engine: JobEngine, attempt: _Attempt) -> None:
         super().__init__(
-            session_of(engine), runtime_of(engine).now_ms, attempt.job_id, lambda: attempt.lease
+            session_of(engine),
+            runtime_of(engine).now_ms,
+            attempt.job_id,
+            lambda: attempt.lease,
+            settled_wake_of(engine),
         )
         self._attempt = attempt
 

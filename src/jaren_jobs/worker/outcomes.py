@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from jaren_jobs.core.fence import FenceRow, settled_by
-from jaren_jobs.core.settle import Completion
+from jaren_jobs.core.settle import Completion, Snoozing
 from jaren_jobs.errors import (
     GateRefused,
     JobsError,
@@ -27,7 +27,7 @@ from jaren_jobs.records import (
     assemble,
 )
 
-from .attempt import _Attempt
+from .attempt import WorkerStopped, _Attempt
 
 if TYPE_CHECKING:
     from .settler import _Entry
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 _log = logging.getLogger("jaren_jobs")
 
 
-Phase = Literal["completion", "failure"]
+Phase = Literal["completion", "failure", "snooze"]
 
 
 def _refused(
@@ -61,6 +61,8 @@ def _finish(self: Worker, entry: _Entry) -> Outcome:
     attempt, item = entry.attempt, entry.item
     assert item is not None
     exc = entry.met
+    if isinstance(item, Snoozing):
+        return self._snoozed(entry, item)
     if isinstance(item, Completion):
         if exc is None:
             return self._written(attempt, "completed", entry.row)
@@ -95,6 +97,42 @@ def _finish(self: Worker, entry: _Entry) -> Outcome:
         exc,
     )
     return self._failed(attempt, error)
+
+
+def _snoozed(self: Worker, entry: _Entry, item: Snoozing) -> Outcome:
+    """The outcome of a snooze (or a stop hand-back): ``"snoozed"``, or ``"lost"``."""
+    attempt, exc = entry.attempt, entry.met
+    reason = (
+        "handed back: the worker stopped while the handler ran; pending again now, "
+        "the attempt not spent"
+        if item.stopping
+        else f"snoozed for {item.delay_ms} ms; the attempt not spent"
+    )
+    if exc is None:
+        truth = self._truth(attempt, entry.row)
+        if truth is not None and truth.outcome != "snoozed":
+            return truth  # this attempt had settled the job otherwise already
+        # a hand-back names why, as a stop's lost attempt does (JD2091)
+        code = WorkerStopped.code if item.stopping else None
+        return self._outcome(attempt, "snoozed", code=code, reason=reason)
+    refused = self._refused(attempt, "snooze", exc, entry.row)
+    if refused is not None:
+        return refused
+    # not recorded: the lease expires and the job is re-claimed (an attempt spent)
+    _log.warning(
+        "jaren_jobs: worker %r: snoozing job %r failed (%s); its lease will expire and "
+        "it will be re-claimed",
+        self.owner,
+        attempt.job_id,
+        exc,
+    )
+    return self._outcome(
+        attempt,
+        "lost",
+        phase="snooze",
+        code=exc.code if isinstance(exc, JobsError) else None,
+        reason=describe_error(exc),
+    )
 
 
 def _written(
@@ -150,6 +188,8 @@ def _truth(self: Worker, attempt: _Attempt, row: FenceRow | None) -> Outcome | N
         return self._outcome(attempt, "cancelled", reason="cancelled")
     if row.state in ("failed", "dead"):
         return self._outcome(attempt, "failed", reason=row.last_error)
+    if row.state == "pending":  # snoozed by this attempt (ctx.lease, store.jobs.snooze)
+        return self._outcome(attempt, "snoozed", reason="snoozed")
     return None
 
 

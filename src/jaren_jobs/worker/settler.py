@@ -11,15 +11,16 @@ from typing import TYPE_CHECKING, Any
 from jaren_jobs.batcher import Settled
 from jaren_jobs.codec import ms_from_datetime
 from jaren_jobs.core.fence import FenceRow
-from jaren_jobs.core.settle import Completion, SettleBatch, Settlement
+from jaren_jobs.core.settle import Completion, SettleBatch, Settlement, Snoozing
 from jaren_jobs.engine import ClaimRequest
 from jaren_jobs.records import (
     ClaimedJob,
     Lease,
     Outcome,
 )
+from jaren_jobs.snooze import Snooze, snooze_ms
 
-from .attempt import _Attempt, _Ran
+from .attempt import WorkerStopped, _Attempt, _Ran
 from .outcomes import Phase, _interrupted, _is_wait, _retryable
 from .pacing import _Batch
 
@@ -170,7 +171,13 @@ def _to_retry(self: Worker, entry: _Entry) -> bool:
         return False  # too late: the fence would refuse it anyway
     if entry.tries == 0:
         assert item is not None
-        doing = "completing" if isinstance(item, Completion) else "recording the failure of"
+        doing = (
+            "completing"
+            if isinstance(item, Completion)
+            else "snoozing"
+            if isinstance(item, Snoozing)
+            else "recording the failure of"
+        )
         _log.warning(
             "jaren_jobs: worker %r: %s job %r failed (%s); retrying while its lease holds",
             self.owner,
@@ -306,6 +313,19 @@ def _prepare(self: Worker, attempt: _Attempt, error: Exception | None, result: A
             entry.outcome = self._lost(attempt, phase, attempt.lost, attempt.lost_row)
             return entry
         lease = attempt.lease
+    if isinstance(error, Snooze):
+        # the handler asked to run again later: no attempt spent (SPEC §12)
+        entry.error = error
+        entry.item = Snoozing(lease, snooze_ms(error.delay_seconds))
+        return entry
+    if error is not None and _stopping(attempt):
+        # the handler raised because its worker is stopping (ctx.signal aborted
+        # for the stop, not a cancel nor a lost lease): handed back, pending
+        # now, the attempt not spent — five deploys during one long job must
+        # not dead-letter it
+        entry.error = error
+        entry.item = Snoozing(lease, 0, stopping=True)
+        return entry
     if error is None:
         if inspect.iscoroutine(result):
             result.close()
@@ -323,6 +343,17 @@ def _prepare(self: Worker, attempt: _Attempt, error: Exception | None, result: A
     entry.error = error
     entry.item = self._failure(lease, error)
     return entry
+
+
+def _stopping(attempt: _Attempt) -> bool:
+    """Whether the attempt's signal aborted because its worker is stopping (and only that)."""
+    signal = attempt.scope.signal
+    return (
+        signal.aborted
+        and isinstance(signal.reason, WorkerStopped)
+        and not attempt.cancelled
+        and attempt.lost is None
+    )
 
 
 def _failure(self: Worker, lease: Lease, error: BaseException) -> Settlement:

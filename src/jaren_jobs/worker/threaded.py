@@ -40,6 +40,10 @@ from .tracking import _TrackedScope
 _worker_numbers = itertools.count(1)
 _log = logging.getLogger("jaren_jobs")
 
+# how long stop() waits, once the grace period is over, for handlers whose
+# tasks it cancelled to raise and be handed back, before it bars them
+_HAND_BACK_SECONDS = 1.0
+
 
 class Worker:
     """``concurrency`` loops of claim → run → settle over one store. See SPEC §7.
@@ -153,6 +157,9 @@ class Worker:
         self._io = 0  # tracked database operations under way
         self._wake_generation = 0
         self._interrupted: BaseException | None = None
+        # called once when stop()'s grace period ends with attempts still running,
+        # before they are barred (AsyncWorker cancels its handlers' tasks here)
+        self._on_grace_end: Callable[[], None] | None = None
         self._local = threading.local()  # an observer's interrupt, for run_once() to re-raise
         self._counts = dict.fromkeys(
             (
@@ -165,6 +172,7 @@ class Worker:
                 "cancellations",
                 "renewals",
                 "lost_settlements",
+                "snoozes",
             ),
             0,
         )
@@ -326,6 +334,19 @@ class Worker:
                         break
                     self._cond.wait(left)
                 undrained = self._busy
+            if first and undrained and self._on_grace_end is not None:
+                # AsyncWorker: the handlers' tasks are cancelled now, BEFORE the
+                # bar, so each raises at once and is handed back (SPEC §12)
+                # instead of being barred and spending its attempt
+                self._on_grace_end()
+                # (StopOutcome still counts them: they did not finish within the grace)
+                settle_by = time.monotonic() + _HAND_BACK_SECONDS
+                with self._cond:
+                    while self._busy > 0:
+                        left = settle_by - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cond.wait(left)
             if first:
                 self._release_unstarted()
                 self._quiesce()
@@ -421,6 +442,7 @@ class Worker:
     _failed = outcomes._failed
     _lost = outcomes._lost
     _truth = outcomes._truth
+    _snoozed = outcomes._snoozed
     _outcome = outcomes._outcome
 
     # renewals.py: renewals

@@ -270,7 +270,13 @@ def test_the_one_round_trip_writes_use_the_primary_key(pg: PostgresUrl) -> None:
     statements = {
         "renew": (sql.RENEW, {**fence, "until": 2**62, "new_token": "n"}),
         "complete": (sql.SETTLE_DONE, {**fence, "result": None}),
-        "cancel": (sql.CANCEL_LEASED, fence),
+        "cancel": (sql.CANCEL_LEASED, {**fence, "settled": "c"}),
+        "complete, notifying": (sql.SETTLE_DONE_NOTIFY, {**fence, "result": None, "settled": "c"}),
+        "fail, notifying": (
+            sql.FAIL_NOTIFY,
+            {**fence, "error": "e", "retry": True, "run_at": 1, "attempts": 1, "settled": "c"},
+        ),
+        "snooze": (sql.SNOOZE, {**fence, "run_at": 1}),
         "fail": (
             sql.FAIL,
             {**fence, "error": "e", "retry": True, "run_at": 1, "attempts": 1},
@@ -282,6 +288,16 @@ def test_the_one_round_trip_writes_use_the_primary_key(pg: PostgresUrl) -> None:
         "complete many": (
             sql.SETTLE_DONE_MANY,
             {"now": 2**62, "ids": ["x", "y"], "tokens": ["t", "u"], "results": ["1", "2"]},
+        ),
+        "complete many, notifying": (
+            sql.SETTLE_DONE_MANY_NOTIFY,
+            {
+                "now": 2**62,
+                "ids": ["x", "y"],
+                "tokens": ["t", "u"],
+                "results": ["1", "2"],
+                "settled": "c",
+            },
         ),
     }
     with psycopg.connect(pg.url, autocommit=True) as conn:

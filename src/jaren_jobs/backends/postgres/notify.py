@@ -5,6 +5,9 @@ listener thread then wakes this process's idle workers. Polling stays the
 fallback: a notification lost while the listener reconnects costs at most
 one poll interval, and every reconnection wakes the workers once, in case
 one was.
+
+A second channel carries settlements (``wait()`` in this process wakes on
+them): its own, so that a settlement never wakes an idle worker to claim.
 """
 
 from __future__ import annotations
@@ -31,10 +34,19 @@ _RETRY_SECONDS = 0.5
 class Listener:
     """One thread per store: ``LISTEN channel``, and ``wake()`` on every notification."""
 
-    def __init__(self, conninfo: str, quoted_channel: str) -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        quoted_channel: str,
+        quoted_settled: str | None = None,
+        settled_name: str | None = None,
+    ) -> None:
         self._conninfo = conninfo
         self._channel = quoted_channel
+        self._settled = quoted_settled
+        self._settled_name = settled_name  # as a notification names it (unquoted)
         self._wakers: list[Callable[[], None]] = []
+        self._settled_wakers: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -42,18 +54,28 @@ class Listener:
         self.connected = threading.Event()  # set while LISTEN is in force (tests wait on it)
         self.reconnections = 0
 
-    def start(self, wake: Callable[[], None]) -> None:
+    def start(self, wake: Callable[[], None] | None) -> None:
         with self._lock:
-            if wake not in self._wakers:
+            if wake is not None and wake not in self._wakers:
                 self._wakers.append(wake)
             if self._thread is not None or self._stopping.is_set():
                 return
             self._thread = threading.Thread(target=self._run, name="jaren_jobs-listen", daemon=True)
             self._thread.start()
 
-    def _wake(self) -> None:
+    def on_settled(self, wake: Callable[[], None]) -> None:
+        """Also call ``wake`` on every settlement NOTIFY (and on every reconnection)."""
         with self._lock:
-            wakers = list(self._wakers)
+            if wake not in self._settled_wakers:
+                self._settled_wakers.append(wake)
+        self.start(None)
+
+    def _wake(self, settled: bool | None = False) -> None:
+        """Enqueue wakers (``False``), settlement wakers (``True``), or both (``None``)."""
+        with self._lock:
+            wakers = [] if settled is True else list(self._wakers)
+            if settled is not False:
+                wakers += self._settled_wakers
         for wake in wakers:
             try:
                 wake()
@@ -63,6 +85,8 @@ class Listener:
     def _listen(self) -> psycopg.Connection[tuple[object, ...]]:
         conn = psycopg.connect(self._conninfo, autocommit=True, **connect_settings(self._conninfo))
         conn.execute(f"LISTEN {self._channel}")
+        if self._settled is not None:
+            conn.execute(f"LISTEN {self._settled}")
         return conn
 
     def _run(self) -> None:
@@ -77,12 +101,14 @@ class Listener:
             self.connected.set()
             if not first:
                 self.reconnections += 1
-                self._wake()  # what was sent while we were away is claimable now
+                # what was sent while we were away is claimable (or settled) now
+                self._wake(None)
             first = False
             try:
                 while not self._stopping.is_set():
-                    for _ in conn.notifies(timeout=_WAIT_SECONDS):
-                        self._wake()  # at once: a worker idles until it is woken or polls
+                    for note in conn.notifies(timeout=_WAIT_SECONDS):
+                        # at once: a worker idles until it is woken or polls
+                        self._wake(note.channel == self._settled_name)
             except psycopg.Error:
                 pass  # dropped: reconnect
             finally:

@@ -190,23 +190,33 @@ def _fence_on(alias: str, token: str = "%(token)s") -> str:
 # columns all NULL when there is no such job.
 _CUR = f"cur AS (SELECT {FENCE_COLUMNS} FROM {JOBS} WHERE id = %(id)s FOR UPDATE)"
 _ANSWER = "FROM (SELECT 1) AS one LEFT JOIN cur ON true"
+# the same one-row start that also sends the settlement NOTIFY (SPEC §12's
+# wait() in other processes): folded into a statement the settlement runs
+# anyway, so it costs no round trip; delivered with the commit, and many
+# identical notifications of one transaction are delivered once
+_ANSWER_NOTIFY = "FROM (SELECT pg_notify(%(settled)s, '')) AS one LEFT JOIN cur ON true"
 
 
-def fenced(assignments: str, *, guard: str = "", returning: str | None = None) -> str:
+def fenced(
+    assignments: str, *, guard: str = "", returning: str | None = None, notify: bool = False
+) -> str:
     """``UPDATE … SET assignments`` of job ``%(id)s`` under the fence (and ``guard``),
-    answering whether it wrote, ``returning``'s columns (if any), then the fence row."""
+    answering whether it wrote, ``returning``'s columns (if any), then the fence row.
+
+    ``notify``: the statement also sends ``NOTIFY`` on the ``%(settled)s`` channel."""
     written = "(SELECT count(*) FROM written)"
+    answer = _ANSWER_NOTIFY if notify else _ANSWER
     if returning is None:
         return f"""WITH {_CUR},
   written AS (UPDATE {JOBS} AS j SET {assignments}
     FROM cur WHERE j.id = %(id)s AND {_fence_on("cur")} AND {_fence_on("j")}{guard}
     RETURNING 1)
-SELECT {written}, cur.* {_ANSWER}"""
+SELECT {written}, cur.* {answer}"""
     return f"""WITH {_CUR},
   written AS (UPDATE {JOBS} AS j SET {assignments}
     FROM cur WHERE j.id = %(id)s AND {_fence_on("cur")} AND {_fence_on("j")}{guard}
     RETURNING {returning})
-SELECT {written}, w.*, cur.* {_ANSWER} LEFT JOIN written AS w ON true"""
+SELECT {written}, w.*, cur.* {answer} LEFT JOIN written AS w ON true"""
 
 
 RENEW = fenced(
@@ -214,15 +224,21 @@ RENEW = fenced(
     returning=_qualified("j", JOB_COLUMNS),
 )
 
-SETTLE_DONE = fenced(
+_DONE = (
     "state = 'done', result = %(result)s, lease_until = NULL, lease_token = NULL, "
     "settled_generation = j.lease_generation, updated_at = %(now)s"
 )
+SETTLE_DONE = fenced(_DONE)
+SETTLE_DONE_NOTIFY = fenced(_DONE, notify=True)
+
 
 # Many completions of distinct jobs in one statement: every row locked (in id
 # order, so overlapping batches never deadlock), each guarded by its own
 # token; per item, whether it was written and its fence row.
-SETTLE_DONE_MANY = f"""WITH item AS (
+def _settle_done_many(notify: bool) -> str:
+    note = ",\n  note AS MATERIALIZED (SELECT pg_notify(%(settled)s, '') AS sent)" if notify else ""
+    join = " CROSS JOIN note" if notify else ""
+    return f"""WITH item AS (
     SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::text[], %(results)s::text[])
       AS i(id, token, result)),
   cur AS (SELECT j.id, {_qualified("j", FENCE_COLUMNS)} FROM {JOBS} AS j
@@ -233,9 +249,13 @@ SETTLE_DONE_MANY = f"""WITH item AS (
     FROM item, cur
     WHERE j.id = item.id AND cur.id = item.id
       AND {_fence_on("cur", "item.token")} AND {_fence_on("j", "item.token")}
-    RETURNING j.id)
+    RETURNING j.id){note}
 SELECT item.id, written.id IS NOT NULL, {_qualified("cur", FENCE_COLUMNS)}
-  FROM item LEFT JOIN cur ON cur.id = item.id LEFT JOIN written ON written.id = item.id"""
+  FROM item{join} LEFT JOIN cur ON cur.id = item.id LEFT JOIN written ON written.id = item.id"""
+
+
+SETTLE_DONE_MANY = _settle_done_many(False)
+SETTLE_DONE_MANY_NOTIFY = _settle_done_many(True)
 
 # A failure in one statement: a retry (``failed``, run_at the backoff's) while
 # attempts remain and ``%(retry)s``, else the dead letter — the transition of
@@ -243,13 +263,23 @@ SELECT item.id, written.id IS NOT NULL, {_qualified("cur", FENCE_COLUMNS)}
 # the attempt whose backoff ``%(run_at)s`` was computed for (the lease's);
 # a row that says otherwise is not written here (the caller reads it and
 # writes by the row's own count).
-FAIL = fenced(
+_FAIL = (
     "state = CASE WHEN %(retry)s AND j.attempts < j.max_attempts THEN 'failed' ELSE 'dead' END, "
     "run_at = CASE WHEN %(retry)s AND j.attempts < j.max_attempts THEN %(run_at)s "
     "ELSE j.run_at END, "
     "last_error = %(error)s, lease_until = NULL, lease_token = NULL, "
-    "settled_generation = j.lease_generation, updated_at = %(now)s",
-    guard=" AND j.attempts = %(attempts)s",
+    "settled_generation = j.lease_generation, updated_at = %(now)s"
+)
+FAIL = fenced(_FAIL, guard=" AND j.attempts = %(attempts)s")
+FAIL_NOTIFY = fenced(_FAIL, guard=" AND j.attempts = %(attempts)s", notify=True)
+
+# A snooze (SPEC §12): pending again at now + delay, the claim's attempt given
+# back, the lease cleared; the generation stays (the snoozed lease stays
+# refused) and the row records which attempt settled it (a repeat is idempotent)
+SNOOZE = fenced(
+    "state = 'pending', run_at = %(run_at)s, lease_until = NULL, lease_token = NULL, "
+    "lease_owner = NULL, attempts = j.attempts - 1, settled_generation = j.lease_generation, "
+    "updated_at = %(now)s"
 )
 
 # the fallback of FAIL for a lease whose attempt number is not its row's
@@ -278,7 +308,8 @@ CANCEL_QUEUED = f"""UPDATE {JOBS} SET state = 'cancelled', last_error = 'cancell
 
 CANCEL_LEASED = fenced(
     "state = 'cancelled', last_error = 'cancelled', lease_until = NULL, lease_token = NULL, "
-    "settled_generation = j.lease_generation, updated_at = %(now)s"
+    "settled_generation = j.lease_generation, updated_at = %(now)s",
+    notify=True,
 )
 
 REQUEUE = f"""UPDATE {JOBS} SET state = 'pending', run_at = %(now)s, lease_until = NULL,

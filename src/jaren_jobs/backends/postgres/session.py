@@ -17,7 +17,7 @@ from jaren_jobs.backend import Missed, Scope, SettleAnswer, StoreBackend
 from jaren_jobs.core.commands import ClaimRequest, Failure, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
 from jaren_jobs.core.policy import failure_transition, retry_at_ms
-from jaren_jobs.core.settle import Completion, SettleBatch
+from jaren_jobs.core.settle import Completion, SettleBatch, Snoozing
 from jaren_jobs.errors import DuplicateJob, StorageError, key_held
 from jaren_jobs.records import STATES, ClaimedJob, Counts, Job, Lease
 from jaren_jobs.rows import claim_key, claimed_from_row, inserted_job, job_from_row, lease_from_row
@@ -30,7 +30,17 @@ from .connection import PgDatabase
 if TYPE_CHECKING:
     from jaren_jobs.cursor import Cursor
 
-__all__ = ["PostgresSession"]
+__all__ = ["PostgresSession", "settled_channel"]
+
+
+def settled_channel(channel: str) -> str:
+    """The channel a settlement's NOTIFY goes to (``wait()`` listens), beside the enqueue one.
+
+    Its own channel, so that settlements never wake idle workers to claim.
+    """
+    name = f"{channel}.settled"
+    return name if len(name.encode()) <= 63 else f"{channel[:54]}.settled"
+
 
 T = TypeVar("T")
 
@@ -80,6 +90,7 @@ class PostgresSession:
         self._scope = scope
         self._runtime = runtime
         self._channel = channel
+        self._settled = None if channel is None else settled_channel(channel)
 
     @property
     def db(self) -> PgDatabase:
@@ -115,6 +126,15 @@ class PostgresSession:
         # sent with the transaction's commit (never before it), once per statement
         if self._channel is not None:
             self._db.run(sql.NOTIFY, {"channel": self._channel}, doing=what)
+
+    def _notify_settled(self, what: str) -> None:
+        # a settlement outside the batched path (a queued cancel): wait()ers elsewhere wake
+        if self._settled is not None:
+            self._db.run(sql.NOTIFY, {"channel": self._settled}, doing=what)
+
+    def _settled_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        params["settled"] = self._settled or "jaren_jobs.settled"
+        return params
 
     def insert_jobs(
         self, prepared: Sequence[PreparedJob], *, one_by_one: bool, what: str
@@ -332,6 +352,7 @@ class PostgresSession:
         def work() -> bool | FenceRow | None:
             now = self._runtime.now_ms()
             if self._db.changes(sql.CANCEL_QUEUED, {"id": job_id, "now": now}, doing=what):
+                self._notify_settled(what)
                 return True
             return self._fence_row(job_id, what)
 
@@ -340,7 +361,7 @@ class PostgresSession:
     def cancel_leased(self, lease: Lease, what: str, signal: SignalLike | None) -> bool | Missed:
         def work() -> bool | Missed:
             now = self._runtime.now_ms()
-            params = {"id": lease.job_id, "token": lease.token, "now": now}
+            params = self._settled_params({"id": lease.job_id, "token": lease.token, "now": now})
             return self._fenced(sql.CANCEL_LEASED, params, lease, what)
 
         return self._scope.write(work, what, signal)
@@ -421,12 +442,17 @@ class PostgresSession:
 
     # ------------------------------------------------------------ settling a batch
 
-    def complete_within(self, lease: Lease, result: str, now: int, what: str) -> bool | Missed:
+    def complete_within(
+        self, lease: Lease, result: str, now: int, what: str, *, notify: bool = False
+    ) -> bool | Missed:
         params = {"result": result, "now": now, "id": lease.job_id, "token": lease.token}
+        if notify and self._settled is not None:
+            params["settled"] = self._settled
+            return self._fenced(sql.SETTLE_DONE_NOTIFY, params, lease, what)
         return self._fenced(sql.SETTLE_DONE, params, lease, what)
 
     def _complete_many(
-        self, items: Sequence[tuple[int, Completion]], now: int, what: str
+        self, items: Sequence[tuple[int, Completion]], now: int, what: str, *, notify: bool
     ) -> dict[int, bool | Missed]:
         """Distinct jobs' completions in one statement, which also answers the missed ones'
         fence rows."""
@@ -436,13 +462,30 @@ class PostgresSession:
             "tokens": [c.lease.token for _, c in items],
             "results": [c.result for _, c in items],
         }
+        statement = sql.SETTLE_DONE_MANY
+        if notify and self._settled is not None:
+            params["settled"] = self._settled
+            statement = sql.SETTLE_DONE_MANY_NOTIFY
         found = {
             row[0]: True if row[1] else Missed(_fence_row(row[2:]))
-            for row in self._db.all(sql.SETTLE_DONE_MANY, params, doing=what)
+            for row in self._db.all(statement, params, doing=what)
         }
         return {index: found[c.lease.job_id] for index, c in items}
 
-    def fail_within(self, failure: Failure, now: int, what: str) -> bool | Missed:
+    def snooze_within(self, item: Snoozing, now: int, what: str) -> bool | Missed:
+        """Back to pending at ``now + delay`` under the fence, the attempt given back."""
+        lease = item.lease
+        params = {
+            "id": lease.job_id,
+            "token": lease.token,
+            "now": now,
+            "run_at": now + item.delay_ms,
+        }
+        return self._fenced(sql.SNOOZE, params, lease, what)
+
+    def fail_within(
+        self, failure: Failure, now: int, what: str, *, notify: bool = False
+    ) -> bool | Missed:
         """One statement: the retry or dead letter under the fence, or the fence row it met.
 
         The backoff is computed for the lease's attempt (the row's, while the
@@ -465,7 +508,11 @@ class PostgresSession:
             "run_at": run_at,
             "attempts": current.attempt,
         }
-        answer = self._db.one(sql.FAIL, params, doing=what)
+        statement = sql.FAIL
+        if notify and self._settled is not None:
+            params["settled"] = self._settled
+            statement = sql.FAIL_NOTIFY
+        answer = self._db.one(statement, params, doing=what)
         assert answer is not None
         if answer[0]:
             return True
@@ -508,18 +555,31 @@ class PostgresSession:
                     seen.add(job_id)
                     together.append((index, s))
             if len(together) >= 2:
-                for index, answer in self._complete_many(together, now, what).items():
+                many = self._complete_many(together, now, what, notify=True)
+                for index, answer in many.items():
                     settled[index] = answer
                 joined = {index for index, _ in together}
                 rest = [index for index in rest if index not in joined]
+                notify = False  # the one settlement NOTIFY of this transaction went
+            else:
+                notify = True
+        else:
+            notify = True
+        ready = False  # a snooze made a job claimable now: wake the other processes' workers
         for index in rest:
             item = items[index]
             if isinstance(item, Completion):
-                settled[index] = self.complete_within(item.lease, item.result, now, what)
+                answer = self.complete_within(item.lease, item.result, now, what, notify=notify)
+                notify = False
+            elif isinstance(item, Snoozing):
+                answer = self.snooze_within(item, now, what)
+                ready = ready or (answer is True and item.delay_ms <= 0)
             else:
-                settled[index] = self.fail_within(item, now, what)
+                answer = self.fail_within(item, now, what, notify=notify)
+                notify = False
+            settled[index] = answer
         released = self.release_within(batch.releases, now, what) if batch.releases else 0
-        if released:
+        if released or ready:
             self._notify(what)  # released jobs are claimable again: wake the others
         claimed = tuple(self.claim_within(request, count, what) for request, count in batch.claims)
         return SettleAnswer(tuple(settled), released, claimed, now)
@@ -555,7 +615,7 @@ class PostgresSession:
     def complete_run(self, lease: Lease, run_id: str, result: str, what: str) -> bool | Missed:
         def work() -> bool | Missed:
             now = self._runtime.now_ms()
-            answer = self.complete_within(lease, result, now, what)
+            answer = self.complete_within(lease, result, now, what, notify=True)
             if not isinstance(answer, Missed) or (
                 answer.row is not None
                 and answer.row.state == "done"

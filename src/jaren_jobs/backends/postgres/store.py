@@ -25,7 +25,7 @@ from .connection import PgDatabase, PgRootScope, PgTxScope
 from .errors import storage_error
 from .notify import Listener
 from .schema import ensure_schema, require_schema
-from .session import PostgresSession
+from .session import PostgresSession, settled_channel
 
 __all__ = ["PostgresBackend", "PostgresTransaction", "is_postgres_url", "open_postgres"]
 
@@ -96,6 +96,14 @@ class PostgresBackend:
         listener = self.db.listener
         if listener is not None:
             listener.start(wake)
+
+    def wake_on_settlements(self, wake: Callable[[], None]) -> bool:
+        """Call ``wake`` when any process commits a settlement (LISTEN); True if it will."""
+        listener = self.db.listener
+        if listener is None:
+            return False
+        listener.on_settled(wake)
+        return True
 
     def close(self) -> None:
         if self.db.gate.held_by_me():
@@ -240,7 +248,12 @@ def open_postgres(
             channel = channel_name(str(schema))
             if url is not None and not readonly:
                 # started by the first worker (Store.jobs.create_worker), not before
-                db.listener = Listener(url, pgsql.Identifier(channel).as_string(db.connection))
+                db.listener = Listener(
+                    url,
+                    pgsql.Identifier(channel).as_string(db.connection),
+                    pgsql.Identifier(settled_channel(channel)).as_string(db.connection),
+                    settled_channel(channel),
+                )
         finally:
             db.give_back()
     except BaseException:

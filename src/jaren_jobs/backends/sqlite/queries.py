@@ -419,6 +419,15 @@ def release_rows(rows: int) -> str:
     AND lease_until > ?1"""
 
 
+# A snooze (SPEC §12) is a settlement that spends no attempt: the job is
+# pending again at :run_at with the claim's attempt given back, its lease
+# cleared. The generation stays (the snoozed lease stays refused) and the row
+# records which attempt settled it, so that attempt's repeat is idempotent.
+SETTLE_SNOOZE = f"""UPDATE {JOBS} SET state = 'pending', run_at = :run_at, lease_until = NULL,
+    lease_token = NULL, lease_owner = NULL, attempts = attempts - 1,
+    settled_generation = lease_generation, updated_at = :now
+  WHERE id = :id AND {FENCE}"""
+
 READ_ATTEMPTS = f"SELECT attempts, max_attempts FROM {JOBS} WHERE id = :id AND {FENCE}"
 
 SETTLE_RETRY = f"""UPDATE {JOBS} SET state = 'failed', last_error = :error, run_at = :run_at,

@@ -15,7 +15,7 @@ from jaren_jobs.backend import Missed, SettleAnswer
 from jaren_jobs.core.commands import ClaimRequest, Failure
 from jaren_jobs.core.fence import FenceRow
 from jaren_jobs.core.policy import failure_transition, retry_at_ms
-from jaren_jobs.core.settle import Completion, SettleBatch
+from jaren_jobs.core.settle import Completion, SettleBatch, Settlement, Snoozing
 from jaren_jobs.records import ClaimedJob, Lease
 from jaren_jobs.rows import claim_key, claimed_from_row, stored_text
 from jaren_jobs.runtime import ResolvedRuntime
@@ -204,6 +204,23 @@ class Sequences:
             )
         return True
 
+    def snooze_within(self, item: Snoozing, now: int, what: str) -> bool | Missed:
+        """Back to pending at ``now + delay`` under the fence, the attempt given back."""
+        lease = item.lease
+        run_at = now + item.delay_ms
+        params = {"id": lease.job_id, "token": lease.token, "now": now, "run_at": run_at}
+        if self._db.changes(sql.SETTLE_SNOOZE, params, doing=what):
+            return True
+        return Missed(self.fence_row_within(lease.job_id, what))
+
+    def _one_within(self, item: Settlement, now: int, what: str) -> bool | Missed:
+        """One settlement by the statements a lone call runs."""
+        if isinstance(item, Completion):
+            return self.complete_within(item.lease, item.result, now, what)
+        if isinstance(item, Snoozing):
+            return self.snooze_within(item, now, what)
+        return self.fail_within(item, now, what)
+
     def release_within(self, leases: Sequence[Lease], now: int, what: str) -> int:
         """Hand back leases whose attempts never started; how many jobs were released.
 
@@ -238,12 +255,7 @@ class Sequences:
         if len(items) == 1:
             # a lone complete()/fail(), or a worker's single settlement: the
             # same statements as the loop below, without its bookkeeping
-            item = items[0]
-            if isinstance(item, Completion):
-                one = self.complete_within(item.lease, item.result, now, what)
-            else:
-                one = self.fail_within(item, now, what)
-            return self._answer((one,), batch, now, what)
+            return self._answer((self._one_within(items[0], now, what),), batch, now, what)
         settled: list[bool | Missed] = [True] * len(items)
         rest: Sequence[int] = range(len(items))
         if len(items) > 1:
@@ -260,11 +272,7 @@ class Sequences:
                 joined = {index for index, _ in together}
                 rest = [index for index in rest if index not in joined]
         for index in rest:
-            item = items[index]
-            if isinstance(item, Completion):
-                settled[index] = self.complete_within(item.lease, item.result, now, what)
-            else:
-                settled[index] = self.fail_within(item, now, what)
+            settled[index] = self._one_within(items[index], now, what)
         return self._answer(tuple(settled), batch, now, what)
 
     def _answer(

@@ -95,6 +95,10 @@ class SqliteBackend:
     def wake_on_commits(self, wake: Callable[[], None]) -> None:
         """SQLite has no notifications: other processes' commits are found by polling."""
 
+    def wake_on_settlements(self, wake: Callable[[], None]) -> bool:
+        """SQLite has no notifications: ``wait()`` polls for other processes' settlements."""
+        return False
+
     def close(self) -> None:
         if self.db.gate.held_by_me():
             raise GateRefused(
