@@ -106,3 +106,32 @@ def test_a_bad_name_or_kind_is_refused(
 ) -> None:
     with pytest.raises(error, match=message):
         Periodic(name, kind, every_seconds=5)  # type: ignore[arg-type]
+
+
+def test_importing_the_package_does_not_load_zoneinfo() -> None:
+    # zoneinfo pulls in sysconfig's platform data; the CLI worker's import check
+    # (tests/properties) allows none of it, so it loads with the first zone only
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import jaren_jobs
+
+    src = str(Path(jaren_jobs.__file__).resolve().parents[1])
+    code = (
+        "import sys, jaren_jobs; "
+        "assert 'zoneinfo' not in sys.modules and 'sysconfig' not in sys.modules; "
+        "jaren_jobs.Periodic('p', 'k', cron='@daily', timezone='Europe/Berlin'); "
+        "assert 'zoneinfo' in sys.modules"
+    )
+    env = {**os.environ, "PYTHONPATH": src}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
