@@ -96,6 +96,12 @@ def required_capabilities(node: pytest.Item | pytest.Function) -> frozenset[str]
         node, "fixturenames", ()
     ):
         found.add("sqlite")  # SQLite's own mechanics: its folder runs on its harnesses only
+    if not node.nodeid.startswith("tests/conformance/") and "backend" in getattr(
+        node, "fixturenames", ()
+    ):
+        # a database's own mechanics, processes, properties: the sync API's harnesses; the
+        # async harnesses run the conformance suite (what the API promises)
+        found.add("sync-api")
     unknown = found - set(CAPABILITIES)
     if unknown:
         raise pytest.UsageError(
