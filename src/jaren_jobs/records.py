@@ -140,7 +140,7 @@ class Job:
             "id": self.id,
             "kind": self.kind,
             "payload": _json_value(self.payload),
-            "state": self.state,
+            "state": str(self.state),  # the plain string (a row edited by hand: its text)
             "priority": self.priority,
             "attempts": self.attempts,
             "max_attempts": self.max_attempts,

@@ -1,10 +1,13 @@
-"""``requeue(id, reset_attempts=True)`` (SPEC §13): fresh attempts, a fence that still holds."""
+"""SPEC §13: ``requeue(id, reset_attempts=True)`` (fresh attempts, a fence that still holds),
+and ``Job.state`` as a ``JobState``."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from jaren_jobs import ClaimedJob, LeaseSuperseded, Store
+from jaren_jobs import ClaimedJob, JobState, LeaseSuperseded, Store
 from tests.conftest import FakeClock
 from tests.harness import Harness
 
@@ -107,3 +110,30 @@ def test_reset_attempts_must_be_a_bool(store: Store, backend: Harness, bad: obje
     with pytest.raises(TypeError, match="reset_attempts must be a bool"):
         store.jobs.requeue("j", reset_attempts=bad)  # type: ignore[arg-type]
     assert backend.raw_row("j") == row
+
+
+# ----------------------------------------------------------------- Job.state is a JobState
+
+
+def test_every_read_gives_a_job_state_member_equal_to_its_string(
+    store: Store, clock: FakeClock
+) -> None:
+    enqueued = store.jobs.enqueue("k", id="j", max_attempts=1)
+    claimed = claim_one(store)
+    assert store.jobs.fail(claimed.lease, "boom") is True
+    read = store.jobs.get("j")
+    assert read is not None
+    with store.jobs.page(state="dead") as cursor:
+        paged = list(cursor)
+    states = [enqueued.state, claimed.state, read.state, paged[0].state]
+    assert states == [JobState.PENDING, JobState.LEASED, JobState.DEAD, JobState.DEAD]
+    assert all(type(s) is JobState for s in states)
+    # and each still is its plain string, for code written before the enum
+    assert states == ["pending", "leased", "dead", "dead"]
+    assert {read.state: 1}.get("dead") == 1
+    assert read.state in {"done", "dead", "cancelled"}
+    assert "state='dead'" in repr(read)
+    assert f"{read.state}" == "dead"
+    shown = read.to_dict()["state"]
+    assert (type(shown), shown) == (str, "dead")
+    assert json.loads(json.dumps(read.to_dict()))["state"] == "dead"
