@@ -258,11 +258,13 @@ class AsyncJobs:
         signal: SignalLike | None = None,
         deadline: datetime | None = None,
         drop_checkpoints: bool = False,
+        reset_attempts: bool = False,
     ) -> bool:
         return await self._run(
             self._jobs.requeue,
             id,
             drop_checkpoints=drop_checkpoints,
+            reset_attempts=reset_attempts,
             signal=signal,
             deadline=deadline,
         )

@@ -140,7 +140,13 @@ class JobsSession(Protocol):
     ) -> bool | Missed: ...
 
     def requeue(
-        self, job_id: str, *, drop_checkpoints: bool, what: str, signal: SignalLike | None
+        self,
+        job_id: str,
+        *,
+        drop_checkpoints: bool,
+        reset_attempts: bool = False,
+        what: str,
+        signal: SignalLike | None,
     ) -> bool | FenceRow | None: ...
 
     def sweep(

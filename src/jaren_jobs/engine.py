@@ -472,15 +472,21 @@ class JobEngine:
         signal: SignalLike | None = None,
         deadline: datetime | None = None,
         drop_checkpoints: bool = False,
+        reset_attempts: bool = False,
     ) -> bool:
         """Return a failed, dead, cancelled or lease-expired job to pending, now.
 
-        Attempt history is kept. A live lease is :class:`LeaseRequired`
-        (requeue is not a steal); done or unknown is :class:`JobSettled`;
-        ``False`` when it already is pending. ``drop_checkpoints=True`` also
-        deletes the job's checkpoints in the same transaction (a pending
-        job's too), so a DAG run starts over instead of resuming: the way out
-        of a ``RunMismatch``. A refusal deletes nothing.
+        Attempt history is kept: the job's ``attempts`` count goes on from
+        where it stood, unless ``reset_attempts=True`` starts it over at 0, so
+        a dead job gets its full ``max_attempts`` again. Either way the lease
+        generation keeps growing, so no lease of an earlier attempt can settle
+        the job again. A live lease is :class:`LeaseRequired` (requeue is not a
+        steal); done or unknown is :class:`JobSettled`; ``False`` when it
+        already is pending (its attempts are then left as they are).
+        ``drop_checkpoints=True`` also deletes the job's checkpoints in the
+        same transaction (a pending job's too), so a DAG run starts over
+        instead of resuming: the way out of a ``RunMismatch``. A refusal
+        deletes nothing.
         """
         what = "requeue()"
         job_id = check_id(id, f"{what}: id")
@@ -488,12 +494,20 @@ class JobEngine:
             raise TypeError(
                 f"{what}: drop_checkpoints must be a bool, got {type(drop_checkpoints).__name__}"
             )
+        if not isinstance(reset_attempts, bool):
+            raise TypeError(
+                f"{what}: reset_attempts must be a bool, got {type(reset_attempts).__name__}"
+            )
         sig = check_signal_arg(signal, what)
         dl = check_deadline_arg(deadline, what)
         refuse_if_cancelled(sig, dl, self._runtime.now(), what)
 
         answer = self._session.requeue(
-            job_id, drop_checkpoints=drop_checkpoints, what=what, signal=sig
+            job_id,
+            drop_checkpoints=drop_checkpoints,
+            reset_attempts=reset_attempts,
+            what=what,
+            signal=sig,
         )
         if answer is True:
             self._session.after_commit(self._hub.wake)

@@ -10,7 +10,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
 __all__ = [
     "SETTLED_STATES",
@@ -20,6 +20,7 @@ __all__ = [
     "Counts",
     "Job",
     "JobState",
+    "JsonValue",
     "Lease",
     "NewJob",
     "Outcome",
@@ -62,8 +63,20 @@ class JobState(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
+    def __repr__(self) -> str:
+        # a Job's repr and the refusals that quote a state read as they did when
+        # states were plain strings: 'done', not <JobState.DONE: 'done'>
+        return repr(self.value)
+
 
 STATES: tuple[str, ...] = tuple(s.value for s in JobState)
+#: a stored state's member, for the row mappers (one dict lookup a row)
+STATE_OF: dict[str, JobState] = {s.value: s for s in JobState}
+
+#: Any JSON value: what payloads and results are (SPEC §1). Recursive; a
+#: JSON object's keys are strings.
+JsonValue: TypeAlias = bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"] | None
+
 SETTLED_STATES: frozenset[str] = frozenset({"done", "dead", "cancelled"})
 
 
@@ -98,8 +111,11 @@ class Job:
 
     id: str
     kind: str
-    payload: Any
-    state: str
+    #: the job's JSON payload, or a :class:`CorruptJson` marker for a row
+    #: written outside jaren_jobs that does not parse
+    payload: JsonValue | CorruptJson
+    #: a :class:`JobState` member, equal to its plain string (``"done"``)
+    state: JobState
     priority: int
     attempts: int
     max_attempts: int
@@ -108,7 +124,9 @@ class Job:
     lease_owner: str | None
     lease_generation: int
     last_error: str | None
-    result: Any
+    #: the JSON result a completion stored (``None`` until then), or a
+    #: :class:`CorruptJson` marker
+    result: JsonValue | CorruptJson
     created_at: datetime
     updated_at: datetime
     #: the named queue the job belongs to (SPEC §12)
@@ -122,7 +140,7 @@ class Job:
             "id": self.id,
             "kind": self.kind,
             "payload": _json_value(self.payload),
-            "state": self.state,
+            "state": str(self.state),  # the plain string (a row edited by hand: its text)
             "priority": self.priority,
             "attempts": self.attempts,
             "max_attempts": self.max_attempts,

@@ -23,7 +23,7 @@ from typing import Any
 
 from .codec import TOO_DEEP, datetime_from_ms, decode_json
 from .core.commands import PreparedJob
-from .records import ClaimedJob, CorruptJson, Job, Lease, assemble
+from .records import STATE_OF, ClaimedJob, CorruptJson, Job, JobState, Lease, assemble
 
 __all__ = [
     "claim_key",
@@ -111,6 +111,9 @@ def _not_text(exc: UnicodeDecodeError) -> str:
     )
 
 
+_state_of = STATE_OF.get
+
+
 def _job_fields(row: tuple[Any, ...], codec: str) -> dict[str, Any]:
     # NULL is the common result and last_error: no call for it
     payload, error, result = row[2], row[11], row[12]
@@ -125,7 +128,8 @@ def _job_fields(row: tuple[Any, ...], codec: str) -> dict[str, Any]:
         "id": row[0],
         "kind": row[1],
         "payload": payload,
-        "state": row[3],
+        # a state no release writes (a row edited by hand) reads as its text
+        "state": _state_of(row[3], row[3]),
         "priority": int(row[4]),
         "attempts": int(row[5]),
         "max_attempts": int(row[6]),
@@ -206,7 +210,7 @@ def inserted_job(job_id: str, prepared: PreparedJob, run_at: int, now: int) -> J
             "id": job_id,
             "kind": prepared.kind,
             "payload": decode_json(prepared.payload),
-            "state": "pending",
+            "state": JobState.PENDING,
             "priority": prepared.priority,
             "attempts": 0,
             "max_attempts": prepared.max_attempts,

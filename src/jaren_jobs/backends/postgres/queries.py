@@ -313,7 +313,8 @@ CANCEL_LEASED = fenced(
 )
 
 REQUEUE = f"""UPDATE {JOBS} SET state = 'pending', run_at = %(now)s, lease_until = NULL,
-    lease_token = NULL, lease_owner = NULL, updated_at = %(now)s
+    lease_token = NULL, lease_owner = NULL, updated_at = %(now)s,
+    attempts = CASE WHEN %(reset)s THEN 0 ELSE attempts END
   WHERE id = %(id)s AND (state IN ('failed', 'dead', 'cancelled')
     OR (state = 'leased' AND lease_until <= %(now)s))
     AND (unique_key IS NULL OR state IN ('failed', 'leased') OR NOT EXISTS (

@@ -367,7 +367,13 @@ class PostgresSession:
         return self._scope.write(work, what, signal)
 
     def requeue(
-        self, job_id: str, *, drop_checkpoints: bool, what: str, signal: SignalLike | None
+        self,
+        job_id: str,
+        *,
+        drop_checkpoints: bool,
+        reset_attempts: bool = False,
+        what: str,
+        signal: SignalLike | None,
     ) -> bool | FenceRow | None:
         def drop() -> None:
             if drop_checkpoints:
@@ -377,7 +383,9 @@ class PostgresSession:
             now = self._runtime.now_ms()
 
             def move() -> int:
-                return self._db.changes(sql.REQUEUE, {"id": job_id, "now": now}, doing=what)
+                return self._db.changes(
+                    sql.REQUEUE, {"id": job_id, "now": now, "reset": reset_attempts}, doing=what
+                )
 
             # REQUEUE skips a row whose key another job holds, as of its snapshot; a
             # holder enqueued concurrently (committing while the update waits on it)

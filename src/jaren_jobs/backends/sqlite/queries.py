@@ -448,11 +448,13 @@ CANCEL_LEASED = f"""UPDATE {JOBS} SET state = 'cancelled', last_error = 'cancell
     updated_at = :now
   WHERE id = :id AND {FENCE}"""
 
-# requeue keeps attempts (the history) and the generation (checkpoints
-# are stamped with it); it clears the lease so nothing can settle the row
-# until the next claim mints a new one
+# requeue keeps attempts (the history) unless :reset asks for fresh ones, and
+# always keeps the generation (checkpoints are stamped with it, and the next
+# claim raises it, so no older lease can settle the row again); it clears the
+# lease so nothing can settle the row until the next claim mints a new one
 REQUEUE = f"""UPDATE {JOBS} SET state = 'pending', run_at = :now, lease_until = NULL,
-    lease_token = NULL, lease_owner = NULL, updated_at = :now
+    lease_token = NULL, lease_owner = NULL, updated_at = :now,
+    attempts = CASE WHEN :reset THEN 0 ELSE attempts END
   WHERE id = :id AND (state IN ('failed', 'dead', 'cancelled')
     OR (state = 'leased' AND lease_until <= :now))
     AND (unique_key IS NULL OR state IN ('failed', 'leased') OR NOT EXISTS (

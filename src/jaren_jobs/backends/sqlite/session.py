@@ -175,7 +175,13 @@ class SqliteSession:
         return self._scope.write(work, what, signal)
 
     def requeue(
-        self, job_id: str, *, drop_checkpoints: bool, what: str, signal: SignalLike | None
+        self,
+        job_id: str,
+        *,
+        drop_checkpoints: bool,
+        reset_attempts: bool = False,
+        what: str,
+        signal: SignalLike | None,
     ) -> bool | FenceRow | None:
         def drop() -> None:
             # no attempt holds the job now (requeue refuses a live lease), so
@@ -185,7 +191,9 @@ class SqliteSession:
 
         def work() -> bool | FenceRow | None:
             now = self._runtime.now_ms()
-            if self._db.changes(sql.REQUEUE, {"id": job_id, "now": now}, doing=what):
+            if self._db.changes(
+                sql.REQUEUE, {"id": job_id, "now": now, "reset": int(reset_attempts)}, doing=what
+            ):
                 drop()
                 return True
             holder = self._db.one(sql.REQUEUE_KEY_HOLDER, (job_id,), doing=what)
