@@ -434,6 +434,16 @@ def test_requeue_returns_dead_failed_and_cancelled_jobs_to_pending(mixed: Prepar
     assert ok(run_cli("--db", mixed.path, "requeue", "r2")) == "r2 was already pending\n"
 
 
+def test_requeue_reset_attempts_starts_the_count_over(mixed: Prepared) -> None:
+    before = all_jobs(mixed.path)
+    assert before["r2"]["attempts"] > 0
+    assert ok(run_cli("--db", mixed.path, "requeue", "r2", "--reset-attempts")) == "requeued r2\n"
+    job = read_job(mixed.path, "r2")
+    assert job is not None
+    assert (job["state"], job["attempts"]) == ("pending", 0)
+    assert job["last_error"] == before["r2"]["last_error"]
+
+
 def test_requeue_is_refused_for_a_done_or_live_leased_job(mixed: Prepared) -> None:
     before = all_jobs(mixed.path)
     assert_one_line_error(run_cli("--db", mixed.path, "requeue", "r1"), 1, "JD2065", "r1")

@@ -178,6 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also delete its checkpoints: a DAG run starts over instead of resuming",
     )
+    requeue.add_argument(
+        "--reset-attempts",
+        action="store_true",
+        help="start its attempt count over: it gets max_attempts tries again, not one",
+    )
 
     sweep = add_command("sweep", "delete settled jobs older than a duration")
     sweep.add_argument(

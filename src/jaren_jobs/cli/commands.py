@@ -118,7 +118,9 @@ def cmd_cancel(store: Store, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_requeue(store: Store, args: argparse.Namespace, out: TextIO) -> int:
-    changed = store.jobs.requeue(args.id, drop_checkpoints=args.drop_checkpoints)
+    changed = store.jobs.requeue(
+        args.id, drop_checkpoints=args.drop_checkpoints, reset_attempts=args.reset_attempts
+    )
     said = f"requeued {args.id}" if changed else f"{args.id} was already pending"
     dropped = "; its checkpoints were dropped" if args.drop_checkpoints else ""
     out.write(f"{said}{dropped}\n")
