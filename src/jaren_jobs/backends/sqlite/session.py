@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jaren_jobs.backend import Missed, Scope, SettleAnswer, StoreBackend
+from jaren_jobs.backend import ErrorRow, Missed, Scope, SettleAnswer, StoreBackend
 from jaren_jobs.core.commands import ClaimRequest, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
 from jaren_jobs.core.settle import SettleBatch
@@ -107,6 +107,15 @@ class SqliteSession:
     def get_job(self, job_id: str, what: str) -> Job | None:
         row = self._scope.read(lambda: self._db.one(sql.GET_JOB, (job_id,), doing=what), what)
         return None if row is None else job_from_row(row, self._db.text_codec)
+
+    def job_errors(self, job_id: str, what: str) -> list[ErrorRow] | None:
+        def work() -> list[ErrorRow] | None:
+            if self._db.one(sql.JOB_EXISTS, (job_id,), doing=what) is None:
+                return None
+            rows = self._db.all(sql.READ_ERRORS, (job_id,), doing=what)
+            return [(int(a), int(t), str(e), None if tb is None else str(tb)) for a, t, e, tb in rows]
+
+        return self._scope.read(work, what)
 
     def count_jobs(self, what: str, queue: str | None = None) -> Counts:
         if queue is not None:
@@ -205,6 +214,7 @@ class SqliteSession:
 
         def work() -> int:
             self._db.run(sql.SWEEP_CHECKPOINTS, params, doing=what)
+            self._db.run(sql.SWEEP_ERRORS, params, doing=what)
             return self._db.changes(sql.SWEEP_JOBS, params, doing=what)
 
         return self._scope.write(work, what, signal)
