@@ -242,9 +242,7 @@ class JobEngine:
         check_text(id, f"{what}: id")
         rows = self._session.job_errors(id, what)
         if rows is None:
-            raise UnknownJob(
-                f"{what}: no job has id {id!r} (never enqueued, or swept)", job_id=id
-            )
+            raise UnknownJob(f"{what}: no job has id {id!r} (never enqueued, or swept)", job_id=id)
         return [
             JobError(attempt, _utc(at), error, traceback) for attempt, at, error, traceback in rows
         ]

@@ -36,7 +36,9 @@ def format_traceback(error: object, token: str | None = None) -> str | None:
     except Exception:  # a hostile __str__ in the chain: keep the frames at least
         try:
             text = "".join(_traceback.format_tb(error.__traceback__))
-            text = f"Traceback (most recent call last):\n{text}<unprintable {type(error).__name__}>\n"
+            text = (
+                f"Traceback (most recent call last):\n{text}<unprintable {type(error).__name__}>\n"
+            )
         except Exception:
             return None
     if token:

@@ -86,10 +86,9 @@ def test_fail_by_hand_with_text_has_no_traceback_and_with_a_raised_exception_has
     clock.advance(3600)
     second = store.jobs.claim(["k"], owner="w")
     assert second is not None
-    try:
+    with pytest.raises(ValueError) as raised:
         explode_in_the_handler(2)
-    except ValueError as exc:
-        assert store.jobs.fail(second.lease, exc, retry=False) is True
+    assert store.jobs.fail(second.lease, raised.value, retry=False) is True
     history = store.jobs.errors(job.id)
     assert [(e.attempt, e.error) for e in history] == [
         (1, "the disk is full"),

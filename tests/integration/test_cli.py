@@ -373,7 +373,9 @@ def test_show_prints_every_field_and_the_last_error_in_full(prepared: Prepared) 
     history = out.split(job["last_error"] + "\n\n", 1)[1]
     lines = history.splitlines()
     assert lines[0] == "error history (1 failed attempt(s), oldest first):"
-    assert re.fullmatch(r"  attempt 1  \S+\+00:00  RuntimeError: the image service .{60,}\.\.\.", lines[1])
+    assert re.fullmatch(
+        r"  attempt 1  \S+\+00:00  RuntimeError: the image service .{60,}\.\.\.", lines[1]
+    )
     # the last attempt's traceback, where fail() was given a raised exception
     assert lines[2:4] == ["", "traceback of attempt 1:"]
     assert lines[4] == "Traceback (most recent call last):"

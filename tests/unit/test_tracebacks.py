@@ -23,7 +23,8 @@ def test_a_long_traceback_keeps_its_tail_cut_at_a_line_with_a_marker() -> None:
         text = format_traceback(exc, TOKEN)
     assert text is not None
     head, rest = text.split("\n", 1)
-    assert head.startswith("[... ") and head.endswith(" earlier characters of the traceback cut ...]")
+    assert head.startswith("[... ")
+    assert head.endswith(" earlier characters of the traceback cut ...]")
     assert len(rest) <= MAX_TRACEBACK_CHARS
     assert rest.startswith("line ")  # a whole line, not the middle of one
     assert rest.endswith("the end\n")

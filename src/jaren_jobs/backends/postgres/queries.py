@@ -286,9 +286,7 @@ _FAIL_HISTORY = f""",
     SELECT %(id)s, %(attempts)s, %(now)s, %(error)s, %(traceback)s FROM written
     ON CONFLICT (job_id, attempt, at) DO NOTHING)"""
 FAIL = fenced(_FAIL, guard=" AND j.attempts = %(attempts)s", also=_FAIL_HISTORY)
-FAIL_NOTIFY = fenced(
-    _FAIL, guard=" AND j.attempts = %(attempts)s", notify=True, also=_FAIL_HISTORY
-)
+FAIL_NOTIFY = fenced(_FAIL, guard=" AND j.attempts = %(attempts)s", notify=True, also=_FAIL_HISTORY)
 # the history entry of the fallback's SETTLE_RETRY / SETTLE_DEAD (same transaction)
 INSERT_ERROR = f"""INSERT INTO {ERRORS} (job_id, attempt, at, error, traceback)
   VALUES (%(id)s, %(attempt)s, %(now)s, %(error)s, %(traceback)s)

@@ -113,7 +113,9 @@ class SqliteSession:
             if self._db.one(sql.JOB_EXISTS, (job_id,), doing=what) is None:
                 return None
             rows = self._db.all(sql.READ_ERRORS, (job_id,), doing=what)
-            return [(int(a), int(t), str(e), None if tb is None else str(tb)) for a, t, e, tb in rows]
+            return [
+                (int(a), int(t), str(e), None if tb is None else str(tb)) for a, t, e, tb in rows
+            ]
 
         return self._scope.read(work, what)
 
