@@ -483,7 +483,8 @@ SWEEP_JOBS = f"DELETE FROM {JOBS} WHERE id IN ({_SWEEP_SELECTION})"
 INSERT_ERROR = f"""INSERT OR REPLACE INTO {ERRORS} (job_id, attempt, at, error, traceback)
   VALUES (:id, :attempt, :now, :error, :traceback)"""
 JOB_EXISTS = f"SELECT 1 FROM {JOBS} WHERE id = ?"
-READ_ERRORS = f"""SELECT attempt, at, error, traceback FROM {ERRORS}
+# the texts as their bytes, decoded by the row mapper (as a job's last_error)
+READ_ERRORS = f"""SELECT attempt, at, CAST(error AS BLOB), CAST(traceback AS BLOB) FROM {ERRORS}
   WHERE job_id = ? ORDER BY attempt, at"""
 
 COUNT_BY_STATE = f"""SELECT state, COUNT(*) FROM {JOBS} INDEXED BY "_jaren_jobs_unleased"

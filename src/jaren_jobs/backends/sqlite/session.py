@@ -20,7 +20,7 @@ from jaren_jobs.core.fence import FenceRow, Verdict, classify
 from jaren_jobs.core.settle import SettleBatch
 from jaren_jobs.errors import DuplicateJob, key_held
 from jaren_jobs.records import STATES, ClaimedJob, Counts, Job, Lease
-from jaren_jobs.rows import inserted_job, job_from_row, lease_from_row
+from jaren_jobs.rows import inserted_job, job_from_row, lease_from_row, stored_text
 from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike
 
@@ -113,8 +113,10 @@ class SqliteSession:
             if self._db.one(sql.JOB_EXISTS, (job_id,), doing=what) is None:
                 return None
             rows = self._db.all(sql.READ_ERRORS, (job_id,), doing=what)
+            codec = self._db.text_codec
             return [
-                (int(a), int(t), str(e), None if tb is None else str(tb)) for a, t, e, tb in rows
+                (int(a), int(t), stored_text(e, codec) or "", stored_text(tb, codec))
+                for a, t, e, tb in rows
             ]
 
         return self._scope.read(work, what)
