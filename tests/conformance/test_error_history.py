@@ -8,12 +8,15 @@ writes none) and swept with its job. Time is the fake clock's.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 
 from jaren_jobs import (
+    AsyncJobContext,
+    AsyncStore,
     JobContext,
     JobError,
     LeaseExpired,
@@ -167,3 +170,30 @@ def test_the_history_is_read_inside_a_transaction(store: Store) -> None:
         assert tx.jobs.fail(claimed.lease, "in a transaction") is True
         assert [e.error for e in tx.jobs.errors(job.id)] == ["in a transaction"]
     assert [e.error for e in store.jobs.errors(job.id)] == ["in a transaction"]
+
+
+async def refuse_in_a_coroutine(attempt: int) -> None:
+    await asyncio.sleep(0)
+    raise KeyError(f"missing {attempt}")
+
+
+def test_an_async_handler_failure_records_its_traceback_and_async_errors_reads_it(
+    astore: AsyncStore, store: Store
+) -> None:
+    async def failing(payload: Any, ctx: AsyncJobContext) -> Any:
+        await refuse_in_a_coroutine(ctx.job.attempts)
+
+    async def main() -> list[JobError]:
+        job = await astore.jobs.enqueue("a", max_attempts=1)
+        worker = astore.jobs.create_worker({"a": failing})
+        assert await worker.run_once() is True
+        await worker.stop()
+        return await astore.jobs.errors(job.id)
+
+    [entry] = asyncio.run(asyncio.wait_for(main(), 30))
+    assert (entry.attempt, entry.error) == (1, "KeyError: 'missing 1'")
+    assert entry.traceback is not None
+    assert "in failing" in entry.traceback
+    assert "in refuse_in_a_coroutine" in entry.traceback
+    with pytest.raises(UnknownJob):
+        asyncio.run(astore.jobs.errors("no-such-job"))
