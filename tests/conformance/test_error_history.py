@@ -9,6 +9,7 @@ writes none) and swept with its job. Time is the fake clock's.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import datetime, timezone
 from typing import Any
 
@@ -197,3 +198,16 @@ def test_an_async_handler_failure_records_its_traceback_and_async_errors_reads_i
     assert "in refuse_in_a_coroutine" in entry.traceback
     with pytest.raises(UnknownJob):
         asyncio.run(astore.jobs.errors("no-such-job"))
+
+
+def test_a_lease_naming_another_attempt_records_the_rows_attempt(store: Store) -> None:
+    """A lease made by hand with a wrong attempt number: the row's own count decides."""
+    job = store.jobs.enqueue("k", max_attempts=3)
+    claimed = store.jobs.claim(["k"], owner="w")
+    assert claimed is not None
+    odd = dataclasses.replace(claimed.lease, attempt=2)
+    assert store.jobs.fail(odd, "by hand") is True
+    assert [(e.attempt, e.error) for e in store.jobs.errors(job.id)] == [(1, "by hand")]
+    failed = store.jobs.get(job.id)
+    assert failed is not None
+    assert (failed.state, failed.last_error) == ("failed", "by hand")
