@@ -315,6 +315,7 @@ _COROUTINES = (
     "enqueue",
     "enqueue_many",
     "get",
+    "errors",
     "counts",
     "claim",
     "claim_many",

@@ -35,7 +35,7 @@ from .cursor import Barrier, Cursor, Streaming
 from .engine import wait_plan
 from .errors import StorageError
 from .periodic import Periodic
-from .records import ClaimedJob, Counts, Job, Lease, NewJob, Outcome, StopOutcome
+from .records import ClaimedJob, Counts, Job, JobError, Lease, NewJob, Outcome, StopOutcome
 from .runtime import Defaults
 from .signals import SignalLike
 from .store import Jobs, Store, Transaction, current_task, open_store
@@ -144,6 +144,9 @@ class AsyncJobs:
 
     async def get(self, id: str) -> Job | None:
         return await self._run(self._jobs.get, id)
+
+    async def errors(self, id: str) -> list[JobError]:
+        return await self._run(self._jobs.errors, id)
 
     async def counts(self, *, queue: str | None = None) -> Counts:
         return await self._run(self._jobs.counts, queue=queue)

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AppParams",
     "AppTransaction",
+    "ErrorRow",
     "JobsSession",
     "Missed",
     "Rows",
@@ -52,6 +53,8 @@ __all__ = [
 T = TypeVar("T")
 
 AppParams = Sequence[Any] | Mapping[str, Any]
+#: one error history entry as a backend reads it: attempt, at (epoch ms), error, traceback
+ErrorRow = tuple[int, int, str, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +127,10 @@ class JobsSession(Protocol):
     ) -> list[Job]: ...
 
     def get_job(self, job_id: str, what: str) -> Job | None: ...
+
+    def job_errors(self, job_id: str, what: str) -> list[ErrorRow] | None:
+        """The job's error history, oldest first; ``None`` when no job has this id."""
+        ...
 
     def count_jobs(self, what: str, queue: str | None = None) -> Counts: ...
 

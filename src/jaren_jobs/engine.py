@@ -10,6 +10,7 @@ when the same attempt already settled it, which is idempotent.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .backend import JobsSession, Missed, Scope, SettleAnswer, StoreBackend
 from .checkpoints import CheckpointStore
-from .codec import check_aware, check_text, ms_from_datetime
+from .codec import check_aware, check_text, datetime_from_ms, ms_from_datetime
 from .core import fence
 from .core.commands import (
     ClaimRequest,
@@ -42,11 +43,13 @@ from .errors import (
     JobSettled,
     LeaseLost,
     LeaseRequired,
+    UnknownJob,
 )
-from .records import ClaimedJob, Counts, Job, Lease, NewJob, StopOutcome
+from .records import ClaimedJob, Counts, Job, JobError, Lease, NewJob, StopOutcome
 from .runtime import Defaults, ResolvedRuntime, check_positive_int, check_seconds
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
 from .snooze import snooze_ms
+from .tracebacks import format_traceback
 from .waiting import WaitPlan
 
 if TYPE_CHECKING:
@@ -223,6 +226,26 @@ class JobEngine:
             raise TypeError(f"get(): id must be a str, got {type(id).__name__}")
         check_text(id, "get(): id")
         return self._session.get_job(id, "get()")
+
+    def errors(self, id: str) -> list[JobError]:
+        """The job's error history (SPEC §13): one entry per failed attempt, oldest first.
+
+        Each :class:`~jaren_jobs.JobError` holds the attempt's number, when it
+        failed, the ``last_error`` text it left and the formatted traceback of
+        the exception that failed it (``None`` for a failure given as text).
+        Kept until the job is swept; an id no job has is
+        :class:`~jaren_jobs.UnknownJob`, as for :meth:`wait`.
+        """
+        what = "errors()"
+        if not isinstance(id, str):
+            raise TypeError(f"{what}: id must be a str, got {type(id).__name__}")
+        check_text(id, f"{what}: id")
+        rows = self._session.job_errors(id, what)
+        if rows is None:
+            raise UnknownJob(f"{what}: no job has id {id!r} (never enqueued, or swept)", job_id=id)
+        return [
+            JobError(attempt, _utc(at), error, traceback) for attempt, at, error, traceback in rows
+        ]
 
     def counts(self, *, queue: str | None = None) -> Counts:
         """Jobs per state, and pending + failed jobs per kind, from one snapshot.
@@ -758,8 +781,12 @@ def prepare_failure(
     backoff_cap_seconds: float | None,
     what: str,
 ) -> Failure:
-    """A failure's checks, before any write; the error is described here, once."""
-    return prepare_fail(
+    """A failure's checks, before any write; the error is described here, once.
+
+    An exception instance that was raised (it has a ``__traceback__``) also
+    gives the attempt's history entry its formatted traceback (SPEC §13).
+    """
+    failure = prepare_fail(
         engine._defaults,
         lease,
         error,
@@ -768,3 +795,11 @@ def prepare_failure(
         backoff_cap_seconds=backoff_cap_seconds,
         what=what,
     )
+    text = format_traceback(error, failure.lease.token)
+    return failure if text is None else dataclasses.replace(failure, traceback=text)
+
+
+def _utc(ms: int) -> datetime:
+    at = datetime_from_ms(ms)
+    assert at is not None
+    return at

@@ -19,6 +19,7 @@ __all__ = [
     "CorruptJson",
     "Counts",
     "Job",
+    "JobError",
     "JobState",
     "JsonValue",
     "Lease",
@@ -154,6 +155,31 @@ class Job:
             "updated_at": _iso(self.updated_at),
             "queue": self.queue,
             "unique_key": self.unique_key,
+        }
+
+
+@dataclass(frozen=True)
+class JobError:
+    """One failed attempt of a job, as ``store.jobs.errors(id)`` lists them (SPEC §13).
+
+    ``error`` is the ``last_error`` text that attempt left; ``traceback`` the
+    formatted traceback of the exception that failed it (bounded, the lease
+    token scrubbed), or ``None`` when the failure carried no exception with
+    a traceback (``fail(lease, "text")``). ``at`` is an aware UTC datetime.
+    """
+
+    attempt: int
+    at: datetime
+    error: str
+    traceback: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: ``at`` as an ISO 8601 UTC string with milliseconds."""
+        return {
+            "attempt": self.attempt,
+            "at": _iso(self.at),
+            "error": self.error,
+            "traceback": self.traceback,
         }
 
 

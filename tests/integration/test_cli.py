@@ -117,7 +117,10 @@ def settle(store: Store, kind: str, *, ok_result: Any = None, error: str | None 
     if error is None:
         store.jobs.complete(claimed.lease, ok_result)
     else:
-        store.jobs.fail(claimed.lease, RuntimeError(error), retry=False)
+        try:  # raised, so the failure carries a traceback into the error history
+            raise RuntimeError(error)
+        except RuntimeError as exc:
+            store.jobs.fail(claimed.lease, exc, retry=False)
 
 
 LONG_ERROR = (
@@ -365,8 +368,19 @@ def test_show_prints_every_field_and_the_last_error_in_full(prepared: Prepared) 
         if key == "last_error":
             continue
         assert re.search(rf"^{key} +{re.escape(rendered(value))}$", out, re.MULTILINE), key
-    # the whole error, every line of it, verbatim
-    assert re.search(r"^last_error +" + re.escape(job["last_error"]) + r"\n\Z", out, re.M)
+    # the whole error, every line of it, verbatim, then the error history
+    assert re.search(r"^last_error +" + re.escape(job["last_error"]) + r"\n\n", out, re.M)
+    history = out.split(job["last_error"] + "\n\n", 1)[1]
+    lines = history.splitlines()
+    assert lines[0] == "error history (1 failed attempt(s), oldest first):"
+    assert re.fullmatch(
+        r"  attempt 1  \S+\+00:00  RuntimeError: the image service .{60,}\.\.\.", lines[1]
+    )
+    # the last attempt's traceback, where fail() was given a raised exception
+    assert lines[2:4] == ["", "traceback of attempt 1:"]
+    assert lines[4] == "Traceback (most recent call last):"
+    assert "in settle" in history
+    assert history.rstrip().endswith("third line, indented")
     assert "lease_token" not in out
 
 
@@ -389,7 +403,12 @@ def test_show_json_is_the_jobs_to_dict(prepared: Prepared) -> None:
     for job_id in ("r2", "p2", "e00"):
         out = ok(run_cli("--db", prepared.path, "show", job_id, "--json"))
         assert len(out.splitlines()) == 1
-        assert json.loads(out) == read_job(prepared.path, job_id)
+        shown = json.loads(out)
+        history = shown.pop("errors")
+        assert shown == read_job(prepared.path, job_id)
+        with open_store(prepared.path, readonly=True) as store:
+            assert history == [e.to_dict() for e in store.jobs.errors(job_id)]
+        assert len(history) == (1 if job_id == "r2" else 0)
 
 
 @pytest.mark.parametrize("command", ["show", "cancel", "requeue"])

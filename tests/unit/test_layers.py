@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "jaren_jobs"
 
 # Lowest first. A module may import modules of its own layer or below.
 LAYERS: list[set[str]] = [
-    {"errors", "runtime", "signals", "codec", "records", "cron", "snooze"},
+    {"errors", "runtime", "signals", "codec", "records", "cron", "snooze", "tracebacks"},
     {"core"},
     {"gate", "rows", "backend", "cursor"},
     {"backends"},

@@ -11,6 +11,7 @@ DOCUMENTED = {
     "enqueue",
     "enqueue_many",
     "get",
+    "errors",
     "counts",
     "claim",
     "claim_many",

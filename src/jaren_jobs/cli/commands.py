@@ -98,8 +98,11 @@ def cmd_show(store: Store, args: argparse.Namespace, out: TextIO) -> int:
     if job is None:
         raise CliError(f"no job with id {args.id!r}", EXIT_REFUSED)
     data = job.to_dict()
+    history = store.jobs.errors(args.id)
     if args.json:
-        out.write(json.dumps(data, ensure_ascii=False) + "\n")
+        # the job's own fields, and its error history (SPEC §13) under "errors"
+        shown_json = {**data, "errors": [entry.to_dict() for entry in history]}
+        out.write(json.dumps(shown_json, ensure_ascii=False) + "\n")
         return EXIT_OK
     width = max(len(k) for k in data)
     for key, value in data.items():
@@ -108,6 +111,16 @@ def cmd_show(store: Store, args: argparse.Namespace, out: TextIO) -> int:
         shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         out.write(f"{key.ljust(width)}  {'-' if value is None else shown}\n")
     out.write(f"{'last_error'.ljust(width)}  {job.last_error or '-'}\n")
+    if history:
+        out.write(f"\nerror history ({len(history)} failed attempt(s), oldest first):\n")
+        for entry in history:
+            first = entry.error.splitlines()[0] if entry.error else ""
+            line = first if len(first) <= 100 else first[:97] + "..."
+            at = entry.at.isoformat(timespec="milliseconds")
+            out.write(f"  attempt {entry.attempt}  {at}  {line}\n")
+        last = history[-1]
+        if last.traceback is not None:
+            out.write(f"\ntraceback of attempt {last.attempt}:\n{last.traceback.rstrip()}\n")
     return EXIT_OK
 
 

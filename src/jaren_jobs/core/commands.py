@@ -250,6 +250,8 @@ class Failure:
     retry: bool
     base: float
     cap: float
+    #: the formatted traceback of the exception that failed the attempt, if any
+    traceback: str | None = None
 
 
 def prepare_fail(

@@ -274,12 +274,20 @@ def test_the_one_round_trip_writes_use_the_primary_key(pg: PostgresUrl) -> None:
         "complete, notifying": (sql.SETTLE_DONE_NOTIFY, {**fence, "result": None, "settled": "c"}),
         "fail, notifying": (
             sql.FAIL_NOTIFY,
-            {**fence, "error": "e", "retry": True, "run_at": 1, "attempts": 1, "settled": "c"},
+            {
+                **fence,
+                "error": "e",
+                "retry": True,
+                "run_at": 1,
+                "attempts": 1,
+                "settled": "c",
+                "traceback": None,
+            },
         ),
         "snooze": (sql.SNOOZE, {**fence, "run_at": 1}),
         "fail": (
             sql.FAIL,
-            {**fence, "error": "e", "retry": True, "run_at": 1, "attempts": 1},
+            {**fence, "error": "e", "retry": True, "run_at": 1, "attempts": 1, "traceback": None},
         ),
         "checkpoint": (
             sql.CHECKPOINT_SAVE,

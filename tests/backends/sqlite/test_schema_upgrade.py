@@ -504,7 +504,9 @@ def test_round_1_live_rows_upgrade_in_place_to_queues_and_unique_keys(
 
     build_round_1(db_path)
     with open_store(db_path, runtime=runtime) as store:
-        assert query(db_path, 'SELECT value FROM "_jaren_meta"') == [("4",)]
+        assert query(db_path, 'SELECT value FROM "_jaren_meta"') == [("5",)]
+        # 5: the error history table, empty after the upgrade
+        assert query(db_path, 'SELECT count(*) FROM "_jaren_job_errors"') == [(0,)]
         indexes = {
             r[0] for r in query(db_path, "SELECT name FROM sqlite_master WHERE type = 'index'")
         }

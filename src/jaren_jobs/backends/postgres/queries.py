@@ -12,6 +12,7 @@ from functools import lru_cache
 
 JOBS = '"_jaren_jobs"'
 CHECKPOINTS = '"_jaren_job_checkpoints"'
+ERRORS = '"_jaren_job_errors"'
 META = '"_jaren_meta"'
 
 # same order as the SQLite backend's: the row mappers index by position
@@ -198,20 +199,28 @@ _ANSWER_NOTIFY = "FROM (SELECT pg_notify(%(settled)s, '')) AS one LEFT JOIN cur 
 
 
 def fenced(
-    assignments: str, *, guard: str = "", returning: str | None = None, notify: bool = False
+    assignments: str,
+    *,
+    guard: str = "",
+    returning: str | None = None,
+    notify: bool = False,
+    also: str = "",
 ) -> str:
     """``UPDATE … SET assignments`` of job ``%(id)s`` under the fence (and ``guard``),
     answering whether it wrote, ``returning``'s columns (if any), then the fence row.
 
-    ``notify``: the statement also sends ``NOTIFY`` on the ``%(settled)s`` channel."""
+    ``notify``: the statement also sends ``NOTIFY`` on the ``%(settled)s`` channel.
+    ``also``: more CTEs after ``written`` (which they may read), run by the
+    same statement (no ``returning`` then)."""
     written = "(SELECT count(*) FROM written)"
     answer = _ANSWER_NOTIFY if notify else _ANSWER
     if returning is None:
         return f"""WITH {_CUR},
   written AS (UPDATE {JOBS} AS j SET {assignments}
     FROM cur WHERE j.id = %(id)s AND {_fence_on("cur")} AND {_fence_on("j")}{guard}
-    RETURNING 1)
+    RETURNING 1){also}
 SELECT {written}, cur.* {answer}"""
+    assert not also
     return f"""WITH {_CUR},
   written AS (UPDATE {JOBS} AS j SET {assignments}
     FROM cur WHERE j.id = %(id)s AND {_fence_on("cur")} AND {_fence_on("j")}{guard}
@@ -270,8 +279,21 @@ _FAIL = (
     "last_error = %(error)s, lease_until = NULL, lease_token = NULL, "
     "settled_generation = j.lease_generation, updated_at = %(now)s"
 )
-FAIL = fenced(_FAIL, guard=" AND j.attempts = %(attempts)s")
-FAIL_NOTIFY = fenced(_FAIL, guard=" AND j.attempts = %(attempts)s", notify=True)
+# the attempt's error history entry (SPEC §13), in the failure's own statement:
+# a row exactly when the failure was written
+_FAIL_HISTORY = f""",
+  history AS (INSERT INTO {ERRORS} (job_id, attempt, at, error, traceback)
+    SELECT %(id)s, %(attempts)s, %(now)s, %(error)s, %(traceback)s FROM written
+    ON CONFLICT (job_id, attempt, at) DO NOTHING)"""
+FAIL = fenced(_FAIL, guard=" AND j.attempts = %(attempts)s", also=_FAIL_HISTORY)
+FAIL_NOTIFY = fenced(_FAIL, guard=" AND j.attempts = %(attempts)s", notify=True, also=_FAIL_HISTORY)
+# the history entry of the fallback's SETTLE_RETRY / SETTLE_DEAD (same transaction)
+INSERT_ERROR = f"""INSERT INTO {ERRORS} (job_id, attempt, at, error, traceback)
+  VALUES (%(id)s, %(attempt)s, %(now)s, %(error)s, %(traceback)s)
+  ON CONFLICT (job_id, attempt, at) DO NOTHING"""
+JOB_EXISTS = f"SELECT 1 FROM {JOBS} WHERE id = %s"
+READ_ERRORS = f"""SELECT attempt, at, error, traceback FROM {ERRORS}
+  WHERE job_id = %s ORDER BY attempt, at"""
 
 # A snooze (SPEC §12): pending again at now + delay, the claim's attempt given
 # back, the lease cleared; the generation stays (the snoozed lease stays
@@ -327,7 +349,8 @@ _SWEEP_SELECTION = f"""SELECT id FROM {JOBS}
     ORDER BY updated_at, id LIMIT %(limit)s"""
 
 SWEEP = f"""WITH gone AS (DELETE FROM {JOBS} WHERE id IN ({_SWEEP_SELECTION}) RETURNING id),
-  cleared AS (DELETE FROM {CHECKPOINTS} WHERE run_id IN (SELECT id FROM gone))
+  cleared AS (DELETE FROM {CHECKPOINTS} WHERE run_id IN (SELECT id FROM gone)),
+  history AS (DELETE FROM {ERRORS} WHERE job_id IN (SELECT id FROM gone))
 SELECT count(*) FROM gone"""
 
 COUNT_BY_STATE = f"SELECT state, count(*) FROM {JOBS} GROUP BY state"

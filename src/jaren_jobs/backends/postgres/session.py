@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jaren_jobs.backend import Missed, Scope, SettleAnswer, StoreBackend
+from jaren_jobs.backend import ErrorRow, Missed, Scope, SettleAnswer, StoreBackend
 from jaren_jobs.core.commands import ClaimRequest, Failure, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
 from jaren_jobs.core.policy import failure_transition, retry_at_ms
@@ -251,6 +251,17 @@ class PostgresSession:
     def get_job(self, job_id: str, what: str) -> Job | None:
         row = self._scope.read(lambda: self._db.one(sql.GET_JOB, (job_id,), doing=what), what)
         return None if row is None else job_from_row(row)
+
+    def job_errors(self, job_id: str, what: str) -> list[ErrorRow] | None:
+        def work() -> list[ErrorRow] | None:
+            if self._db.one(sql.JOB_EXISTS, (job_id,), doing=what) is None:
+                return None
+            rows = self._db.all(sql.READ_ERRORS, (job_id,), doing=what)
+            return [
+                (int(a), int(t), str(e), None if tb is None else str(tb)) for a, t, e, tb in rows
+            ]
+
+        return self._scope.read(work, what)
 
     def count_jobs(self, what: str, queue: str | None = None) -> Counts:
         if queue is not None:
@@ -509,12 +520,14 @@ class PostgresSession:
         if failure.retry:
             draw = self._runtime.random()
             run_at = retry_at_ms(now, current.attempt, failure.base, failure.cap, draw)
+        traceback = None if failure.traceback is None else _pg_text(failure.traceback)
         params = {
             **fenced,
             "error": error,
             "retry": bool(failure.retry),
             "run_at": run_at,
             "attempts": current.attempt,
+            "traceback": traceback,
         }
         statement = sql.FAIL
         if notify and self._settled is not None:
@@ -538,6 +551,8 @@ class PostgresSession:
         else:  # the draw made for the lease's attempt, recomputed for the row's
             run_at = retry_at_ms(now, attempts, failure.base, failure.cap, draw)
             self._db.run(sql.SETTLE_RETRY, {**fenced, "error": error, "run_at": run_at}, doing=what)
+        entry = {"id": current.job_id, "attempt": attempts, "now": now, "error": error}
+        self._db.run(sql.INSERT_ERROR, {**entry, "traceback": traceback}, doing=what)
         return True
 
     def release_within(self, leases: Sequence[Lease], now: int, what: str) -> int:

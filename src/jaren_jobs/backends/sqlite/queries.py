@@ -14,12 +14,14 @@ from functools import lru_cache
 
 JOBS = '"_jaren_jobs"'
 CHECKPOINTS = '"_jaren_job_checkpoints"'
+ERRORS = '"_jaren_job_errors"'
 META = '"_jaren_meta"'
 
 # 1: the fenced schema; 2: the (state, kind) index leaves leased rows out;
 # 3: claim_key, which names the attempt that settled a row; 4: queue and
-# unique_key (SPEC §12), the queue-first ready index, the unique-key index
-SCHEMA_VERSION = 4
+# unique_key (SPEC §12), the queue-first ready index, the unique-key index;
+# 5: the error history table (SPEC §13)
+SCHEMA_VERSION = 5
 
 # the column order every job SELECT/RETURNING uses; engine rows map by index.
 # The free texts (payload, result, last_error) come back as their bytes, which
@@ -54,6 +56,13 @@ CREATE_JOBS = f"""CREATE TABLE IF NOT EXISTS {JOBS} (
 CREATE_CHECKPOINTS = f"""CREATE TABLE IF NOT EXISTS {CHECKPOINTS} (
   run_id TEXT NOT NULL, node_id TEXT NOT NULL,
   value TEXT NOT NULL, PRIMARY KEY (run_id, node_id))"""
+
+# one row per failed attempt (SPEC §13), written by the failure's own
+# transaction and deleted with its job by the sweep. The primary key is the
+# order errors() reads them in; WITHOUT ROWID keeps a job's rows together.
+CREATE_ERRORS = f"""CREATE TABLE IF NOT EXISTS {ERRORS} (
+  job_id TEXT NOT NULL, attempt INTEGER NOT NULL, at INTEGER NOT NULL,
+  error TEXT NOT NULL, traceback TEXT, PRIMARY KEY (job_id, attempt, at)) WITHOUT ROWID"""
 
 CREATE_META = f"""CREATE TABLE IF NOT EXISTS {META} (
   key TEXT PRIMARY KEY, value TEXT NOT NULL)"""
@@ -469,7 +478,16 @@ _SWEEP_SELECTION = f"""SELECT id FROM {JOBS} INDEXED BY "_jaren_jobs_settled"
     ORDER BY updated_at, id LIMIT :limit"""
 
 SWEEP_CHECKPOINTS = f"DELETE FROM {CHECKPOINTS} WHERE run_id IN ({_SWEEP_SELECTION})"
+SWEEP_ERRORS = f"DELETE FROM {ERRORS} WHERE job_id IN ({_SWEEP_SELECTION})"
 SWEEP_JOBS = f"DELETE FROM {JOBS} WHERE id IN ({_SWEEP_SELECTION})"
+
+# the history entry of a failure just written under the fence (same transaction)
+INSERT_ERROR = f"""INSERT OR REPLACE INTO {ERRORS} (job_id, attempt, at, error, traceback)
+  VALUES (:id, :attempt, :now, :error, :traceback)"""
+JOB_EXISTS = f"SELECT 1 FROM {JOBS} WHERE id = ?"
+# the texts as their bytes, decoded by the row mapper (as a job's last_error)
+READ_ERRORS = f"""SELECT attempt, at, CAST(error AS BLOB), CAST(traceback AS BLOB) FROM {ERRORS}
+  WHERE job_id = ? ORDER BY attempt, at"""
 
 COUNT_BY_STATE = f"""SELECT state, COUNT(*) FROM {JOBS} INDEXED BY "_jaren_jobs_unleased"
   WHERE state <> 'leased' GROUP BY state"""

@@ -69,7 +69,7 @@ def _upgrade(db: Database) -> None:
     _refuse_newer(version)
     if version == sql.SCHEMA_VERSION:
         return
-    for statement in (sql.CREATE_JOBS, sql.CREATE_CHECKPOINTS, sql.CREATE_META):
+    for statement in (sql.CREATE_JOBS, sql.CREATE_CHECKPOINTS, sql.CREATE_ERRORS, sql.CREATE_META):
         db.run(statement, doing=what)
     for table, column, definition in sql.ADDED_COLUMNS:
         present = {row[0] for row in db.all(sql.table_columns(table), doing=what)}

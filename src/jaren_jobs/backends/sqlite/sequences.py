@@ -202,6 +202,10 @@ class Sequences:
                 {**fenced, "error": failure.message, "run_at": run_at},
                 doing=what,
             )
+        # the history entry in the failure's own transaction: never one without the other
+        entry = {"id": current.job_id, "attempt": attempts, "now": now}
+        entry |= {"error": failure.message, "traceback": failure.traceback}
+        self._db.run(sql.INSERT_ERROR, entry, doing=what)
         return True
 
     def snooze_within(self, item: Snoozing, now: int, what: str) -> bool | Missed:

@@ -14,13 +14,13 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jaren_jobs.backend import Missed, Scope, SettleAnswer, StoreBackend
+from jaren_jobs.backend import ErrorRow, Missed, Scope, SettleAnswer, StoreBackend
 from jaren_jobs.core.commands import ClaimRequest, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
 from jaren_jobs.core.settle import SettleBatch
 from jaren_jobs.errors import DuplicateJob, key_held
 from jaren_jobs.records import STATES, ClaimedJob, Counts, Job, Lease
-from jaren_jobs.rows import inserted_job, job_from_row, lease_from_row
+from jaren_jobs.rows import inserted_job, job_from_row, lease_from_row, stored_text
 from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike
 
@@ -107,6 +107,19 @@ class SqliteSession:
     def get_job(self, job_id: str, what: str) -> Job | None:
         row = self._scope.read(lambda: self._db.one(sql.GET_JOB, (job_id,), doing=what), what)
         return None if row is None else job_from_row(row, self._db.text_codec)
+
+    def job_errors(self, job_id: str, what: str) -> list[ErrorRow] | None:
+        def work() -> list[ErrorRow] | None:
+            if self._db.one(sql.JOB_EXISTS, (job_id,), doing=what) is None:
+                return None
+            rows = self._db.all(sql.READ_ERRORS, (job_id,), doing=what)
+            codec = self._db.text_codec
+            return [
+                (int(a), int(t), stored_text(e, codec) or "", stored_text(tb, codec))
+                for a, t, e, tb in rows
+            ]
+
+        return self._scope.read(work, what)
 
     def count_jobs(self, what: str, queue: str | None = None) -> Counts:
         if queue is not None:
@@ -213,6 +226,7 @@ class SqliteSession:
 
         def work() -> int:
             self._db.run(sql.SWEEP_CHECKPOINTS, params, doing=what)
+            self._db.run(sql.SWEEP_ERRORS, params, doing=what)
             return self._db.changes(sql.SWEEP_JOBS, params, doing=what)
 
         return self._scope.write(work, what, signal)
