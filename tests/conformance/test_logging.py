@@ -92,12 +92,16 @@ def test_a_failed_attempt_is_a_warning_with_its_traceback(
     (record,) = [r for r in of_job(logs.records, "a") if r.levelno > logging.DEBUG]
     assert (record.name, record.levelno) == (WORKER_LOG, logging.WARNING)
     message = record.getMessage()
-    assert "'k'" in message and "attempt 1 of 3" in message and "retried" in message
+    assert "'k'" in message
+    assert "attempt 1 of 3" in message
+    assert "retried" in message
     assert "division by zero in a" in message
-    assert record.exc_info is not None and record.exc_info[0] is ZeroDivisionError
+    assert record.exc_info is not None
+    assert record.exc_info[0] is ZeroDivisionError
     assert "exploding_handler" in logging.Formatter().formatException(record.exc_info)
     job = store.jobs.get("a")
-    assert job is not None and job.state == "failed"
+    assert job is not None
+    assert job.state == "failed"
     assert_no_token(logs.records, tokens)
 
 
@@ -124,11 +128,14 @@ def test_a_dead_letter_is_an_error_with_its_traceback(
         (WORKER_LOG, logging.ERROR),
     ]
     dead = loud[1]
-    assert "attempt 2 of 2" in dead.getMessage() and "dead letter" in dead.getMessage()
-    assert dead.exc_info is not None and dead.exc_info[0] is ValueError
+    assert "attempt 2 of 2" in dead.getMessage()
+    assert "dead letter" in dead.getMessage()
+    assert dead.exc_info is not None
+    assert dead.exc_info[0] is ValueError
     assert "doomed_handler" in logging.Formatter().formatException(dead.exc_info)
     job = store.jobs.get("a")
-    assert job is not None and job.state == "dead"
+    assert job is not None
+    assert job.state == "dead"
     assert_no_token(logs.records, tokens)
 
 
@@ -148,7 +155,8 @@ def test_a_successful_job_logs_nothing_above_debug(
     worker = store.jobs.create_worker({"k": handler})
     assert worker.run_once() is True
     job = store.jobs.get("ok")
-    assert job is not None and job.state == "done"
+    assert job is not None
+    assert job.state == "done"
 
     assert [r for r in logs.records if r.levelno > logging.DEBUG] == []
     debug = of_job(logs.records, "ok")
@@ -185,7 +193,9 @@ def test_a_lost_attempt_is_a_warning_naming_its_refusal(
     (record,) = [r for r in of_job(logs.records, "a") if r.levelno > logging.DEBUG]
     assert (record.name, record.levelno) == (WORKER_LOG, logging.WARNING)
     message = record.getMessage()
-    assert "lost" in message and LeaseSuperseded.code in message and "completion" in message
+    assert "lost" in message
+    assert LeaseSuperseded.code in message
+    assert "completion" in message
     assert_no_token(logs.records, tokens)
 
 
@@ -248,9 +258,12 @@ def test_a_workers_start_and_stop_are_info(store: Store, logs: pytest.LogCapture
     info = [r for r in logs.records if r.levelno == logging.INFO and r.name == WORKER_LOG]
     assert len(info) == 2, info
     started_line, stopped_line = (r.getMessage() for r in info)
-    assert "'w-logs'" in started_line and "started" in started_line
-    assert "concurrency 2" in started_line and "['mail']" in started_line
-    assert "'w-logs'" in stopped_line and "stopped" in stopped_line
+    assert "'w-logs'" in started_line
+    assert "started" in started_line
+    assert "concurrency 2" in started_line
+    assert "['mail']" in started_line
+    assert "'w-logs'" in stopped_line
+    assert "stopped" in stopped_line
     assert repr(stopped) in stopped_line
     # a second stop() reports again without a second line
     assert worker.stop() == stopped
@@ -270,7 +283,8 @@ def test_the_workers_records_are_on_jaren_jobs_worker(
             raise RuntimeError("boom")
 
     worker = store.jobs.create_worker({"k": handler})
-    assert worker.run_once() and worker.run_once()
+    assert worker.run_once()
+    assert worker.run_once()
     # the worker's lines are on its own child logger, not on the root of the tree
     assert {r.name for r in logs.records} == {WORKER_LOG}
     assert {r.levelname for r in logs.records} == {"DEBUG", "ERROR"}
@@ -314,9 +328,11 @@ def test_an_async_handlers_failure_and_dead_letter_are_logged(
         (WORKER_LOG, logging.ERROR),
     ]
     for record in loud:
-        assert record.exc_info is not None and record.exc_info[0] is KeyError
+        assert record.exc_info is not None
+        assert record.exc_info[0] is KeyError
         assert "async_failing_handler" in logging.Formatter().formatException(record.exc_info)
     assert [r for r in of_job(logs.records, "b") if r.levelno > logging.DEBUG] == []
     job = store.jobs.get("a")
-    assert job is not None and job.state == "dead"
+    assert job is not None
+    assert job.state == "dead"
     assert_no_token(logs.records, tokens)
