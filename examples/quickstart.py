@@ -5,12 +5,21 @@ Runs on a throwaway database: ``python examples/quickstart.py``.
 
 from __future__ import annotations
 
+import logging
+import sys
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
 import jaren_jobs
+
+
+class OneLine(logging.Formatter):
+    """One line per record: the traceback a failed attempt carries is left out here."""
+
+    def formatException(self, ei: Any) -> str:
+        return ""
 
 
 def send_email(payload: dict[str, Any], ctx: Any) -> str:
@@ -24,6 +33,12 @@ def flaky(payload: dict[str, Any], ctx: Any) -> None:
 
 
 def main() -> None:
+    # the library logs under "jaren_jobs" and leaves handlers to the application:
+    # here one line per record, without the tracebacks the failed attempts carry
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(OneLine("log: %(levelname)s %(name)s %(message)s"))
+    logging.getLogger("jaren_jobs").addHandler(handler)
+    logging.getLogger("jaren_jobs").setLevel(logging.INFO)
     path = Path(tempfile.mkdtemp()) / "app.db"
     defaults = {"backoff_base_seconds": 0.05, "poll_seconds": 0.05}
     with jaren_jobs.open_store(path, defaults=defaults) as store:

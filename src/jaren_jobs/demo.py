@@ -8,6 +8,7 @@ from its checkpoints instead of starting over.
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import threading
 import time
@@ -49,6 +50,20 @@ def run_demo(*, db: str | None, jobs: int, out: TextIO) -> int:
     ``db`` names a database to keep (the caller has checked that it holds no
     jobs); without it the demo runs on a temporary file removed at the end.
     """
+    # the demo fails attempts and dead-letters jobs on purpose and reports
+    # them itself; without this, Python's last-resort handler would print
+    # each of their WARNING/ERROR log lines (and tracebacks) to stderr. An
+    # application's own logging configuration (a root handler) still sees them.
+    quiet = logging.NullHandler()
+    library = logging.getLogger("jaren_jobs")
+    library.addHandler(quiet)
+    try:
+        return _run_demo(db, jobs, out)
+    finally:
+        library.removeHandler(quiet)
+
+
+def _run_demo(db: str | None, jobs: int, out: TextIO) -> int:
     if db:
         # a path is bytes: one that is not UTF-8 is shown escaped, never a traceback
         shown = db.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")

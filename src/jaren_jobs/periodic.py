@@ -30,7 +30,7 @@ from .runtime import resolve_defaults
 
 __all__ = ["Periodic", "Ticker", "check_schedules"]
 
-_log = logging.getLogger("jaren_jobs")
+_log = logging.getLogger("jaren_jobs.periodic")
 
 # the states in which a tick's job is still "the previous run, unsettled"
 _UNSETTLED = frozenset({"pending", "leased", "failed"})

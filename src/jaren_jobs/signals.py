@@ -274,7 +274,7 @@ def _safe_call(callback: Callable[[], None]) -> None:
     try:
         callback()
     except Exception:  # a subscriber's failure must not break the abort
-        logging.getLogger("jaren_jobs").exception("a signal callback raised")
+        logging.getLogger("jaren_jobs.signals").exception("a signal callback raised")
 
 
 def _noop() -> None:

@@ -58,8 +58,16 @@ def wait_ready(process: subprocess.Popen[str]) -> re.Match[str]:
     return ready
 
 
-def stop(process: subprocess.Popen[str], signum: int) -> tuple[re.Match[str], str]:
-    """Send ``signum``; the worker must exit 0 with one summary line and no stderr."""
+def stop(
+    process: subprocess.Popen[str], signum: int, logged: tuple[str, ...] = ()
+) -> tuple[re.Match[str], str]:
+    """Send ``signum``; the worker must exit 0 with one summary line.
+
+    Its stderr holds only the library's WARNING-or-worse log lines (Python's
+    last-resort handler prints them when nothing configured logging): one
+    per text of ``logged``, each holding that text, with any traceback
+    following it; nothing else.
+    """
     process.send_signal(signum)
     try:
         stdout, stderr = process.communicate(timeout=WAIT_SECONDS)
@@ -67,7 +75,14 @@ def stop(process: subprocess.Popen[str], signum: int) -> tuple[re.Match[str], st
         process.kill()
         raise
     assert process.returncode == 0, stderr
-    assert stderr == ""
+    log_lines = [line for line in stderr.splitlines() if line.startswith("jaren_jobs:")]
+    assert len(log_lines) == len(logged), stderr
+    for line, text in zip(log_lines, logged, strict=True):
+        assert text in line, stderr
+    if not logged:
+        assert stderr == ""
+    else:
+        assert stderr.startswith("jaren_jobs:"), stderr
     lines = stdout.splitlines()
     assert len(lines) == 1, stdout  # the ready line was already read
     summary = SUMMARY.match(lines[0])
@@ -121,7 +136,12 @@ def test_worker_process_runs_jobs_enqueued_later_and_drains_on_a_signal(
             )
 
         wait_until(worked, "the worker to run every job")
-        summary, _ = stop(process, signum)
+        # the dead letter is the one line the worker logs (at ERROR, with its traceback)
+        summary, _ = stop(
+            process,
+            signum,
+            (f"job {doomed.id!r} (kind 'explode') attempt 1 of 1 failed; dead letter",),
+        )
     finally:
         if process.poll() is None:  # pragma: no cover - only when an assertion failed early
             process.kill()

@@ -30,7 +30,7 @@ from .pacing import _Batch, ahead, averaged
 if TYPE_CHECKING:
     from .threaded import Worker
 
-_log = logging.getLogger("jaren_jobs")
+_log = logging.getLogger("jaren_jobs.worker")
 
 
 # the WorkerStats counter each outcome counts in
@@ -104,6 +104,7 @@ class _Attempt:
         "cancelled",
         "claimed",
         "ended",
+        "error",
         "key",
         "lease",
         "lease_lock",
@@ -131,6 +132,8 @@ class _Attempt:
         self.lost_row: FenceRow | None = None
         self.ended = False  # no renewal once set
         self.renew_at = 0.0  # time.monotonic() when the lease is next renewed
+        # what the handler raised (or what failed it instead): its traceback is logged
+        self.error: BaseException | None = None
 
     @property
     def job_id(self) -> str:
@@ -307,6 +310,7 @@ def _call(self: Worker, attempt: _Attempt, ran: list[_Ran]) -> Outcome | None:
             )
         result = handler(claimed.payload, ctx)
     except Exception as exc:
+        attempt.error = exc
         ran.append((attempt, exc, None))
     else:
         ran.append((attempt, None, result))
@@ -363,6 +367,8 @@ def _end(self: Worker, attempt: _Attempt, outcome: Outcome) -> None:
     with self._lock:
         self._attempts.pop(attempt.key, None)
         self._counts[counter] += 1
+    # logged here, once per attempt, before the observer sees it
+    self._log_outcome(attempt, outcome)
     self._notify("on_outcome", self._on_outcome, outcome)
 
 

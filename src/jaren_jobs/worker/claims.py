@@ -23,7 +23,7 @@ from .pacing import _Batch, ramped
 if TYPE_CHECKING:
     from .threaded import Worker
 
-_log = logging.getLogger("jaren_jobs")
+_log = logging.getLogger("jaren_jobs.worker")
 
 
 def _release_unstarted(self: Worker) -> None:

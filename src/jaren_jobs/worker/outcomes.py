@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from jaren_jobs.core.fence import FenceRow, settled_by
+from jaren_jobs.core.policy import failure_transition
 from jaren_jobs.core.settle import Completion, Snoozing
 from jaren_jobs.errors import (
     GateRefused,
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from .settler import _Entry
     from .threaded import Worker
 
-_log = logging.getLogger("jaren_jobs")
+_log = logging.getLogger("jaren_jobs.worker")
 
 
 Phase = Literal["completion", "failure", "snooze"]
@@ -76,6 +77,7 @@ def _finish(self: Worker, entry: _Entry) -> Outcome:
             exc,
         )
         entry.error = exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+        attempt.error = entry.error
         entry.item = self._failure(item.lease, entry.error)
         self._submit([entry])
         exc = entry.met
@@ -217,6 +219,83 @@ def _outcome(
             "reason": reason,
         },
     )
+
+
+def _log_outcome(self: Worker, attempt: _Attempt, outcome: Outcome) -> None:
+    """One line per attempt, at the level its outcome deserves (SPEC §13 "Logs").
+
+    A completion or a snooze is routine (DEBUG); a cancellation is an
+    operator's act (INFO); a failed attempt that will be retried is a
+    WARNING with the handler's traceback, a dead letter an ERROR with it; a
+    lost attempt (refused by name, or barred by a stop) a WARNING. The line
+    names the job, its kind, the attempt and the outcome, never the lease
+    token (a :class:`~jaren_jobs.Lease` is never formatted here).
+    """
+    name = outcome.outcome
+    if name in ("completed", "snoozed"):
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug(
+                "jaren_jobs: worker %r: job %r (kind %r) attempt %d %s%s",
+                self.owner,
+                outcome.job_id,
+                outcome.kind,
+                outcome.attempt,
+                name,
+                f": {outcome.reason}" if outcome.reason else "",
+            )
+        return
+    if name == "cancelled":
+        _log.info(
+            "jaren_jobs: worker %r: job %r (kind %r) attempt %d cancelled",
+            self.owner,
+            outcome.job_id,
+            outcome.kind,
+            outcome.attempt,
+        )
+        return
+    if name == "lost":
+        _log.warning(
+            "jaren_jobs: worker %r: job %r (kind %r) attempt %d lost%s%s: %s",
+            self.owner,
+            outcome.job_id,
+            outcome.kind,
+            outcome.attempt,
+            f" at its {outcome.phase}" if outcome.phase else "",
+            f" ({outcome.code})" if outcome.code else "",
+            outcome.reason,
+        )
+        return
+    error = attempt.error
+    retry = error is None or _retryable(error)
+    most = attempt.claimed.max_attempts
+    dead = failure_transition(outcome.attempt, most, retry=retry) == "dead"
+    # the handler's own exception, with its traceback (None when the attempt
+    # was failed through its lease rather than by raising)
+    exc_info = error if error is not None and error.__traceback__ is not None else None
+    if dead:
+        _log.error(
+            "jaren_jobs: worker %r: job %r (kind %r) attempt %d of %d failed; dead letter%s: %s",
+            self.owner,
+            outcome.job_id,
+            outcome.kind,
+            outcome.attempt,
+            most,
+            "" if retry else " (the error says no retry can cure it)",
+            outcome.reason,
+            exc_info=exc_info,
+        )
+    else:
+        _log.warning(
+            "jaren_jobs: worker %r: job %r (kind %r) attempt %d of %d failed; it will be "
+            "retried: %s",
+            self.owner,
+            outcome.job_id,
+            outcome.kind,
+            outcome.attempt,
+            most,
+            outcome.reason,
+            exc_info=exc_info,
+        )
 
 
 def _interrupted(worker: Worker, attempt: _Attempt) -> Outcome:

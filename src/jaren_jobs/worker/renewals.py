@@ -22,7 +22,7 @@ from .attempt import _Attempt
 if TYPE_CHECKING:
     from .threaded import Worker
 
-_log = logging.getLogger("jaren_jobs")
+_log = logging.getLogger("jaren_jobs.worker")
 
 _RENEW = "renew()"  # what a renewal's refusals and errors name, as engine.renew()'s do
 
@@ -142,7 +142,7 @@ def _renew_attempt(self: Worker, attempt: _Attempt) -> None:
             refused = renewal_refusal(answer.row, lease, now, _RENEW)
             attempt.lost, attempt.lost_row = refused, answer.row
             attempt.scope.abort(refused)
-            _log.info(
+            _log.warning(
                 "jaren_jobs: worker %r lost the lease on job %r: %s",
                 self.owner,
                 attempt.job_id,

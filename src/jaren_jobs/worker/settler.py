@@ -27,7 +27,7 @@ from .pacing import _Batch
 if TYPE_CHECKING:
     from .threaded import Worker
 
-_log = logging.getLogger("jaren_jobs")
+_log = logging.getLogger("jaren_jobs.worker")
 
 
 # the most returned attempts waiting for the settling thread; past it, loops wait

@@ -38,7 +38,7 @@ from .settler import _Entry
 from .tracking import _TrackedScope
 
 _worker_numbers = itertools.count(1)
-_log = logging.getLogger("jaren_jobs")
+_log = logging.getLogger("jaren_jobs.worker")
 
 # how long stop() waits, once the grace period is over, for handlers whose
 # tasks it cancelled to raise and be handed back, before it bars them
@@ -252,6 +252,14 @@ class Worker:
         for thread in threads:
             thread.start()
         self._start_ticker()
+        _log.info(
+            "jaren_jobs: worker %r started: concurrency %d, kinds %s, queues %s, lease %gs",
+            self.owner,
+            self.concurrency,
+            self._kinds,
+            "all" if self.queues is None else list(self.queues),
+            self.lease_seconds,
+        )
         return self
 
     def run_once(self) -> bool:
@@ -350,7 +358,19 @@ class Worker:
             if first:
                 self._release_unstarted()
                 self._quiesce()
-            return StopOutcome(drained=undrained == 0, in_flight=undrained)
+            outcome = StopOutcome(drained=undrained == 0, in_flight=undrained)
+            if first:
+                # once per worker: a repeated stop() only reports again
+                _log.info(
+                    "jaren_jobs: worker %r stopped: %s (grace %gs)%s",
+                    self.owner,
+                    outcome,
+                    grace,
+                    ""
+                    if outcome.drained
+                    else f"; {undrained} attempt(s) did not finish within the grace period",
+                )
+            return outcome
 
     def __enter__(self) -> Worker:
         return self.start()
@@ -444,6 +464,7 @@ class Worker:
     _truth = outcomes._truth
     _snoozed = outcomes._snoozed
     _outcome = outcomes._outcome
+    _log_outcome = outcomes._log_outcome
 
     # renewals.py: renewals
     _renewals_due = renewals._renewals_due

@@ -11,7 +11,7 @@ from jaren_jobs.errors import JobsError
 if TYPE_CHECKING:
     from .threaded import Worker
 
-_log = logging.getLogger("jaren_jobs")
+_log = logging.getLogger("jaren_jobs.worker")
 
 
 def _start_ticker(self: Worker) -> None:

@@ -19,7 +19,7 @@ from jaren_jobs.signals import Signal, SignalLike
 if TYPE_CHECKING:
     from .threaded import Worker
 
-_log = logging.getLogger("jaren_jobs")
+_log = logging.getLogger("jaren_jobs.worker")
 T = TypeVar("T")
 
 

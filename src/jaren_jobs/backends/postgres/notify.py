@@ -23,7 +23,7 @@ from .connection import connect_settings
 
 __all__ = ["Listener"]
 
-_log = logging.getLogger("jaren_jobs")
+_log = logging.getLogger("jaren_jobs.postgres")
 
 # how long one wait for notifications lasts: the bound on noticing a stop
 _WAIT_SECONDS = 1.0
