@@ -188,7 +188,7 @@ def test_claims_by_queue_and_unique_keys_use_their_indexes(pg: PostgresUrl) -> N
     )  # fmt: skip
     assert "_jaren_jobs_unique" in unique, unique
     assert "Seq Scan" not in unique
-    requeue = _plan(pg, sql.REQUEUE, {"id": "x", "now": now})
+    requeue = _plan(pg, sql.REQUEUE, {"id": "x", "now": now, "reset": False})
     assert "Seq Scan" not in requeue
     assert "_jaren_jobs_unique" in requeue, requeue
     counted = store.jobs.counts(queue="q3")
