@@ -1,4 +1,4 @@
-"""The fixture every test of PostgreSQL's own mechanics shares."""
+"""The fixtures the tests of PostgreSQL's own mechanics share."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_postgres
+from jaren_jobs import Runtime, Store
+from tests.conftest import FakeClock, Sequence, require_postgres
 from tests.harness import PostgresUrl
 
 
@@ -20,3 +21,10 @@ def pg(tmp_path: Path) -> Iterator[PostgresUrl]:
         yield harness
     finally:
         harness.close()
+
+
+@pytest.fixture
+def store(pg: PostgresUrl, clock: FakeClock) -> Store:
+    """A store on ``pg`` with the fake clock and deterministic ids and tokens."""
+    ids = Sequence()
+    return pg.open(runtime=Runtime(now=clock.now, random=ids.random, uuid=ids.uuid))

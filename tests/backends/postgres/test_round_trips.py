@@ -27,12 +27,11 @@ from jaren_jobs import (
     LeaseExpired,
     LeaseSuperseded,
     NewJob,
-    Runtime,
     Store,
 )
 from jaren_jobs.core.settle import Completion, SettleBatch
 from jaren_jobs.engine import settle
-from tests.conftest import FakeClock, Sequence
+from tests.conftest import FakeClock
 from tests.harness import PostgresUrl
 
 psycopg = pytest.importorskip("psycopg", reason="the dev extra installs psycopg")
@@ -40,17 +39,6 @@ pq = psycopg.pq
 
 WAIT = 10.0
 _SENT = re.compile(r"^F\t\d+\t(?:Parse\t \"[^\"]*\"|Query\t) \"(.*)", re.S)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def store(pg: PostgresUrl, clock: FakeClock) -> Store:
-    ids = Sequence()
-    return pg.open(runtime=Runtime(now=clock.now, random=ids.random, uuid=ids.uuid))
 
 
 @contextmanager

@@ -10,44 +10,21 @@ connection of the test's own.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from jaren_jobs import Runtime, Store
+from jaren_jobs import Store
 from jaren_jobs.backends.postgres.session import settled_channel
 from jaren_jobs.backends.postgres.store import channel_name
 from jaren_jobs.core.commands import Failure
 from jaren_jobs.core.settle import Completion, SettleBatch, Snoozing
 from jaren_jobs.engine import settle
 from tests.backends.postgres.test_round_trips import _on_tables, wire
-from tests.conftest import FakeClock, Sequence, require_postgres
 from tests.harness import PostgresUrl
 
 psycopg = pytest.importorskip("psycopg", reason="the dev extra installs psycopg")
 
 WAIT = 10.0
-
-
-@pytest.fixture
-def pg(tmp_path: Path) -> Iterator[PostgresUrl]:
-    require_postgres()
-    harness = PostgresUrl(tmp_path / "unused.db")
-    try:
-        yield harness
-    finally:
-        harness.close()
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def store(pg: PostgresUrl, clock: FakeClock) -> Store:
-    ids = Sequence()
-    return pg.open(runtime=Runtime(now=clock.now, random=ids.random, uuid=ids.uuid))
 
 
 class Listening:

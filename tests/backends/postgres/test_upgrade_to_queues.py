@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,20 +12,10 @@ from jaren_jobs import Runtime
 from jaren_jobs.backends.postgres import queries as sql
 from jaren_jobs.backends.postgres.schema import MIGRATIONS, SCHEMA_VERSION
 from tests.backends import round1
-from tests.conftest import FakeClock, require_postgres
+from tests.conftest import FakeClock
 from tests.harness import PostgresUrl
 
 psycopg = pytest.importorskip("psycopg", reason="the dev extra installs psycopg")
-
-
-@pytest.fixture
-def pg(tmp_path: Path) -> Iterator[PostgresUrl]:
-    require_postgres()
-    harness = PostgresUrl(tmp_path / "unused.db")
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 def build_round_1(pg: PostgresUrl) -> None:
