@@ -7,6 +7,6 @@ workers = 2
 
 def post_fork(server, worker):
     # runs in each worker right after fork(), before it serves a request
-    from shop import eager
+    from shop import eager  # noqa: PLC0415 (the app module, imported by then)
 
     eager.reopen_store()

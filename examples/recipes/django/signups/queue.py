@@ -4,8 +4,9 @@
 import os
 import threading
 
-import jaren_jobs
 from django.conf import settings
+
+import jaren_jobs
 
 _lock = threading.Lock()
 _store = None

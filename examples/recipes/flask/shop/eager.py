@@ -7,9 +7,9 @@ store, whose first use raises StoreClosed (JD2091). gunicorn_conf.py's
 post_fork hook gives each worker its own.
 """
 
-import jaren_jobs
 from flask import Flask, abort, request
 
+import jaren_jobs
 from shop.db import DATABASE, sql
 
 store = jaren_jobs.open_store(DATABASE)  # under --preload: the arbiter's
