@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.docs.test_examples import RECIPE_FILE, REPO, fenced_blocks, shown_recipe_file
+from tests.docs.test_examples import (
+    EXAMPLES,
+    RECIPE_FILE,
+    REPO,
+    fenced_blocks,
+    shown_recipe_file,
+)
 
 PAGE = REPO / "docs" / "recipes.md"
 RECIPES = REPO / "examples" / "recipes"
@@ -60,3 +66,16 @@ def test_the_page_is_linked_from_the_readme_and_the_index() -> None:
     first_screen = "\n".join(readme.splitlines()[:40])
     assert "(docs/recipes.md)" in first_screen
     assert "(recipes.md)" in (REPO / "docs" / "index.md").read_text(encoding="utf-8")
+
+
+def test_the_fastapi_recipe_the_page_points_to_is_run_by_the_docs_tests() -> None:
+    assert "(asyncio.md#fastapi)" in PAGE.read_text(encoding="utf-8")
+    page = REPO / "docs" / "asyncio.md"
+    assert "\n## FastAPI\n" in page.read_text(encoding="utf-8")
+    executed = [block.code for block in EXAMPLES if block.page == page]
+    assert any(
+        "FastAPI(lifespan=lifespan)" in code
+        and "create_worker(" in code
+        and "await tx.jobs.enqueue(" in code
+        for code in executed
+    )
