@@ -98,7 +98,20 @@ def run_python(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-EXAMPLES = all_python_blocks()
+# a block whose first line names a file under examples/recipes/ ("# examples/recipes/...")
+# shows that file verbatim: tests/docs/test_recipes_page.py checks the two agree, and the
+# tests/integration/test_recipes_*.py run the files as the page says (servers, processes)
+RECIPE_FILE = re.compile(r"^# (examples/recipes/\S+)$")
+
+
+def shown_recipe_file(block: Block) -> Path | None:
+    """The recipe file ``block`` shows, if it shows one."""
+    first = block.code.split("\n", 1)[0]
+    named = RECIPE_FILE.match(first)
+    return None if named is None else REPO / named.group(1)
+
+
+EXAMPLES = [block for block in all_python_blocks() if shown_recipe_file(block) is None]
 
 
 @pytest.mark.parametrize("block", EXAMPLES, ids=[b.name for b in EXAMPLES])
