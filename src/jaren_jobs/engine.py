@@ -31,7 +31,7 @@ from .core.commands import (
     prepare_job,
     require_lease,
 )
-from .core.fence import moved_or_refused
+from .core.fence import FenceRow, moved_or_refused
 from .core.policy import backoff_seconds, is_lease_lost, lease_ms
 from .core.settle import SNOOZE, Completion, SettleBatch, Settlement, Snoozing
 from .errors import (
@@ -42,7 +42,7 @@ from .errors import (
     UnknownJob,
 )
 from .history import error_records, prepare_failure_with, prepare_snoozing
-from .hub import EngineHub
+from .hub import CancelRequested, EngineHub
 from .records import ClaimedJob, Counts, Job, JobError, Lease, NewJob
 from .runtime import ResolvedRuntime, check_positive_int
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
@@ -256,7 +256,7 @@ class JobEngine:
         seconds = check_lease_seconds(self._defaults, lease_seconds, what)
         answer = self._session.renew(current, lease_ms(seconds), what)
         if not isinstance(answer, Missed):
-            return answer
+            return answer.lease
         refusal = self._refused(answer, current, what)
         # a settled job cannot be renewed, whoever settled it
         raise refusal or JobSettled(
@@ -381,6 +381,7 @@ class JobEngine:
         lease: Lease | None = None,
         signal: SignalLike | None = None,
         deadline: datetime | None = None,
+        force: bool = False,
     ) -> bool:
         """Cancel a job.
 
@@ -391,9 +392,29 @@ class JobEngine:
         call cancelled it; ``False`` when it already was cancelled, or the
         lease's own attempt already settled it. Unknown or settled:
         :class:`JobSettled`.
+
+        ``force=True`` (SPEC §13; no lease, so not with ``lease=``) also
+        stops a running job: a job no live attempt holds (queued, or leased
+        with a lease that ran out) is cancelled at once; a live-leased one is
+        *marked* and the call answers ``True``: the attempt holding it sees
+        ``ctx.signal`` abort (:class:`~jaren_jobs.hub.CancelRequested`) — at
+        once in this process, by its next renewal in another (sooner through
+        PostgreSQL's NOTIFY) — and its worker settles it ``cancelled``. An
+        attempt that completes first stands (``done``); a failure or snooze
+        of a marked job cancels it (no retry). If the holder never settles,
+        the job is ``cancelled`` when its lease expires, never re-claimed. A
+        second forced cancel while the mark stands answers ``False`` (already
+        asked); done, dead or unknown is :class:`JobSettled`.
         """
         what = "cancel()"
         job_id = check_id(id, f"{what}: id")
+        if not isinstance(force, bool):
+            raise TypeError(f"{what}: force must be a bool, got {type(force).__name__}")
+        if force and lease is not None:
+            raise ValueError(
+                f"{what}: force=True cancels without a lease; pass either lease= (the "
+                "holder's own cancel) or force=True, not both"
+            )
         current = None if lease is None else self._require_lease(lease, what)
         if current is not None and current.job_id != job_id:
             raise LeaseRequired(
@@ -406,6 +427,8 @@ class JobEngine:
         dl = check_deadline_arg(deadline, what)
         refuse_if_cancelled(sig, dl, self._runtime.now(), what)
 
+        if force:
+            return self._cancel_forced(job_id, what, sig)
         if current is None:
             moved = moved_or_refused(
                 self._session.cancel_queued(job_id, what, sig),
@@ -432,6 +455,30 @@ class JobEngine:
         self._session.after_commit(lambda: self._hub.abort_local(job_id, reason))
         self._session.after_commit(self._hub.settled)
         return True
+
+    def _cancel_forced(self, job_id: str, what: str, sig: SignalLike | None) -> bool:
+        answer = self._session.cancel_forced(job_id, what, sig)
+        if answer == "cancelled":
+            self._session.after_commit(self._hub.settled)
+            return True
+        if answer == "marked":
+            reason = CancelRequested(
+                f"job {job_id!r} was cancelled by cancel(id, force=True): wind up; the job "
+                "ends cancelled unless this attempt completes first",
+                job_id=job_id,
+            )
+            self._session.after_commit(lambda: self._hub.abort_local(job_id, reason))
+            return True
+        if isinstance(answer, FenceRow) and answer.state == "leased":
+            return False  # marked already: this call asked nothing new
+        return moved_or_refused(
+            answer,
+            job_id,
+            what,
+            unchanged="cancelled",
+            leased="is leased",  # not reached: a live lease is marked
+            settled="already settled",
+        )
 
     def requeue(
         self,

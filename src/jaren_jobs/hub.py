@@ -11,10 +11,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .errors import OperationCancelled
 from .records import StopOutcome
 from .runtime import Defaults, ResolvedRuntime
 
-__all__ = ["EngineHub", "Stoppable"]
+__all__ = ["CancelRequested", "EngineHub", "Stoppable"]
+
+
+class CancelRequested(OperationCancelled):
+    """``ctx.signal.reason`` when ``cancel(id, force=True)`` asked the running attempt to stop.
+
+    The job is not settled yet: the attempt winds up, and its worker settles
+    it ``cancelled`` through its own lease — unless the handler completes
+    first, which stands (``done``).
+    """
 
 
 class Stoppable(Protocol):
@@ -42,6 +52,9 @@ class EngineHub:
     # wait() calls of this process, woken by every settlement's commit
     # (each a thread-safe callable that never blocks)
     settle_waiters: set[Callable[[], None]] = field(default_factory=set)
+    # each live worker's "renew the lease on this job now, if you hold it":
+    # what another process's forced cancel (PostgreSQL's NOTIFY) calls
+    renewers: set[Callable[[str], None]] = field(default_factory=set)
 
     def settled(self) -> None:
         """A settlement committed (here, or in another process): every waiter reads again."""
@@ -55,6 +68,17 @@ class EngineHub:
             wakers = list(self.wakers)
         for wake in wakers:
             wake()
+
+    def cancel_requested(self, job_id: str) -> None:
+        """Another process marked ``job_id`` for cancellation: its holder here renews now.
+
+        The renewal reads the mark back and aborts the attempt; a worker not
+        holding the job does nothing. Never blocks (the listener's thread calls it).
+        """
+        with self.lock:
+            renewers = list(self.renewers)
+        for renew in renewers:
+            renew(job_id)
 
     def abort_local(self, job_id: str, reason: Any) -> None:
         with self.lock:

@@ -13,7 +13,15 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jaren_jobs.backend import ErrorRow, Missed, Scope, SettleAnswer, StoreBackend
+from jaren_jobs.backend import (
+    ErrorRow,
+    ForcedAnswer,
+    Missed,
+    Renewal,
+    Scope,
+    SettleAnswer,
+    StoreBackend,
+)
 from jaren_jobs.core.commands import ClaimRequest, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
 from jaren_jobs.core.settle import SettleBatch
@@ -30,7 +38,7 @@ from .settling import PgSettling, fence_row_of
 if TYPE_CHECKING:
     from jaren_jobs.cursor import Cursor
 
-__all__ = ["PostgresSession", "settled_channel"]
+__all__ = ["PostgresSession", "cancel_channel", "settled_channel"]
 
 
 def settled_channel(channel: str) -> str:
@@ -42,10 +50,20 @@ def settled_channel(channel: str) -> str:
     return name if len(name.encode()) <= 63 else f"{channel[:54]}.settled"
 
 
+def cancel_channel(channel: str) -> str:
+    """The channel ``cancel(id, force=True)`` of a running job notifies, naming the job.
+
+    Its own channel: only the process holding that job's attempt acts on it
+    (it renews that lease at once), and nothing else wakes for it.
+    """
+    name = f"{channel}.cancel"
+    return name if len(name.encode()) <= 63 else f"{channel[:55]}.cancel"
+
+
 T = TypeVar("T")
 
 
-_JOB_WIDTH = 18  # the columns of sql.JOB_COLUMNS
+_JOB_WIDTH = 19  # the columns of sql.JOB_COLUMNS
 _UNIQUE_TRIES = 8  # inserts of one unique-key enqueue before it gives up
 
 
@@ -68,6 +86,7 @@ class PostgresSession:
         self._runtime = runtime
         self._channel = channel
         self._settled = None if channel is None else settled_channel(channel)
+        self._cancel = None if channel is None else cancel_channel(channel)
         self._settling = PgSettling(db, runtime, channel, self._settled)
 
     @property
@@ -227,7 +246,11 @@ class PostgresSession:
         ]
 
     def get_job(self, job_id: str, what: str) -> Job | None:
-        row = self._scope.read(lambda: self._db.one(sql.GET_JOB, (job_id,), doing=what), what)
+        def work() -> tuple[Any, ...] | None:
+            params = {"id": job_id, "now": self._runtime.now_ms()}
+            return self._db.one(sql.GET_JOB, params, doing=what)
+
+        row = self._scope.read(work, what)
         return None if row is None else job_from_row(row)
 
     def job_errors(self, job_id: str, what: str) -> list[ErrorRow] | None:
@@ -246,7 +269,8 @@ class PostgresSession:
             return self._count_queue(queue, what)
 
         def work() -> Counts:
-            by_state = {str(s): int(n) for s, n in self._db.all(sql.COUNT_BY_STATE, doing=what)}
+            rows = self._db.all(sql.COUNT_BY_STATE, {"now": self._runtime.now_ms()}, doing=what)
+            by_state = {str(s): int(n) for s, n in rows}
             kinds = self._db.all(sql.COUNT_PENDING_KINDS, doing=what)
             known = {s: by_state.get(s, 0) for s in STATES}
             return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds})
@@ -255,9 +279,10 @@ class PostgresSession:
 
     def _count_queue(self, queue: str, what: str) -> Counts:
         def work() -> Counts:
-            rows = self._db.all(sql.COUNT_QUEUE_BY_STATE, (queue,), doing=what)
+            params = {"queue": queue, "now": self._runtime.now_ms()}
+            rows = self._db.all(sql.COUNT_QUEUE_BY_STATE, params, doing=what)
             by_state = {str(s): int(n) for s, n in rows}
-            kinds = self._db.all(sql.COUNT_QUEUE_PENDING_KINDS, (queue,), doing=what)
+            kinds = self._db.all(sql.COUNT_QUEUE_PENDING_KINDS, {"queue": queue}, doing=what)
             known = {s: by_state.get(s, 0) for s in STATES}
             return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds})
 
@@ -317,8 +342,8 @@ class PostgresSession:
             return True
         return Missed(fence_row_of(row[1:]))
 
-    def renew(self, lease: Lease, lease_ms: int, what: str) -> Lease | Missed:
-        def work() -> Lease | Missed:
+    def renew(self, lease: Lease, lease_ms: int, what: str) -> Renewal | Missed:
+        def work() -> Renewal | Missed:
             now = self._runtime.now_ms()
             params = {
                 "until": now + lease_ms,
@@ -330,7 +355,9 @@ class PostgresSession:
             row = self._db.one(sql.RENEW, params, doing=what)
             assert row is not None
             if row[0]:
-                return lease_from_row(row[1 : 1 + _JOB_WIDTH], lease.claim_key)
+                fresh = lease_from_row(row[1 : 1 + _JOB_WIDTH], lease.claim_key)
+                # the row says whether a forced cancel marked it (its last column)
+                return Renewal(fresh, row[_JOB_WIDTH] is not None)
             return Missed(fence_row_of(row[1 + _JOB_WIDTH :]))
 
         return self._scope.write(work, what)
@@ -339,10 +366,28 @@ class PostgresSession:
         self, job_id: str, what: str, signal: SignalLike | None
     ) -> bool | FenceRow | None:
         def work() -> bool | FenceRow | None:
-            now = self._runtime.now_ms()
-            if self._db.changes(sql.CANCEL_QUEUED, {"id": job_id, "now": now}, doing=what):
+            params = {"id": job_id, "now": self._runtime.now_ms()}
+            if self._db.changes(sql.CANCEL_QUEUED, params, doing=what):
                 self._notify_settled(what)
                 return True
+            # a marked lease that ran out is cancelled already: the row says so
+            self._db.run(sql.MATERIALISE_ONE, params, doing=what)
+            return self._fence_row(job_id, what)
+
+        return self._scope.write(work, what, signal)
+
+    def cancel_forced(self, job_id: str, what: str, signal: SignalLike | None) -> ForcedAnswer:
+        def work() -> ForcedAnswer:
+            params = {"id": job_id, "now": self._runtime.now_ms()}
+            if self._db.changes(sql.CANCEL_NOW, params, doing=what):
+                self._notify_settled(what)
+                return "cancelled"
+            if self._db.changes(sql.MARK_CANCEL, params, doing=what):
+                if self._cancel is not None:
+                    notice = {"channel": self._cancel, "id": job_id}
+                    self._db.run(sql.NOTIFY_CANCEL, notice, doing=what)
+                return "marked"
+            self._db.run(sql.MATERIALISE_ONE, params, doing=what)
             return self._fence_row(job_id, what)
 
         return self._scope.write(work, what, signal)
@@ -406,6 +451,8 @@ class PostgresSession:
         params = {"horizon": horizon_ms, "limit": limit}
 
         def work() -> int:
+            # marked leases that ran out are cancelled, aged from their expiry
+            self._db.run(sql.MATERIALISE_ALL, {"now": self._runtime.now_ms()}, doing=what)
             row = self._db.one(sql.SWEEP, params, doing=what)
             return 0 if row is None else int(row[0])
 
