@@ -128,7 +128,8 @@ def test_a_running_handler_sees_its_signal_abort_and_the_job_ends_cancelled(
     assert (stored.state, stored.attempts) == ("cancelled", 1)  # never retried
     assert runs == [1]
     aborted = [r for r in caplog.records if "force=True" in r.getMessage()]
-    assert aborted and aborted[0].levelno == logging.INFO
+    assert aborted
+    assert aborted[0].levelno == logging.INFO
     assert worker.stats().cancellations == 1
 
 
