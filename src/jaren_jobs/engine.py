@@ -10,98 +10,47 @@ when the same attempt already settled it, which is idempotent.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from .admin import cancel_job, requeue_job
 from .backend import JobsSession, Missed, Scope, SettleAnswer, StoreBackend
 from .checkpoints import CheckpointStore
-from .codec import check_aware, check_text, datetime_from_ms, ms_from_datetime
+from .codec import check_aware, check_text, ms_from_datetime
 from .core import fence
 from .core.commands import (
     ClaimRequest,
     Failure,
     PreparedJob,
-    check_id,
     check_lease_seconds,
     check_queue,
     claim_request,
     prepare_complete,
-    prepare_fail,
     prepare_job,
     require_lease,
 )
-from .core.fence import FenceRow
 from .core.policy import backoff_seconds, is_lease_lost, lease_ms
 from .core.settle import SNOOZE, Completion, SettleBatch, Settlement, Snoozing
 from .errors import (
     DuplicateJob,
-    GateRefused,
     JobSettled,
     LeaseLost,
     LeaseRequired,
     UnknownJob,
 )
-from .records import ClaimedJob, Counts, Job, JobError, Lease, NewJob, StopOutcome
-from .runtime import Defaults, ResolvedRuntime, check_positive_int, check_seconds
+from .history import error_records, prepare_failure_with, prepare_snoozing
+from .hub import EngineHub
+from .records import ClaimedJob, Counts, Job, JobError, Lease, NewJob
+from .runtime import ResolvedRuntime, check_positive_int
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
-from .snooze import snooze_ms
-from .tracebacks import format_traceback
-from .waiting import WaitPlan
+from .waiting import WaitPlan, plan_wait
 
 if TYPE_CHECKING:
     from .cursor import Cursor
 
 __all__ = ["ClaimRequest", "EngineHub", "Failure", "JobEngine", "backoff_seconds", "is_lease_lost"]
-
-
-class Stoppable(Protocol):
-    """What the store's close() needs of a live worker (the worker layer sits above)."""
-
-    def stop(self, grace_seconds: float | None = None) -> StopOutcome: ...
-
-
-@dataclass
-class EngineHub:
-    """What every engine view of one store shares: clock, defaults, wake-ups, attempts."""
-
-    runtime: ResolvedRuntime
-    defaults: Defaults
-    wakers: set[Callable[[], None]] = field(default_factory=set)
-    # in-flight attempts of THIS process by job id -> abort(reason); the
-    # fence guarantees at most one live attempt per job
-    local_attempts: dict[str, Callable[[Any], None]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    # live workers of this store, so close() can stop them first
-    workers: set[Stoppable] = field(default_factory=set)
-    # kinds -> (data_version, total_changes, next due ms) as of the last root
-    # claim of those kinds that found nothing; read and written under the gate
-    idle_claims: dict[tuple[str, ...], tuple[int, int, int | None]] = field(default_factory=dict)
-    # wait() calls of this process, woken by every settlement's commit
-    # (each a thread-safe callable that never blocks)
-    settle_waiters: set[Callable[[], None]] = field(default_factory=set)
-
-    def settled(self) -> None:
-        """A settlement committed (here, or in another process): every waiter reads again."""
-        with self.lock:
-            waiters = list(self.settle_waiters)
-        for wake in waiters:
-            wake()
-
-    def wake(self) -> None:
-        with self.lock:
-            wakers = list(self.wakers)
-        for wake in wakers:
-            wake()
-
-    def abort_local(self, job_id: str, reason: Any) -> None:
-        with self.lock:
-            abort = self.local_attempts.get(job_id)
-        if abort is not None:
-            abort(reason)
 
 
 class JobEngine:
@@ -243,9 +192,7 @@ class JobEngine:
         rows = self._session.job_errors(id, what)
         if rows is None:
             raise UnknownJob(f"{what}: no job has id {id!r} (never enqueued, or swept)", job_id=id)
-        return [
-            JobError(attempt, _utc(at), error, traceback) for attempt, at, error, traceback in rows
-        ]
+        return error_records(rows)
 
     def counts(self, *, queue: str | None = None) -> Counts:
         """Jobs per state, and pending + failed jobs per kind, from one snapshot.
@@ -308,7 +255,7 @@ class JobEngine:
         seconds = check_lease_seconds(self._defaults, lease_seconds, what)
         answer = self._session.renew(current, lease_ms(seconds), what)
         if not isinstance(answer, Missed):
-            return answer
+            return answer.lease
         refusal = self._refused(answer, current, what)
         # a settled job cannot be renewed, whoever settled it
         raise refusal or JobSettled(
@@ -368,8 +315,8 @@ class JobEngine:
         ``last_error`` records a readable description of ``error``.
         """
         what = "fail()"
-        failure = prepare_failure(
-            self,
+        failure = prepare_failure_with(
+            self._defaults,
             lease,
             error,
             retry=retry,
@@ -390,10 +337,7 @@ class JobEngine:
         bool is refused). What a handler does by raising
         :class:`~jaren_jobs.Snooze`.
         """
-        what = SNOOZE
-        current = self._require_lease(lease, what)
-        delay = check_seconds(delay_seconds, f"{what}: delay_seconds", allow_zero=True)
-        return self._settle_one(Snoozing(current, snooze_ms(delay)), what)
+        return self._settle_one(prepare_snoozing(lease, delay_seconds), SNOOZE)
 
     def wait(
         self,
@@ -436,6 +380,7 @@ class JobEngine:
         lease: Lease | None = None,
         signal: SignalLike | None = None,
         deadline: datetime | None = None,
+        force: bool = False,
     ) -> bool:
         """Cancel a job.
 
@@ -446,47 +391,30 @@ class JobEngine:
         call cancelled it; ``False`` when it already was cancelled, or the
         lease's own attempt already settled it. Unknown or settled:
         :class:`JobSettled`.
-        """
-        what = "cancel()"
-        job_id = check_id(id, f"{what}: id")
-        current = None if lease is None else self._require_lease(lease, what)
-        if current is not None and current.job_id != job_id:
-            raise LeaseRequired(
-                f"{what}: the lease given belongs to job {current.job_id!r}, not {job_id!r}; "
-                "pass the lease of the job being cancelled",
-                job_id=job_id,
-                lease_job_id=current.job_id,
-            )
-        sig = check_signal_arg(signal, what)
-        dl = check_deadline_arg(deadline, what)
-        refuse_if_cancelled(sig, dl, self._runtime.now(), what)
 
-        if current is None:
-            moved = _moved_or_refused(
-                self._session.cancel_queued(job_id, what, sig),
-                job_id,
-                what,
-                unchanged="cancelled",
-                leased="is claimed — cancelling a claimed job takes the lease its attempt holds "
-                "(cancel(id, lease=...)), so no stranger settles another's work; or wait for "
-                "it to settle",
-                settled="already settled",
-            )
-            if moved:
-                self._session.after_commit(self._hub.settled)
-            return moved
-        leased = self._session.cancel_leased(current, what, sig)
-        if isinstance(leased, Missed):
-            self._settled(leased, current, what)
-            return False  # this attempt already settled it
-        reason = JobSettled(
-            f"job {job_id!r} was cancelled; this attempt no longer speaks for it",
-            job_id=job_id,
-            cancelled=True,
+        ``force=True`` (SPEC §13; no lease, so not with ``lease=``) also
+        stops a running job: a job no live attempt holds (queued, or leased
+        with a lease that ran out) is cancelled at once; a live-leased one is
+        *marked* and the call answers ``True``: the attempt holding it sees
+        ``ctx.signal`` abort (:class:`~jaren_jobs.hub.CancelRequested`) — at
+        once in this process, by its next renewal in another (sooner through
+        PostgreSQL's NOTIFY) — and its worker settles it ``cancelled``. An
+        attempt that completes first stands (``done``); a failure or snooze
+        of a marked job cancels it (no retry). If the holder never settles,
+        the job is ``cancelled`` when its lease expires, never re-claimed. A
+        second forced cancel while the mark stands answers ``False`` (already
+        asked); done, dead or unknown is :class:`JobSettled`.
+        """
+        return cancel_job(
+            self._session,
+            self._hub,
+            self._runtime,
+            id,
+            lease=lease,
+            signal=signal,
+            deadline=deadline,
+            force=force,
         )
-        self._session.after_commit(lambda: self._hub.abort_local(job_id, reason))
-        self._session.after_commit(self._hub.settled)
-        return True
 
     def requeue(
         self,
@@ -511,38 +439,15 @@ class JobEngine:
         instead of resuming: the way out of a ``RunMismatch``. A refusal
         deletes nothing.
         """
-        what = "requeue()"
-        job_id = check_id(id, f"{what}: id")
-        if not isinstance(drop_checkpoints, bool):
-            raise TypeError(
-                f"{what}: drop_checkpoints must be a bool, got {type(drop_checkpoints).__name__}"
-            )
-        if not isinstance(reset_attempts, bool):
-            raise TypeError(
-                f"{what}: reset_attempts must be a bool, got {type(reset_attempts).__name__}"
-            )
-        sig = check_signal_arg(signal, what)
-        dl = check_deadline_arg(deadline, what)
-        refuse_if_cancelled(sig, dl, self._runtime.now(), what)
-
-        answer = self._session.requeue(
-            job_id,
+        return requeue_job(
+            self._session,
+            self._hub,
+            self._runtime,
+            id,
+            signal=signal,
+            deadline=deadline,
             drop_checkpoints=drop_checkpoints,
             reset_attempts=reset_attempts,
-            what=what,
-            signal=sig,
-        )
-        if answer is True:
-            self._session.after_commit(self._hub.wake)
-            return True
-        return _moved_or_refused(
-            answer,
-            job_id,
-            what,
-            unchanged="pending",
-            leased="holds a live lease — requeue is not a steal; cancel the attempt with its "
-            "lease, or wait for the lease to expire",
-            settled="a completed job is not re-run; enqueue new work under a new id",
         )
 
     def sweep(
@@ -605,31 +510,6 @@ class JobEngine:
             lambda: claimed.lease,
             self._hub.settled,
         )
-
-
-def _moved_or_refused(
-    answer: bool | FenceRow | None,
-    job_id: str,
-    what: str,
-    *,
-    unchanged: str,
-    leased: str,
-    settled: str,
-) -> bool:
-    """An administrative write's answer: ``True`` moved it, ``False`` it already was
-    ``unchanged``; a live lease is :class:`LeaseRequired`, anything else :class:`JobSettled`."""
-    if answer is True:
-        return True
-    state = answer.state if isinstance(answer, FenceRow) else None
-    if state is None:
-        raise JobSettled(f"{what} refused: job {job_id!r} is unknown", job_id=job_id)
-    if state == unchanged:
-        return False
-    if state == "leased":
-        raise LeaseRequired(f"{what} refused: job {job_id!r} {leased}", job_id=job_id)
-    raise JobSettled(
-        f"{what} refused: job {job_id!r} is {state!r} — {settled}", job_id=job_id, state=state
-    )
 
 
 # ---------------------------------------------------------------- internals
@@ -735,26 +615,14 @@ def _woken(engine: JobEngine, batch: SettleBatch, answer: SettleAnswer) -> None:
 
 def wait_plan(engine: JobEngine, id: object, timeout_seconds: object, signal: object) -> WaitPlan:
     """``wait()``'s checked arguments and refusals before it waits (sync and async alike)."""
-    what = "wait()"
-    job_id = check_id(id, f"{what}: id")
-    timeout = (
-        None
-        if timeout_seconds is None
-        else check_seconds(timeout_seconds, f"{what}: timeout_seconds", allow_zero=True)
+    return plan_wait(
+        engine._session,
+        engine._hub,
+        engine._runtime,
+        id=id,
+        timeout_seconds=timeout_seconds,
+        signal=signal,
     )
-    sig = check_signal_arg(signal, what)
-    refuse_if_cancelled(sig, None, engine._runtime.now(), what)
-    backend = engine._session.store_backend
-    backend.check_open(what)
-    if not engine._session.scope.root or backend.in_my_transaction():
-        raise GateRefused(
-            f"{what} was called inside store.transaction(): the transaction holds the "
-            "store's connection, so no other settlement could ever be seen from it; wait "
-            "after the transaction ends (store.jobs.wait)",
-            reason="reentrant",
-            job_id=job_id,
-        )
-    return WaitPlan(engine._hub, backend, job_id=job_id, timeout=timeout, signal=sig, what=what)
 
 
 def claim_request_for(
@@ -781,12 +649,8 @@ def prepare_failure(
     backoff_cap_seconds: float | None,
     what: str,
 ) -> Failure:
-    """A failure's checks, before any write; the error is described here, once.
-
-    An exception instance that was raised (it has a ``__traceback__``) also
-    gives the attempt's history entry its formatted traceback (SPEC §13).
-    """
-    failure = prepare_fail(
+    """A failure's checks before any write, with the engine's defaults (group commit)."""
+    return prepare_failure_with(
         engine._defaults,
         lease,
         error,
@@ -795,11 +659,3 @@ def prepare_failure(
         backoff_cap_seconds=backoff_cap_seconds,
         what=what,
     )
-    text = format_traceback(error, failure.lease.token)
-    return failure if text is None else dataclasses.replace(failure, traceback=text)
-
-
-def _utc(ms: int) -> datetime:
-    at = datetime_from_ms(ms)
-    assert at is not None
-    return at

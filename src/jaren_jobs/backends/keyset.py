@@ -42,8 +42,10 @@ class _KeysetRows:
         after: str,
         limit: int,
         check: Callable[[], object] | None,
+        now_ms: Callable[[], int],
     ) -> None:
         self._fetch_one, self._release = fetch
+        self._now_ms = now_ms
         self._params = params
         self._last = after
         self._left = limit
@@ -57,7 +59,9 @@ class _KeysetRows:
             raise StopIteration
         if self._check is not None:
             self._check()
-        row = self._fetch_one({**self._params, "after": self._last, "limit": 1})
+        # now: a marked lease that ran out reads as cancelled (its effective state)
+        params = {**self._params, "after": self._last, "limit": 1, "now": self._now_ms()}
+        row = self._fetch_one(params)
         if row is None:
             self._left = 0
             raise StopIteration
@@ -125,7 +129,12 @@ def page_cursor(
 
     return Cursor(
         open_rows=lambda: _KeysetRows(
-            open_fetch(statement), params=params, after=after_, limit=limit_, check=check
+            open_fetch(statement),
+            params=params,
+            after=after_,
+            limit=limit_,
+            check=check,
+            now_ms=runtime.now_ms,
         ),
         map_row=map_row,
         wrap=wrap,
