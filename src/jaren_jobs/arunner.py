@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from .checkpoints import CheckpointStore
 
-__all__ = ["AsyncCheckpointStore", "LoopPoster", "TaskRouted", "ThreadRunner"]
+__all__ = ["AsyncCheckpointStore", "CallerThread", "LoopPoster", "TaskRouted", "ThreadRunner"]
 
 T = TypeVar("T")
 
@@ -119,16 +119,21 @@ class ThreadRunner:
             item = take()
             if item is None:
                 return
-            context, fn, future, poster = item
+            self._answer(item)
             del item
-            if future.cancelled():  # a racy read, as concurrent.futures' own: it only skips
-                continue
-            try:
-                ok, value = True, context.run(fn)
-            except BaseException as exc:  # handed to the awaiting task, as an executor does
-                ok, value = False, exc
-            poster.post(_settle(future, ok, value))
-            del context, fn, future, value
+
+    @staticmethod
+    def _answer(
+        item: tuple[contextvars.Context, Callable[[], Any], Any, LoopPoster], skip: bool = True
+    ) -> None:
+        context, fn, future, poster = item
+        if skip and future.cancelled():  # a racy read, as concurrent.futures' own: it only skips
+            return
+        try:
+            ok, value = True, context.run(fn)
+        except BaseException as exc:  # handed to the awaiting task, as an executor does
+            ok, value = False, exc
+        poster.post(_settle(future, ok, value))
 
     async def run(self, fn: Callable[[], T]) -> T:
         return await self.submit(fn)
@@ -157,6 +162,45 @@ class ThreadRunner:
             started = self._started
         for _ in range(started):
             self._queue.put(None)
+
+
+class CallerThread(ThreadRunner):
+    """A runner with no thread of its own: the thread that calls :meth:`serve` runs the
+    calls the loop queues, until :meth:`release` — each to its end, even one whose
+    awaiter was cancelled meanwhile.
+
+    The AsyncWorker's loop thread that handed its queue of jobs to the event loop
+    waits in :meth:`serve`, and so is still there for what must not run on the
+    loop: a plain handler, a wait for the settling thread.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, 1)
+        self._started = 1  # never starts a thread: serve() is its thread
+
+    def serve(self, gone: Callable[[], bool], poll_seconds: float = 1.0) -> None:
+        """Run the queued calls until :meth:`release`, or until ``gone()`` (polled while
+        idle: the loop closed, so nothing will release it)."""
+        take = self._queue.get
+        while True:
+            try:
+                item = take(timeout=poll_seconds)
+            except queue.Empty:
+                if gone():
+                    return
+                continue
+            if item is None:
+                return
+            # run even if its awaiter was cancelled: the worker's calls must end
+            self._answer(item, skip=False)
+            del item
+
+    def release(self) -> None:
+        """From the loop: :meth:`serve` returns once the calls queued before this have run."""
+        self._queue.put(None)
+
+    def shutdown(self) -> None:
+        self.release()
 
 
 class TaskRouted(ThreadRunner):
