@@ -226,6 +226,15 @@ _IN_RUN: contextvars.ContextVar[AsyncWorker | None] = contextvars.ContextVar(
 )
 
 
+def _on_loop(worker: Worker, kind: str) -> bool:
+    """Whether ``kind``'s handler is awaited on the loop (a lookup that raises: no, and
+    the thread worker's own lookup fails the attempt)."""
+    try:
+        return isinstance(worker._handlers.get(kind), _OnLoop)
+    except Exception:
+        return False
+
+
 class _Interrupted(Exception):
     """A plain handler run for a queue run raised KeyboardInterrupt/SystemExit (its
     thread re-raises it once the run is over)."""
@@ -410,7 +419,7 @@ class _QueueRun:
                 if attempt is None:
                     continue  # cancelled before it started
                 worker._top_up(batch)  # the next jobs come while this one runs
-                if not isinstance(worker._handlers.get(claimed.kind), _OnLoop):
+                if not _on_loop(worker, claimed.kind):
                     # a plain handler, on the thread that handed the queue over: it runs
                     # and settles there, to the end even if this run is cancelled meanwhile
                     await self._thread.submit(functools.partial(self._plain, attempt, batch))
@@ -578,7 +587,7 @@ class AsyncWorker:
         an ``async def`` handler is run by a task on the loop (see :class:`_QueueRun`);
         this thread waits for it, serving what must not run on the loop."""
         worker = self._worker
-        if not isinstance(worker._handlers.get(jobs[0].kind), _OnLoop) or self._loop.is_closed():
+        if not _on_loop(worker, jobs[0].kind) or self._loop.is_closed():
             Worker._run_queue(worker, jobs)
             return
         _QueueRun(self, jobs).serve()
