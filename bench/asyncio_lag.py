@@ -7,8 +7,10 @@ A 1 ms ticker runs on the loop and records how late each tick fires:
 
 Beside them, in the same run: the async enqueue rate and the async worker's
 rate, and the sync API's rates for the same work (one at a time from one
-thread; the thread worker draining plain no-op handlers). Prints JSON;
-``--jobs N`` sets the size (default 10,000). Durability FULL, as users run it.
+thread; the thread worker draining plain no-op handlers). Prints JSON, with
+the load average at the end of the run; ``--jobs N`` sets the size (default
+10,000), ``--repeat N`` runs it N times (a list). Durability FULL, as users
+run it.
 """
 
 from __future__ import annotations
@@ -134,13 +136,10 @@ def _sync_figures(path: str, jobs: int) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.asyncio_lag")
-    parser.add_argument("--jobs", type=int, default=10_000)
-    args = parser.parse_args(argv)
+def _run(jobs: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
-        figures = asyncio.run(_async_figures(os.path.join(folder, "async.db"), args.jobs))
-        figures.update(_sync_figures(os.path.join(folder, "sync.db"), args.jobs))
+        figures = asyncio.run(_async_figures(os.path.join(folder, "async.db"), jobs))
+        figures.update(_sync_figures(os.path.join(folder, "sync.db"), jobs))
     sync_enqueue = figures["sync enqueue, one thread"]["jobs_per_s"]
     sync_worker = figures["thread Worker, concurrency 16, no-op jobs"]["jobs_per_s"]
     figures["ratios"] = {
@@ -151,7 +150,19 @@ def main(argv: list[str] | None = None) -> int:
             figures["AsyncWorker, concurrency 16, no-op async jobs"]["jobs_per_s"] / sync_worker, 2
         ),
     }
-    print(json.dumps(figures, indent=2))
+    figures["load_average"] = [round(load, 2) for load in os.getloadavg()]
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.asyncio_lag")
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs one after another (the ratios of each)"
+    )
+    args = parser.parse_args(argv)
+    runs = [_run(args.jobs) for _ in range(args.repeat)]
+    print(json.dumps(runs[0] if len(runs) == 1 else runs, indent=2))
     return 0
 
 

@@ -4,10 +4,17 @@ The worker's machinery — claims, batching and group commit, renewals,
 exactly one outcome per attempt, bounded drain, quiescence — is the thread
 worker's, shared rather than copied. What changes is where a handler runs:
 
-* an ``async def`` handler runs as a task on the event loop that created the
-  worker; the worker's thread that claimed the job waits for that task (off
-  the loop), then settles with what it returned or raised;
-* a plain handler runs on the worker's thread, as in §7, never on the loop.
+* a started worker's loop thread that claims a batch whose first job has an
+  ``async def`` handler hands the whole batch to the event loop that created
+  the worker: one task (:class:`_QueueRun`) runs it as the thread worker's
+  loop would, awaiting each handler in a task of its own and posting each
+  result to the settling thread, with no thread waiting per job. The thread
+  waits for the batch to end, running what must block (a plain handler, a
+  wait for the settling thread, the hand-back of unstarted jobs);
+* ``run_once()`` (and a batch whose first job is plain) runs on a thread: an
+  ``async def`` handler is then handed to the loop as a task, and the thread
+  waits for it (:class:`_HandlerRun`);
+* a plain handler runs on a worker's thread, as in §7, never on the loop.
 
 The handler's task is cancelled when its job is cancelled or its lease is
 lost (its ``ctx.signal`` aborts with that reason), and when ``stop()``'s grace
