@@ -131,7 +131,10 @@ class _OnLoop:
     def __call__(self, payload: Any, ctx: JobContext) -> Any:
         worker = self._worker
         actx = AsyncJobContext(ctx, worker._runner)
-        if _IN_RUN.get() is worker and threading.get_ident() == worker._loop_ident:
+        if (
+            threading.get_ident() == worker._loop_ident
+            and _IN_RUN.get() is asyncio.current_task(worker._loop) is not None
+        ):
             # called by the thread worker's _call inside a queue run on the loop: the
             # run awaits the handler itself (no thread waits for it)
             return _Pending(worker, self._handler(payload, actx), ctx)
@@ -227,8 +230,9 @@ class _HandlerRun:
         raise value
 
 
-# the AsyncWorker whose queue run the calling task is (its handlers come back unawaited)
-_IN_RUN: contextvars.ContextVar[AsyncWorker | None] = contextvars.ContextVar(
+# the task of the queue run whose context this is: called from that very task (not from a
+# handler's task, which copies the context), a handler comes back unawaited
+_IN_RUN: contextvars.ContextVar[asyncio.Task[Any] | None] = contextvars.ContextVar(
     "jaren_jobs_async_queue_run", default=None
 )
 
@@ -307,7 +311,8 @@ class _Pending:
         """
         worker = self._worker
         ctx = self._context
-        task = worker._loop.create_task(worker._as_handler_task(self._coroutine))
+        # the run's context (copied into the task) already marks it as this worker's handler
+        task = worker._loop.create_task(self._coroutine)
         self._task = task
         with worker._lock:
             worker._running.add(self)
@@ -401,7 +406,8 @@ class _QueueRun:
         aworker = self._aworker
         worker = aworker._worker
         batch = self._batch
-        _IN_RUN.set(aworker)
+        _IN_RUN.set(asyncio.current_task())
+        _HANDLER_OF.set(aworker)  # copied into each handler's task
         ran: list[_Ran] = []
         first = True
         try:
@@ -584,7 +590,6 @@ class AsyncWorker:
     async def _as_handler_task(self, handler: Coroutine[Any, Any, Any]) -> Any:
         # marks the handler's task, and the tasks it makes (they copy its context)
         _HANDLER_OF.set(self)
-        _IN_RUN.set(None)  # not a queue run: a run_once() it awaits waits as usual
         return await handler
 
     # ------------------------------------------------------------ queue runs on the loop
