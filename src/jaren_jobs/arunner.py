@@ -11,11 +11,19 @@ import contextvars
 import queue
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from .checkpoints import CheckpointStore
 
-__all__ = ["AsyncCheckpointStore", "LoopPoster", "TaskRouted", "ThreadRunner"]
+__all__ = [
+    "AsyncCheckpointStore",
+    "CallerThread",
+    "GroupCommit",
+    "LoopPoster",
+    "TaskRouted",
+    "ThreadRunner",
+]
 
 T = TypeVar("T")
 
@@ -83,13 +91,21 @@ class ThreadRunner:
 
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         """Queue ``fn`` (called from a coroutine): an ``asyncio.Future`` of the running loop."""
+        return self._submit(fn, None)
+
+    def submit_grouped(self, fn: Callable[[Any], T], group: GroupCommit) -> asyncio.Future[T]:
+        """Queue ``fn(jobs)``, which may share one transaction with the calls of ``group``
+        queued beside it (see :class:`GroupCommit`)."""
+        return self._submit(fn, group)
+
+    def _submit(self, fn: Callable[..., T], group: GroupCommit | None) -> asyncio.Future[T]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         if self._shut:
             # the store is closed: its calls refuse at once (StoreClosed), touching no
             # connection, so the refusal is answered here rather than by a thread
             try:
-                future.set_result(fn())
+                future.set_result(fn() if group is None else fn(group.solo))
             except BaseException as exc:
                 future.set_exception(exc)
             return future
@@ -99,7 +115,7 @@ class ThreadRunner:
         if self._started < self._threads:
             self._start_thread()
         # the caller's context (contextvars) goes with the call, as asyncio.to_thread does
-        self._queue.put((contextvars.copy_context(), fn, future, poster))
+        self._queue.put((contextvars.copy_context(), fn, future, poster, group))
         return future
 
     def _start_thread(self) -> None:
@@ -115,20 +131,42 @@ class ThreadRunner:
 
     def _work(self) -> None:
         take = self._queue.get
+        item: Any = _NOTHING
         while True:
-            item = take()
+            if item is _NOTHING:
+                item = take()
             if item is None:
                 return
-            context, fn, future, poster = item
-            del item
-            if future.cancelled():  # a racy read, as concurrent.futures' own: it only skips
+            group = item[4]
+            if group is None:
+                self._answer(item)
+                item = _NOTHING
                 continue
-            try:
-                ok, value = True, context.run(fn)
-            except BaseException as exc:  # handed to the awaiting task, as an executor does
-                ok, value = False, exc
-            poster.post(_settle(future, ok, value))
-            del context, fn, future, value
+            # group commit: the calls of the same group queued behind it join it
+            items = [item]
+            item = _NOTHING
+            while len(items) < group.most:
+                try:
+                    after = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if after is None or after[4] is not group:
+                    item = after  # the next one taken
+                    break
+                items.append(after)
+            group.run(items)
+            del items
+
+    @staticmethod
+    def _answer(item: tuple[Any, ...], skip: bool = True) -> None:
+        context, fn, future, poster, group = item
+        if skip and future.cancelled():  # a racy read, as concurrent.futures' own: it only skips
+            return
+        try:
+            ok, value = True, context.run(fn) if group is None else context.run(fn, group.solo)
+        except BaseException as exc:  # handed to the awaiting task, as an executor does
+            ok, value = False, exc
+        poster.post(_settle(future, ok, value))
 
     async def run(self, fn: Callable[[], T]) -> T:
         return await self.submit(fn)
@@ -159,6 +197,97 @@ class ThreadRunner:
             self._queue.put(None)
 
 
+_NOTHING: Any = object()
+
+
+class GroupCommit:
+    """Concurrent root calls of one kind (``enqueue``) written in one transaction.
+
+    Under load many tasks enqueue at once, and each enqueue alone is a commit
+    of its own (an fsync at durability FULL). The calls a store thread finds
+    queued together run in one ``store.transaction()``, each in a savepoint of
+    its own, so one call's error undoes only that call, and each caller is
+    answered only after the commit that made its job durable. A transaction
+    that fails as a whole (its BEGIN or COMMIT, or an error that ended it) wrote
+    nothing: its calls then run again, each alone, and get exactly the answer
+    they would have had without the grouping. A call found alone runs as it is.
+    """
+
+    def __init__(
+        self, solo: Any, transaction: Callable[[], AbstractContextManager[Any]], most: int = 32
+    ) -> None:
+        self.solo = solo  # what a call alone is given (the store's root jobs)
+        self._transaction = transaction
+        self.most = most  # the most calls in one transaction
+
+    def run(self, items: list[tuple[Any, ...]]) -> None:
+        """On a store thread: the calls, grouped (each item as ThreadRunner queues it)."""
+        live = [item for item in items if not item[2].cancelled()]
+        if len(live) < 2:
+            for item in live:
+                ThreadRunner._answer(item)
+            return
+        answers: list[tuple[bool, Any]] = []
+        try:
+            with self._transaction() as tx:
+                for context, fn, _, _, _ in live:
+                    try:
+                        with self._transaction() as savepoint:
+                            answers.append((True, context.run(fn, savepoint.jobs)))
+                    except Exception as exc:  # this call's own error: its savepoint undone
+                        answers.append((False, exc))
+                    if tx.rolled_back():
+                        break  # the database ended it: the exit raises, nothing was written
+        except Exception:
+            answers = []
+        if len(answers) != len(live):
+            # nothing of it committed: each call alone, as if never grouped
+            for item in live:
+                ThreadRunner._answer(item, skip=False)
+            return
+        for (_, _, future, poster, _), (ok, value) in zip(live, answers, strict=True):
+            poster.post(_settle(future, ok, value))
+
+
+class CallerThread(ThreadRunner):
+    """A runner with no thread of its own: the thread that calls :meth:`serve` runs the
+    calls the loop queues, until :meth:`release` — each to its end, even one whose
+    awaiter was cancelled meanwhile.
+
+    The AsyncWorker's loop thread that handed its queue of jobs to the event loop
+    waits in :meth:`serve`, and so is still there for what must not run on the
+    loop: a plain handler, a wait for the settling thread.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, 1)
+        self._started = 1  # never starts a thread: serve() is its thread
+
+    def serve(self, gone: Callable[[], bool], poll_seconds: float = 1.0) -> None:
+        """Run the queued calls until :meth:`release`, or until ``gone()`` (polled while
+        idle: the loop closed, so nothing will release it)."""
+        take = self._queue.get
+        while True:
+            try:
+                item = take(timeout=poll_seconds)
+            except queue.Empty:
+                if gone():
+                    return
+                continue
+            if item is None:
+                return
+            # run even if its awaiter was cancelled: the worker's calls must end
+            self._answer(item, skip=False)
+            del item
+
+    def release(self) -> None:
+        """From the loop: :meth:`serve` returns once the calls queued before this have run."""
+        self._queue.put(None)
+
+    def shutdown(self) -> None:
+        self.release()
+
+
 class TaskRouted(ThreadRunner):
     """The store's root runner, except for a task inside its own transaction, whose calls
     run on that transaction's lane.
@@ -176,6 +305,13 @@ class TaskRouted(ThreadRunner):
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         lane = self._lane()
         return (self._root if lane is None else lane).submit(fn)
+
+    def submit_grouped(self, fn: Callable[[Any], T], group: GroupCommit) -> asyncio.Future[T]:
+        lane = self._lane()
+        if lane is None:
+            return self._root.submit_grouped(fn, group)
+        # inside the caller's own transaction: alone, on its lane (refused there as reentrant)
+        return lane.submit(lambda: fn(group.solo))
 
     def shutdown(self) -> None:
         self._root.shutdown()

@@ -28,7 +28,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-from .arunner import AsyncCheckpointStore, TaskRouted, ThreadRunner
+from .arunner import AsyncCheckpointStore, GroupCommit, TaskRouted, ThreadRunner
 from .aworker import AsyncWorker
 from .backend import Rows
 from .cursor import Barrier, Cursor, Streaming
@@ -104,10 +104,17 @@ class AsyncJobs:
     """``store.jobs`` / ``tx.jobs`` under asyncio: every call of SPEC §3 as a coroutine,
     with the same arguments, results and errors."""
 
-    def __init__(self, jobs: Jobs, runner: ThreadRunner, root: ThreadRunner) -> None:
+    def __init__(
+        self,
+        jobs: Jobs,
+        runner: ThreadRunner,
+        root: ThreadRunner,
+        enqueues: GroupCommit | None = None,
+    ) -> None:
         self._jobs = jobs
         self._runner = runner  # where its calls run: the store's threads, or a lane
         self._root = root  # where a worker's own calls run (never a transaction's lane)
+        self._enqueues = enqueues  # the root's concurrent enqueues share commits
 
     def _run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
         return self._runner.run(functools.partial(fn, *args, **kwargs))
@@ -126,6 +133,22 @@ class AsyncJobs:
         unique_key: str | None = None,
     ) -> Job:
         """Add one job (see ``store.jobs.enqueue``)."""
+        if self._enqueues is not None:
+            # concurrent root enqueues share one commit (GroupCommit); each its own savepoint
+            return await self._runner.submit_grouped(
+                lambda jobs: jobs.enqueue(
+                    kind,
+                    payload,
+                    id=id,
+                    run_at=run_at,
+                    delay_seconds=delay_seconds,
+                    max_attempts=max_attempts,
+                    priority=priority,
+                    queue=queue,
+                    unique_key=unique_key,
+                ),
+                self._enqueues,
+            )
         return await self._run(
             self._jobs.enqueue,
             kind,
@@ -575,7 +598,12 @@ class AsyncStore:
         self._idle_lanes: list[ThreadRunner] = []
         self._lanes_by_task: dict[asyncio.Task[Any] | None, _Mark] = {}
         self._shut = False
-        self.jobs = AsyncJobs(store.jobs, TaskRouted(self._root, self._caller_lane), self._root)
+        self.jobs = AsyncJobs(
+            store.jobs,
+            TaskRouted(self._root, self._caller_lane),
+            self._root,
+            GroupCommit(store.jobs, store.transaction),
+        )
 
     @property
     def store(self) -> Store:

@@ -217,3 +217,127 @@ def test_stop_awaited_by_its_own_handler_is_refused(astore: AsyncStore, store: S
     assert len(errors) == 2
     assert "own handlers" in str(errors[0])
     assert [store.jobs.get(i).state for i in ("first", "second")] == ["done", "done"]  # type: ignore[union-attr]
+
+
+def test_a_lease_lost_at_renewal_cancels_the_handlers_task(
+    astore: AsyncStore, store: Store, clock: FakeClock
+) -> None:
+    outcomes: list[Outcome] = []
+    reasons: list[Any] = []
+
+    async def main() -> None:
+        loop, ended = asyncio.get_running_loop(), asyncio.Event()
+
+        def observe(outcome: Outcome) -> None:
+            outcomes.append(outcome)
+            loop.call_soon_threadsafe(ended.set)
+
+        async def waits(payload: Any, ctx: AsyncJobContext) -> Any:
+            if ctx.job.lease.attempt > 1:
+                return "second life"  # the expired job, claimed again
+            clock.advance(5)  # the 0.3 s lease is long gone when the renewal tries
+            try:
+                await asyncio.Event().wait()  # only a cancellation ends it
+            except asyncio.CancelledError:
+                reasons.append(ctx.signal.reason)
+                raise
+
+        await astore.jobs.enqueue("k", id="held")
+        worker = astore.jobs.create_worker(
+            {"k": waits}, lease_seconds=0.3, poll_seconds=0.05, on_outcome=observe
+        )
+        async with worker:  # a started worker: its queue runs on this loop
+            await asyncio.wait_for(ended.wait(), WAIT)
+
+    run(main())
+    assert [reason.code for reason in reasons] == ["JD2067"]  # the renewal found it expired
+    assert (outcomes[0].outcome, outcomes[0].code, outcomes[0].attempt) == ("lost", "JD2067", 1)
+
+
+def test_one_queue_runs_async_and_plain_jobs_each_where_it_belongs(
+    astore: AsyncStore, store: Store
+) -> None:
+    where: dict[str, str] = {}
+    outcomes: list[Outcome] = []
+
+    async def main() -> None:
+        loop, all_done = asyncio.get_running_loop(), asyncio.Event()
+
+        def finished(outcome: Outcome) -> None:
+            outcomes.append(outcome)
+            if len(outcomes) == 30:
+                loop.call_soon_threadsafe(all_done.set)
+
+        async def on_loop(payload: Any, ctx: AsyncJobContext) -> Any:
+            where[ctx.job.id] = threading.current_thread().name
+            await asyncio.sleep(0)
+            return payload
+
+        def on_thread(payload: Any, ctx: Any) -> Any:
+            where[ctx.job.id] = threading.current_thread().name
+            return payload
+
+        # one loop (concurrency 1), kinds interleaved: its queues hold both kinds
+        await astore.jobs.enqueue_many(
+            [NewJob("a" if n % 2 else "p", n, id=f"j{n:02}") for n in range(30)]
+        )
+        worker = astore.jobs.create_worker(
+            {"a": on_loop, "p": on_thread}, poll_seconds=0.05, on_outcome=finished
+        )
+        async with worker:
+            await asyncio.wait_for(all_done.wait(), WAIT)
+        loop_name = threading.current_thread().name
+        for n in range(30):
+            name = where[f"j{n:02}"]
+            if n % 2:
+                assert name == loop_name, (n, name)
+            else:
+                assert name.startswith(f"{worker.name}-loop-"), (n, name)
+
+    run(main())
+    assert sorted(o.job_id for o in outcomes) == [f"j{n:02}" for n in range(30)]  # once each
+    assert {o.outcome for o in outcomes} == {"completed"}
+    assert store.jobs.counts().done == 30
+
+
+def test_stop_during_a_queue_run_hands_back_the_unstarted_jobs_unspent(
+    astore: AsyncStore, store: Store
+) -> None:
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+
+    def observe(outcome: Outcome) -> None:
+        with lock:
+            outcomes.append(outcome)
+
+    async def main() -> None:
+        tenth = asyncio.Event()
+        ran = [0]
+
+        async def handler(payload: Any, ctx: AsyncJobContext) -> Any:
+            ran[0] += 1
+            if ran[0] == 10:
+                tenth.set()
+            await asyncio.sleep(0)
+            return payload
+
+        await astore.jobs.enqueue_many([NewJob("k", n, id=f"j{n:03}") for n in range(300)])
+        worker = astore.jobs.create_worker(
+            {"k": handler}, concurrency=4, poll_seconds=0.05, on_outcome=observe
+        )
+        await worker.start()
+        await asyncio.wait_for(tenth.wait(), WAIT)
+        stopped = await worker.stop(grace_seconds=WAIT)
+        assert stopped.drained
+        assert worker.leases() == []
+        assert worker.stats().in_flight == 0
+
+    run(main())
+    done = {o.job_id for o in outcomes if o.outcome == "completed"}
+    assert len(done) == len(outcomes) >= 10  # exactly one outcome per attempt, all completed
+    assert len(done) < 300  # the stop came before the queue ran dry
+    for job in store.jobs.page(limit=300):
+        if job.id in done:
+            assert job.state == "done"
+        else:  # leased with a batch and never started: handed back, no attempt spent
+            assert (job.state, job.attempts, job.lease_until) == ("pending", 0, None), job

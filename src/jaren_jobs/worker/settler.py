@@ -194,22 +194,36 @@ def _to_retry(self: Worker, entry: _Entry) -> bool:
 def _post(self: Worker, ran: _Ran) -> None:
     """Queue a returned attempt for the settling thread; stop() drains it like a step."""
     entry = self._prepare(*ran)
+    full = self._enter_posted(entry)
+    if full is None:
+        # a handler that outlived stop(): its settlement is refused here, by name
+        self._settle_entries([entry])
+    elif full:
+        self._wait_for_room()
+
+
+def _enter_posted(self: Worker, entry: _Entry) -> bool | None:
+    """Queue ``entry`` for the settling thread, never waiting: whether the queue is full
+    now (the caller then waits for room); None once the settling thread is done (the
+    caller settles it itself). The AsyncWorker's loop posts through this and waits off
+    the loop."""
     with self._lock:
-        if not self._settler_done:
-            self._busy += 1
-            self._posted.append(entry)
-            if self._settler_waiting:
-                self._posting.notify()
-            # back-pressure: loops that outrun the settling thread wait for
-            # it, so the attempts that ran but are not settled stay bounded
-            # (and none waits long enough for its lease to run out)
-            while (
-                len(self._posted) + len(self._retrying) >= _POSTED_LIMIT and not self._settler_done
-            ):
-                self._room.wait()
-            return
-    # a handler that outlived stop(): its settlement is refused here, by name
-    self._settle_entries([entry])
+        if self._settler_done:
+            return None
+        self._busy += 1
+        self._posted.append(entry)
+        if self._settler_waiting:
+            self._posting.notify()
+        return len(self._posted) + len(self._retrying) >= _POSTED_LIMIT
+
+
+def _wait_for_room(self: Worker) -> None:
+    # back-pressure: loops that outrun the settling thread wait for it, so the
+    # attempts that ran but are not settled stay bounded (and none waits long
+    # enough for its lease to run out)
+    with self._lock:
+        while len(self._posted) + len(self._retrying) >= _POSTED_LIMIT and not self._settler_done:
+            self._room.wait()
 
 
 def _settle_posted(self: Worker) -> None:

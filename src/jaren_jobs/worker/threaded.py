@@ -450,6 +450,8 @@ class Worker:
     _settle_entries = settler._settle_entries
     _to_retry = settler._to_retry
     _post = settler._post
+    _enter_posted = settler._enter_posted
+    _wait_for_room = settler._wait_for_room
     _settle_posted = settler._settle_posted
     _settle_cycle = settler._settle_cycle
     _prepare = settler._prepare
