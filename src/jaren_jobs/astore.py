@@ -7,33 +7,24 @@ a parity test (``tests/unit/test_async_parity.py``).
 Where the calls run. The store's root calls run on threads the store owns
 (one for SQLite, whose single connection serves one call at a time anyway;
 a few for a pooled PostgreSQL store). A transaction runs on a *lane* of its
-own — one thread that opens it, runs each of its statements and commits it —
-because a store's transaction belongs to the thread that opened it. So a
-transaction belongs to the task that opened it: another task's transaction
-runs on another lane, and on SQLite waits (on that lane's thread, never on
-the loop) until the first commits. A task cancelled inside
-``store.transaction()`` rolls it back before the cancellation goes on.
+own (:mod:`jaren_jobs.atx`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import functools
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager, suppress
+from contextlib import suppress
 from datetime import datetime
-from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 from .arunner import AsyncCheckpointStore, TaskRouted, ThreadRunner
+from .atx import INSIDE, AsyncTransaction, Mark, TransactionBlock
 from .aworker import AsyncWorker
-from .backend import Rows
 from .cursor import Barrier, Cursor, Streaming
 from .engine import wait_plan
-from .errors import StorageError
 from .periodic import Periodic
 from .records import ClaimedJob, Counts, Job, JobError, Lease, NewJob, Outcome, StopOutcome
 from .runtime import Defaults
@@ -350,215 +341,6 @@ class AsyncJobs:
 _NOT_OPTIONS = frozenset({"self", "handlers"})
 
 
-class AsyncTransaction:
-    """An open ``async with store.transaction()``: the application's SQL and ``tx.jobs``.
-
-    Every call runs on the transaction's own lane (the thread that opened it).
-    """
-
-    def __init__(self, transaction: Transaction, lane: ThreadRunner, root: ThreadRunner) -> None:
-        self._transaction = transaction
-        self._lane = lane
-        self.jobs = AsyncJobs(transaction.jobs, lane, root)
-        self.depth = transaction.depth
-
-    async def execute(self, statement: str, parameters: Any = ()) -> Rows:
-        """The application's own SQL, as its driver takes it (``?`` on SQLite, ``%s`` on
-        psycopg); the rows are read on the lane too (``await rows``-free: they are fetched)."""
-        return await self._lane.run(
-            lambda: _Fetched(self._transaction.execute(statement, parameters))
-        )
-
-    async def executemany(self, statement: str, seq_of_parameters: Iterable[Any]) -> Rows:
-        return await self._lane.run(
-            lambda: _Fetched(self._transaction.executemany(statement, seq_of_parameters))
-        )
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` once the outermost transaction has committed (never on rollback)."""
-        self._transaction.after_commit(callback)
-
-
-class _OwnedLane(ThreadRunner):
-    """A transaction's lane as its calls reach it: only from the task that opened it.
-
-    The lane's thread is the transaction's, so the sync check (same thread) passes
-    for any task's call; this is the async API's own check. Another task's
-    statement would otherwise land in the middle of this task's transaction and
-    commit or roll back with it.
-    """
-
-    def __init__(self, lane: ThreadRunner, transaction: Transaction, mark: _Mark) -> None:
-        self._lane = lane
-        self._transaction = transaction
-        self._mark = mark
-
-    def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
-        # an ended transaction's call goes on to say so (the sync check, which comes first)
-        if self._transaction._active and not self._mark.owns():
-            raise StorageError(
-                "a transaction is used only by the task that opened it and the tasks it "
-                "makes inside the block (as a sync transaction only from its thread); "
-                "open a store.transaction() in this task",
-                doing="store.transaction()",
-            )
-        return self._lane.submit(fn)
-
-    def shutdown(self) -> None:
-        self._lane.shutdown()
-
-
-class _Fetched(Rows):
-    """A result read whole on the lane, so the loop never waits on the driver for a row."""
-
-    def __init__(self, rows: Rows) -> None:
-        self._rowcount = rows.rowcount
-        self._lastrowid = rows.lastrowid
-        self._description = rows.description
-        self._rows = rows.fetchall() if rows.description is not None else []
-        self._at = 0
-
-    def fetchone(self) -> Any:
-        if self._at >= len(self._rows):
-            return None
-        self._at += 1
-        return self._rows[self._at - 1]
-
-    def fetchall(self) -> list[Any]:
-        rest, self._at = self._rows[self._at :], len(self._rows)
-        return rest
-
-    def fetchmany(self, size: int = 1) -> list[Any]:
-        part = self._rows[self._at : self._at + size]
-        self._at += len(part)
-        return part
-
-    @property
-    def rowcount(self) -> int:
-        return self._rowcount
-
-    @property
-    def lastrowid(self) -> int | None:
-        return self._lastrowid
-
-    @property
-    def description(self) -> Any:
-        return self._description
-
-
-class _Mark:
-    """An open outermost transaction of a task: its lane, and whether it is still open.
-
-    The task that opened it owns it; so do the tasks that task makes inside the
-    block (``asyncio.wait_for`` and ``gather`` make one per call before Python
-    3.12), which find the mark in the context they copied (:data:`_INSIDE`).
-    """
-
-    __slots__ = ("lane", "open", "store", "task")
-
-    def __init__(self, store: AsyncStore, lane: ThreadRunner, task: asyncio.Task[Any] | None):
-        self.store = store
-        self.lane = lane
-        self.task = task
-        self.open = True
-
-    def owns(self) -> bool:
-        """Whether the calling task may use this transaction (its own, or one it made)."""
-        return self.open and (current_task() is self.task or self in _INSIDE.get())
-
-
-# the transactions the calling context is inside (each a _Mark): copied into the tasks
-# made inside an ``async with store.transaction()`` block
-_INSIDE: contextvars.ContextVar[tuple[_Mark, ...]] = contextvars.ContextVar(
-    "jaren_jobs_inside_transactions", default=()
-)
-
-
-class _TransactionBlock:
-    """What ``AsyncStore.transaction()`` returns: ``async with`` it (on one task)."""
-
-    def __init__(self, store: AsyncStore) -> None:
-        self._store = store
-        self._mark: _Mark | None = None
-        self._block: AbstractContextManager[Transaction] | None = None
-        self._owned_lane = False
-        self._token: contextvars.Token[tuple[_Mark, ...]] | None = None
-
-    async def __aenter__(self) -> AsyncTransaction:
-        store = self._store
-        task = current_task()
-        held = store._lanes_by_task.get(task)
-        if held is not None:
-            # nested in the same task: a savepoint on the lane that holds the transaction
-            mark = held
-        else:
-            mark = _Mark(store, await store._take_lane(), task)
-            self._owned_lane = True
-            store._lanes_by_task[task] = mark
-        self._mark = mark
-        lane = mark.lane
-        block = store._store.transaction()
-        entered = lane.submit(block.__enter__)
-        cancelled: asyncio.CancelledError | None = None
-        while True:
-            try:
-                tx = await asyncio.shield(entered)
-                break
-            except asyncio.CancelledError as exc:
-                if entered.done() and not entered.cancelled() and entered.exception() is None:
-                    tx, cancelled = entered.result(), exc
-                    break
-                if entered.done():
-                    self._give_back()
-                    raise
-                cancelled = exc  # wait for BEGIN to finish, then roll it back
-            except BaseException:
-                self._give_back()
-                raise
-        if cancelled is not None:
-            # cancelled while it opened: the transaction it opened ends rolled back
-            failure = cancelled
-            try:
-                await lane.run_to_end(lambda: block.__exit__(type(failure), failure, None))
-            finally:
-                self._give_back()
-            raise cancelled
-        self._block = block
-        if self._owned_lane:
-            self._token = _INSIDE.set((*_INSIDE.get(), mark))
-        return AsyncTransaction(tx, _OwnedLane(lane, tx, mark), store._root)
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        assert self._mark is not None
-        assert self._block is not None
-        block = self._block
-        try:
-            # a cancelled task's rollback (CancelledError is a BaseException) runs to its end
-            return bool(await self._mark.lane.run_to_end(lambda: block.__exit__(exc_type, exc, tb)))
-        finally:
-            self._give_back()
-
-    def _give_back(self) -> None:
-        if self._owned_lane:
-            store = self._store
-            mark = self._mark
-            assert mark is not None
-            mark.open = False
-            store._lanes_by_task.pop(mark.task, None)
-            if self._token is not None:
-                # exited in another context than it entered: nothing there to undo
-                with contextlib.suppress(ValueError):
-                    _INSIDE.reset(self._token)
-                self._token = None
-            store._return_lane(mark.lane)
-            self._owned_lane = False
-
-
 class AsyncStore:
     """An open job store under asyncio. Use :func:`open_async_store`."""
 
@@ -569,7 +351,7 @@ class AsyncStore:
         self._lanes_lock = threading.Lock()
         self._lane_slots = asyncio.Semaphore(_LANES)
         self._idle_lanes: list[ThreadRunner] = []
-        self._lanes_by_task: dict[asyncio.Task[Any] | None, _Mark] = {}
+        self._lanes_by_task: dict[asyncio.Task[Any] | None, Mark] = {}
         self._shut = False
         self.jobs = AsyncJobs(store.jobs, TaskRouted(self._root, self._caller_lane), self._root)
 
@@ -612,17 +394,20 @@ class AsyncStore:
             return None
         mark = self._lanes_by_task.get(current_task())
         if mark is None:
-            for inside in _INSIDE.get():
+            for inside in INSIDE.get():
                 if inside.store is self and inside.open:
                     return inside.lane
             return None
         return mark.lane
 
-    def transaction(self) -> _TransactionBlock:
+    def transaction(self) -> TransactionBlock[AsyncJobs]:
         """``async with store.transaction() as tx``: one transaction of the database,
         belonging to this task; rolled back on an exception or a cancellation. Nested
         in the same task it is a savepoint."""
-        return _TransactionBlock(self)
+        return TransactionBlock(self)
+
+    def _tx_jobs(self, transaction: Transaction, lane: ThreadRunner) -> AsyncJobs:
+        return AsyncJobs(transaction.jobs, lane, self._root)
 
     async def _take_lane(self) -> ThreadRunner:
         # a bounded number of transactions at once, each on its own thread; the rest wait

@@ -28,6 +28,7 @@ LAYERS: list[set[str]] = [
     {"store"},
     {"arunner"},
     {"aworker"},
+    {"atx"},
     {"astore", "dag", "contrib", "dashboard", "demo", "cli", "testing"},
     {"__init__", "__main__"},
 ]
