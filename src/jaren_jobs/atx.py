@@ -21,6 +21,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from .arunner import ThreadRunner
 from .backend import Rows
+from .backends.fetched import Fetched
 from .errors import StorageError
 from .store import Store, Transaction, current_task
 
@@ -64,12 +65,12 @@ class AsyncTransaction(Generic[JobsT]):
         """The application's own SQL, as its driver takes it (``?`` on SQLite, ``%s`` on
         psycopg); the rows are read on the lane too (``await rows``-free: they are fetched)."""
         return await self._lane.run(
-            lambda: _Fetched(self._transaction.execute(statement, parameters))
+            lambda: Fetched.of(self._transaction.execute(statement, parameters))
         )
 
     async def executemany(self, statement: str, seq_of_parameters: Iterable[Any]) -> Rows:
         return await self._lane.run(
-            lambda: _Fetched(self._transaction.executemany(statement, seq_of_parameters))
+            lambda: Fetched.of(self._transaction.executemany(statement, seq_of_parameters))
         )
 
     def after_commit(self, callback: Callable[[], None]) -> None:
@@ -104,44 +105,6 @@ class _OwnedLane(ThreadRunner):
 
     def shutdown(self) -> None:
         self._lane.shutdown()
-
-
-class _Fetched(Rows):
-    """A result read whole on the lane, so the loop never waits on the driver for a row."""
-
-    def __init__(self, rows: Rows) -> None:
-        self._rowcount = rows.rowcount
-        self._lastrowid = rows.lastrowid
-        self._description = rows.description
-        self._rows = rows.fetchall() if rows.description is not None else []
-        self._at = 0
-
-    def fetchone(self) -> Any:
-        if self._at >= len(self._rows):
-            return None
-        self._at += 1
-        return self._rows[self._at - 1]
-
-    def fetchall(self) -> list[Any]:
-        rest, self._at = self._rows[self._at :], len(self._rows)
-        return rest
-
-    def fetchmany(self, size: int = 1) -> list[Any]:
-        part = self._rows[self._at : self._at + size]
-        self._at += len(part)
-        return part
-
-    @property
-    def rowcount(self) -> int:
-        return self._rowcount
-
-    @property
-    def lastrowid(self) -> int | None:
-        return self._lastrowid
-
-    @property
-    def description(self) -> Any:
-        return self._description
 
 
 class Mark:

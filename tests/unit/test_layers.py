@@ -18,10 +18,10 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "jaren_jobs"
 LAYERS: list[set[str]] = [
     {"errors", "runtime", "signals", "codec", "records", "cron", "snooze", "tracebacks"},
     {"core"},
-    {"gate", "rows", "backend", "cursor"},
+    {"gate", "agate", "rows", "backend", "abackend", "cursor"},
     {"backends"},
     {"pages", "hub", "waiting"},
-    {"engine", "checkpoints", "batcher", "aio"},
+    {"engine", "aengine", "checkpoints", "batcher", "aio"},
     # schedules and tick enqueueing: over the engine, given to workers
     {"periodic"},
     {"worker"},
