@@ -380,6 +380,11 @@ def _import_left_out(tree: ast.Module, source: set[str], spec: Spec) -> None:
         for a in n.names
     }
     used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    at = max(i for i, s in enumerate(tree.body) if isinstance(s, (ast.Import, ast.ImportFrom)))
+    for name in sorted((used & set(spec.moved)) - mine - imported):
+        # a renamed definition of the source that lives in another async module
+        line = ast.ImportFrom(module=spec.moved[name], names=[ast.alias(name)], level=0)
+        tree.body.insert(at + 1, line)
     wanted = sorted((used & source) - mine - imported - {"__all__"})
     if not wanted:
         return
@@ -427,25 +432,22 @@ def _prune_imports(tree: ast.Module) -> None:
     tree.body = prune(tree.body)
 
 
-def _names_in_all(tree: ast.Module) -> None:
-    """``__all__`` lists what the module still defines (renamed, or dropped)."""
-    defined = {getattr(s, "name", None) for s in tree.body} | {
-        t.id
-        for s in tree.body
-        if isinstance(s, ast.Assign)
-        for t in s.targets
-        if isinstance(t, ast.Name)
+def _names_in_all(tree: ast.Module, source_defs: set[str], spec: Spec) -> None:
+    """``__all__`` lists what the module still defines or re-exports: never a definition of
+    the source that it left out (imported from there, or renamed away)."""
+    defined = _top_names(tree)
+    imported = {
+        a.asname or a.name for s in tree.body if isinstance(s, ast.ImportFrom) for a in s.names
     }
-    for stmt in ast.walk(tree):
-        if isinstance(stmt, ast.ImportFrom):
-            defined |= {a.asname or a.name for a in stmt.names}
+    left_out = {spec.names.get(n, n) for n in source_defs} - defined
+    allowed = defined | (imported - left_out)
     for stmt in tree.body:
         if isinstance(stmt, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == "__all__" for t in stmt.targets
         ):
             assert isinstance(stmt.value, ast.List)
             stmt.value.elts = sorted(
-                (e for e in stmt.value.elts if isinstance(e, ast.Constant) and e.value in defined),
+                (e for e in stmt.value.elts if isinstance(e, ast.Constant) and e.value in allowed),
                 key=lambda e: str(e.value),  # type: ignore[attr-defined]
             )
 
@@ -485,7 +487,7 @@ def generate(spec: Spec) -> str:
         previous = text
     _prune_imports(tree)
     _import_left_out(tree, source_names, spec)
-    _names_in_all(tree)
+    _names_in_all(tree, source_names, spec)
     ast.fix_missing_locations(tree)
     header = HEADER.format(source=f"src/jaren_jobs/{spec.source}")
     return _format(ast.unparse(tree) + "\n", header, SRC / spec.target)
@@ -617,13 +619,30 @@ _SESSION_AWAITED = frozenset(
     }
 )
 
+# what an open transaction's handle does on the server
+_HANDLE_AWAITED = frozenset(
+    {
+        "execute",
+        "savepoint",
+        "release_savepoint",
+        "rollback_to_savepoint",
+        "commit",
+        "rollback_quietly",
+        "release",
+    }
+)
+
 SPECS: tuple[Spec, ...] = (
     Spec(
         source="backend.py",
         target="abackend.py",
-        awaited=_SESSION_AWAITED,
-        keep=frozenset({"Scope", "JobsSession", "T", "__all__"}),
-        names={"Scope": "AsyncScope", "JobsSession": "AsyncJobsSession"},
+                awaited=_SESSION_AWAITED | _HANDLE_AWAITED,
+        keep=frozenset({"Scope", "JobsSession", "AppTransaction", "T", "__all__"}),
+        names={
+            "Scope": "AsyncScope",
+            "JobsSession": "AsyncJobsSession",
+            "AppTransaction": "AsyncAppTransaction",
+        },
         drop=frozenset({"JobsSession.page"}),
         overrides={
             "JobsSession.store_backend": '''
@@ -775,6 +794,29 @@ def store_backend(self) -> Any:
 )
 
 
+_STATE_INIT = """
+def __init__(
+    self,
+    store: Store,
+    handle: AppTransaction,
+    hub: EngineHub,
+    depth: int,
+    outermost: Transaction | None = None,
+) -> None:
+    # the sync one's, with the block's holder for both its thread and its task: the
+    # tasks made inside the block hold it too (see jaren_jobs.agate.current_holder)
+    self._store = store
+    self._handle = handle
+    self._thread = current_holder()
+    self._task = current_holder()
+    self._active = True
+    self._callbacks: list[Callable[[], None]] = []
+    self._outermost = self if outermost is None else outermost
+    self._rolled_back = False
+    self.depth = depth
+    self.jobs = Jobs(handle.session(self, hub.runtime, hub.idle_claims), hub)
+"""
+
 _PG_STORE_EXECUTE = """
 async def execute(
     self,
@@ -839,6 +881,37 @@ SPECS = (
             "backend over the async pool (``AsyncStore`` on PostgreSQL), and the handle of one\n"
             "open ``async with store.transaction()``, which holds one connection of the pool\n"
             "for the whole block. Opening (schema creation, upgrades) stays the sync store's.\n"
+        ),
+    ),
+)
+
+
+SPECS = (
+    *SPECS,
+    Spec(
+        source="store.py",
+        target="atransaction.py",
+        awaited=_HANDLE_AWAITED,
+        keep=frozenset({"Transaction", "_USE_ASYNC", "__all__"}),
+        names={
+            "Transaction": "AsyncTransactionState",
+            "Jobs": "AsyncJobEngine",
+            "AppTransaction": "AsyncAppTransaction",
+            "Store": "Any",  # the AsyncStore above (it has the same ``_backend``)
+            "current_task": "current_holder",
+        },
+        attributes={"threading.get_ident": "current_holder"},
+        moved={
+            "AsyncJobEngine": "jaren_jobs.aengine",
+            "AsyncAppTransaction": "jaren_jobs.abackend",
+            "current_holder": "jaren_jobs.agate",
+        },
+        overrides={"Transaction.__init__": _STATE_INIT},
+        docstring=(
+            "The asyncio twin of ``store.Transaction`` for an async-native store (PostgreSQL's\n"
+            "``AsyncConnection``): one open ``async with store.transaction()`` level, its SQL\n"
+            "and ``tx.jobs`` awaited. A transaction belongs to its block's holder (the task\n"
+            "that opened it and the tasks made inside the block, see :mod:`jaren_jobs.agate`).\n"
         ),
     ),
 )

@@ -8,17 +8,17 @@ the same units of work, each awaited.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .backend import ErrorRow, Missed, SettleAnswer
+from .backend import AppParams, ErrorRow, Missed, Rows, SettleAnswer, TransactionState
 from .core.commands import ClaimRequest, PreparedJob
 from .core.fence import FenceRow
 from .core.settle import SettleBatch
 from .records import ClaimedJob, Counts, Job, Lease
 from .signals import SignalLike
 
-__all__ = ["AsyncJobsSession", "AsyncScope", "ErrorRow", "Missed", "SettleAnswer"]
+__all__ = ["AsyncAppTransaction", "AsyncJobsSession", "AsyncScope"]
 T = TypeVar("T")
 
 
@@ -125,3 +125,55 @@ class AsyncJobsSession(Protocol):
     async def complete_run(
         self, lease: Lease, run_id: str, result: str, what: str
     ) -> bool | Missed: ...
+
+
+class AsyncAppTransaction(Protocol):
+    """One open ``store.transaction()`` on the database: it holds the store's
+    connection (its gate, or a connection taken from the pool) until
+    :meth:`release`."""
+
+    def session(
+        self, transaction: TransactionState, runtime: Any, idle_claims: Any
+    ) -> AsyncJobsSession:
+        """The session ``tx.jobs`` runs on: every write a savepoint inside this transaction."""
+        ...
+
+    async def execute(
+        self,
+        statement: str,
+        parameters: AppParams | Iterable[AppParams],
+        *,
+        many: bool,
+        what: str,
+        transaction: TransactionState,
+    ) -> Rows:
+        """The application's own statement, handed to the driver as it is."""
+        ...
+
+    def ended_by_database(self) -> bool:
+        """Whether the database ended (rolled back, or aborted) the transaction under us."""
+        ...
+
+    @property
+    def ended_message(self) -> str:
+        """How a failed statement's error explains that it ended the transaction."""
+        ...
+
+    @property
+    def aborted_text(self) -> str:
+        """Who ended the transaction and what can do so (``TransactionAborted``'s message)."""
+        ...
+
+    async def savepoint(self, name: str, what: str) -> None: ...
+
+    async def release_savepoint(self, name: str, what: str) -> None: ...
+
+    async def rollback_to_savepoint(self, name: str, what: str) -> None: ...
+
+    async def commit(self, what: str) -> None: ...
+
+    async def rollback_quietly(self) -> None: ...
+
+    async def release(self) -> None:
+        """Give the connection back (the gate, or the pool); the last call on a handle."""
+        ...

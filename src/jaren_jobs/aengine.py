@@ -46,14 +46,7 @@ from .snooze import snooze_ms
 from .tracebacks import format_traceback
 from .waiting import WaitPlan
 
-__all__ = [
-    "AsyncJobEngine",
-    "ClaimRequest",
-    "EngineHub",
-    "Failure",
-    "backoff_seconds",
-    "is_lease_lost",
-]
+__all__ = ["AsyncJobEngine", "ClaimRequest", "Failure", "backoff_seconds", "is_lease_lost"]
 
 
 class AsyncJobEngine:

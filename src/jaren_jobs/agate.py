@@ -9,14 +9,18 @@ grabbed by a newcomer), a waiter leaves on timeout (``GateRefused``, reason
 gate closes (``StoreClosed``); a holder asking again is refused at once
 (``"reentrant"``) instead of deadlocking.
 
-A place is held by a *holder*: the calling task (:func:`current_holder`). All of
-a gate's calls come from one event loop.
+A place is held by a *holder*: the calling task (:func:`current_holder`), or,
+inside an ``async with store.transaction()`` block, the block's own holder,
+which the tasks made inside the block inherit (a context variable) — as a
+thread's transaction is that thread's. All of a gate's calls come from one
+event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections import deque
 from typing import Any
@@ -24,12 +28,29 @@ from typing import Any
 from .errors import GateRefused, StoreClosed
 from .signals import FOREIGN_POLL_SECONDS, SignalLike, subscribe
 
-__all__ = ["AsyncGate", "current_holder"]
+__all__ = ["AsyncGate", "current_holder", "hold_as", "stop_holding"]
+
+_HOLDER: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "jaren_jobs_holder", default=None
+)
 
 
 def current_holder() -> object:
-    """Who holds a place when the caller takes one: its task (``None`` outside any)."""
-    return asyncio.current_task()
+    """Who holds a place when the caller takes one: the transaction block it is inside
+    (see :func:`hold_as`), else its task (``None`` outside any)."""
+    holder = _HOLDER.get()
+    return holder if holder is not None else asyncio.current_task()
+
+
+def hold_as(holder: object) -> contextvars.Token[object | None]:
+    """From now on in this context (and the tasks it makes) ``holder`` holds places;
+    ``_HOLDER.reset(token)`` (:func:`stop_holding`) ends it."""
+    return _HOLDER.set(holder)
+
+
+def stop_holding(token: contextvars.Token[object | None]) -> None:
+    with contextlib.suppress(ValueError):  # reset in another context than it was set in
+        _HOLDER.reset(token)
 
 
 class _Waiter:

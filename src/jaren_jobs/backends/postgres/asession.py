@@ -36,7 +36,7 @@ from .session import (
     settled_channel,
 )
 
-__all__ = ["AsyncPostgresSession", "settled_channel"]
+__all__ = ["AsyncPostgresSession"]
 T = TypeVar("T")
 
 
