@@ -671,6 +671,9 @@ def store_backend(self) -> Any:
                 "_woken",
                 "wait_plan",
                 "prepare_failure",
+                "session_of",
+                "settled_wake_of",
+                "runtime_of",
                 "__all__",
             }
         ),
@@ -912,6 +915,22 @@ SPECS = (
             "``AsyncConnection``): one open ``async with store.transaction()`` level, its SQL\n"
             "and ``tx.jobs`` awaited. A transaction belongs to its block's holder (the task\n"
             "that opened it and the tasks made inside the block, see :mod:`jaren_jobs.agate`).\n"
+        ),
+    ),
+)
+
+
+SPECS = (
+    *SPECS,
+    Spec(
+        source="checkpoints.py",
+        target="acheckpoints.py",
+        awaited=_SESSION_AWAITED,
+        names={"CheckpointStore": "AsyncCheckpoints", "JobsSession": "AsyncJobsSession"},
+        moved={"AsyncJobsSession": "jaren_jobs.abackend"},
+        docstring=(
+            "The asyncio twin of :mod:`jaren_jobs.checkpoints` for an async-native store: one\n"
+            "attempt's checkpoints, each call awaited (``AsyncCheckpointStore`` awaits these).\n"
         ),
     ),
 )

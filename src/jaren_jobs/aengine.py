@@ -13,7 +13,7 @@ ONE awaited session call, the same pure interpretation (``core.fence``). The hub
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -40,7 +40,7 @@ from .core.settle import SNOOZE, Completion, SettleBatch, Settlement, Snoozing
 from .engine import EngineHub, _moved_or_refused, _utc
 from .errors import DuplicateJob, GateRefused, JobSettled, LeaseLost, LeaseRequired, UnknownJob
 from .records import ClaimedJob, Counts, Job, JobError, Lease, NewJob
-from .runtime import check_positive_int, check_seconds
+from .runtime import ResolvedRuntime, check_positive_int, check_seconds
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
 from .snooze import snooze_ms
 from .tracebacks import format_traceback
@@ -491,6 +491,21 @@ async def enqueue_tick(
     (job,) = await engine._session.insert_jobs((prepared,), one_by_one=True, what=what)
     engine._session.after_commit(engine._hub.wake)
     return job
+
+
+def session_of(engine: AsyncJobEngine) -> AsyncJobsSession:
+    """The session under an engine view (checkpoint stores and test helpers reach it so)."""
+    return engine._session
+
+
+def settled_wake_of(engine: AsyncJobEngine) -> Callable[[], None]:
+    """What wakes the store's ``wait()``ers once a settlement commits (checkpoint stores)."""
+    return engine._hub.settled
+
+
+def runtime_of(engine: AsyncJobEngine) -> ResolvedRuntime:
+    """The runtime (clock, random, ids) an engine view reads."""
+    return engine._runtime
 
 
 async def settle(engine: AsyncJobEngine, batch: SettleBatch, what: str) -> SettleAnswer:

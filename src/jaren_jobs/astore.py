@@ -16,15 +16,20 @@ import asyncio
 import functools
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
-from contextlib import suppress
+from contextlib import AbstractAsyncContextManager, suppress
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
+from .acheckpoints import AsyncCheckpoints
+from .aengine import AsyncJobEngine, runtime_of, session_of, settled_wake_of
+from .aengine import wait_plan as native_wait_plan
 from .arunner import AsyncCheckpointStore, TaskRouted, ThreadRunner
-from .atx import INSIDE, AsyncTransaction, Mark, TransactionBlock
+from .atransaction import AsyncTransactionState
+from .atx import INSIDE, AsyncTransaction, Mark, NativeTransactionBlock, TransactionBlock
 from .aworker import AsyncWorker
 from .cursor import Barrier, Cursor, Streaming
 from .engine import wait_plan
+from .errors import GateRefused
 from .periodic import Periodic
 from .records import ClaimedJob, Counts, Job, JobError, Lease, NewJob, Outcome, StopOutcome
 from .runtime import Defaults
@@ -95,12 +100,30 @@ class AsyncJobs:
     """``store.jobs`` / ``tx.jobs`` under asyncio: every call of SPEC §3 as a coroutine,
     with the same arguments, results and errors."""
 
-    def __init__(self, jobs: Jobs, runner: ThreadRunner, root: ThreadRunner) -> None:
+    def __init__(
+        self,
+        jobs: Jobs,
+        runner: ThreadRunner,
+        root: ThreadRunner,
+        engine: AsyncJobEngine | None = None,
+        guard: Callable[[], None] | None = None,
+    ) -> None:
         self._jobs = jobs
         self._runner = runner  # where its calls run: the store's threads, or a lane
         self._root = root  # where a worker's own calls run (never a transaction's lane)
+        # async-native (PostgreSQL): the awaited engine its calls go to, and what refuses
+        # a task that is not this transaction's
+        self._engine = engine
+        self._guard = guard
 
     def _run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
+        engine = self._engine
+        if engine is not None and getattr(fn, "__self__", None) is self._jobs:
+            # the sync engine's call of that name, awaited on the loop instead
+            if self._guard is not None:
+                self._guard()
+            native: Callable[..., Awaitable[T]] = getattr(engine, fn.__name__)
+            return native(*args, **kwargs)
         return self._runner.run(functools.partial(fn, *args, **kwargs))
 
     async def enqueue(
@@ -215,7 +238,13 @@ class AsyncJobs:
         """
         # checked where the task's calls run: inside its own transaction that is
         # the transaction's thread, which the refusal must see
-        plan = await self._run(wait_plan, self._jobs, id, timeout_seconds, signal)
+        if self._engine is not None:
+            if self._guard is not None:
+                self._guard()
+            # on the loop: the store's listener is the loop's (LISTEN on an AsyncConnection)
+            plan = native_wait_plan(self._engine, id, timeout_seconds, signal)
+        else:
+            plan = await self._run(wait_plan, self._jobs, id, timeout_seconds, signal)
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
 
@@ -306,7 +335,18 @@ class AsyncJobs:
         return AsyncCursor(cursor, self._runner)
 
     def checkpoints_for(self, claimed: ClaimedJob) -> AsyncCheckpointStore:
-        return AsyncCheckpointStore(self._jobs.checkpoints_for(claimed), self._runner)
+        checkpoints = self._jobs.checkpoints_for(claimed)  # its checks (no I/O)
+        if self._engine is None:
+            return AsyncCheckpointStore(checkpoints, self._runner)
+        native = AsyncCheckpoints(
+            session_of(self._engine),
+            runtime_of(self._engine).now_ms,
+            claimed.id,
+            lambda: claimed.lease,
+            settled_wake_of(self._engine),
+        )
+        # the same shell, its calls awaited on the loop instead of run on a thread
+        return AsyncCheckpointStore(cast(Any, native), cast(ThreadRunner, _Awaited()))
 
     def create_worker(
         self,
@@ -341,8 +381,21 @@ class AsyncJobs:
 _NOT_OPTIONS = frozenset({"self", "handlers"})
 
 
+class _Awaited:
+    """A runner whose calls return awaitables: it awaits them on the loop (no thread)."""
+
+    async def run(self, fn: Callable[[], Awaitable[T]]) -> T:
+        return await fn()
+
+
 class AsyncStore:
-    """An open job store under asyncio. Use :func:`open_async_store`."""
+    """An open job store under asyncio. Use :func:`open_async_store`.
+
+    On PostgreSQL from a URL it is async-native: root calls and transactions are
+    awaited on a pool of psycopg ``AsyncConnection`` objects (no thread per call) and
+    ``wait()`` listens on the loop; SQLite (and a store on the application's own
+    connection) runs its calls on threads the store owns.
+    """
 
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -353,7 +406,23 @@ class AsyncStore:
         self._idle_lanes: list[ThreadRunner] = []
         self._lanes_by_task: dict[asyncio.Task[Any] | None, Mark] = {}
         self._shut = False
-        self.jobs = AsyncJobs(store.jobs, TaskRouted(self._root, self._caller_lane), self._root)
+        self._hub = store._hub
+        self._native = _native_backend(store)
+        self._native_stacks: dict[object, list[AsyncTransactionState]] = {}
+        # what a native transaction level checks is open (AsyncTransactionState)
+        self._backend = self._native if self._native is not None else store._backend
+        engine = None
+        if self._native is not None:
+            session = self._native.root_session(self._hub.runtime, self._hub.idle_claims)
+            engine = AsyncJobEngine(session, self._hub)
+        self.jobs = AsyncJobs(
+            store.jobs, TaskRouted(self._root, self._caller_lane), self._root, engine
+        )
+
+    def _native_tx_jobs(self, state: AsyncTransactionState, guard: Callable[[], None]) -> AsyncJobs:
+        # page() and create_worker() of tx.jobs still go through the sync root
+        # (see docs/asyncio.md): the worker works at the root anyway
+        return AsyncJobs(self._store.jobs, self.jobs._runner, self._root, state.jobs, guard)
 
     @property
     def store(self) -> Store:
@@ -400,10 +469,12 @@ class AsyncStore:
             return None
         return mark.lane
 
-    def transaction(self) -> TransactionBlock[AsyncJobs]:
+    def transaction(self) -> AbstractAsyncContextManager[AsyncTransaction[AsyncJobs]]:
         """``async with store.transaction() as tx``: one transaction of the database,
         belonging to this task; rolled back on an exception or a cancellation. Nested
         in the same task it is a savepoint."""
+        if self._native is not None:
+            return NativeTransactionBlock(self)
         return TransactionBlock(self)
 
     def _tx_jobs(self, transaction: Transaction, lane: ThreadRunner) -> AsyncJobs:
@@ -435,6 +506,12 @@ class AsyncStore:
         """
         if self._shut:
             return []
+        native = self._native
+        if native is not None and native.in_my_transaction():
+            raise GateRefused(
+                "close() was called inside this store's transaction; finish it first",
+                reason="reentrant",
+            )
         lane = self._caller_lane()
         # not on the root threads: those may be waiting for the gate, and a close must
         # begin at once to refuse what waits there (StoreClosed)
@@ -444,6 +521,8 @@ class AsyncStore:
         finally:
             if lane is None:
                 runner.shutdown()
+            if self._store.closed and native is not None and not native.closed:
+                await native.close()  # after the sync side: its workers have stopped
             if self._store.closed and not self._shut:
                 # the threads go only once the store is closed: a refused close leaves it usable
                 self._root.shutdown()
@@ -462,6 +541,16 @@ class AsyncStore:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         return f"<jaren_jobs.AsyncStore {self._store.path or '(connection)'} {state}>"
+
+
+def _native_backend(store: Store) -> Any:
+    """The async-native backend of a PostgreSQL URL store (None: threads serve it)."""
+    if store.backend != "postgres":
+        return None
+    # psycopg only for a PostgreSQL store: the SQLite path never imports it
+    from .backends.postgres.aopen import open_async_postgres  # noqa: PLC0415
+
+    return open_async_postgres(store._backend)  # type: ignore[arg-type]
 
 
 class _Opening:

@@ -14,18 +14,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
+from .agate import current_holder, hold_as, stop_holding
 from .arunner import ThreadRunner
+from .atransaction import AsyncTransactionState
 from .backend import Rows
 from .backends.fetched import Fetched
-from .errors import StorageError
+from .engine import EngineHub
+from .errors import JobsError, StorageError
 from .store import Store, Transaction, current_task
 
-__all__ = ["INSIDE", "AsyncTransaction", "Mark", "TransactionBlock", "TxOwner"]
+__all__ = [
+    "INSIDE",
+    "AsyncTransaction",
+    "Mark",
+    "NativeOwner",
+    "NativeTransactionBlock",
+    "TransactionBlock",
+    "TxOwner",
+    "not_this_task",
+]
 
 T = TypeVar("T")
 JobsT = TypeVar("JobsT")
@@ -47,23 +59,51 @@ class TxOwner(Protocol[JobsT_co]):
         ...
 
 
+class _Statements(Protocol):
+    """Where an open transaction's SQL runs: its lane, or its ``AsyncConnection``."""
+
+    async def execute(self, statement: str, parameters: Any) -> Rows: ...
+
+    async def executemany(self, statement: str, seq_of_parameters: Iterable[Any]) -> Rows: ...
+
+    def after_commit(self, callback: Callable[[], None]) -> None: ...
+
+
 class AsyncTransaction(Generic[JobsT]):
     """An open ``async with store.transaction()``: the application's SQL and ``tx.jobs``.
 
-    Every call runs on the transaction's own lane (the thread that opened it).
-    ``jobs`` is the store's :class:`~jaren_jobs.AsyncJobs` over this transaction
-    (made by the store: this module sits below it).
+    On SQLite every call runs on the transaction's own lane (the thread that
+    opened it); on PostgreSQL it is awaited on the ``AsyncConnection`` the
+    transaction holds. ``jobs`` is the store's :class:`~jaren_jobs.AsyncJobs`
+    over this transaction (made by the store: this module sits below it).
     """
 
-    def __init__(self, transaction: Transaction, lane: ThreadRunner, jobs: JobsT) -> None:
-        self._transaction = transaction
-        self._lane = lane
+    def __init__(self, statements: _Statements, depth: int, jobs: JobsT) -> None:
+        self._statements = statements
         self.jobs = jobs
-        self.depth = transaction.depth
+        self.depth = depth
 
     async def execute(self, statement: str, parameters: Any = ()) -> Rows:
         """The application's own SQL, as its driver takes it (``?`` on SQLite, ``%s`` on
-        psycopg); the rows are read on the lane too (``await rows``-free: they are fetched)."""
+        psycopg); the rows are read whole where it ran, so reading them never waits."""
+        return await self._statements.execute(statement, parameters)
+
+    async def executemany(self, statement: str, seq_of_parameters: Iterable[Any]) -> Rows:
+        return await self._statements.executemany(statement, seq_of_parameters)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the outermost transaction has committed (never on rollback)."""
+        self._statements.after_commit(callback)
+
+
+class _OnLane:
+    """A sync transaction's statements, run on its lane."""
+
+    def __init__(self, transaction: Transaction, lane: ThreadRunner) -> None:
+        self._transaction = transaction
+        self._lane = lane
+
+    async def execute(self, statement: str, parameters: Any) -> Rows:
         return await self._lane.run(
             lambda: Fetched.of(self._transaction.execute(statement, parameters))
         )
@@ -74,8 +114,17 @@ class AsyncTransaction(Generic[JobsT]):
         )
 
     def after_commit(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` once the outermost transaction has committed (never on rollback)."""
         self._transaction.after_commit(callback)
+
+
+def not_this_task() -> StorageError:
+    """What a task hears when it uses another task's transaction."""
+    return StorageError(
+        "a transaction is used only by the task that opened it and the tasks it "
+        "makes inside the block (as a sync transaction only from its thread); "
+        "open a store.transaction() in this task",
+        doing="store.transaction()",
+    )
 
 
 class _OwnedLane(ThreadRunner):
@@ -95,12 +144,7 @@ class _OwnedLane(ThreadRunner):
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         # an ended transaction's call goes on to say so (the sync check, which comes first)
         if self._transaction._active and not self._mark.owns():
-            raise StorageError(
-                "a transaction is used only by the task that opened it and the tasks it "
-                "makes inside the block (as a sync transaction only from its thread); "
-                "open a store.transaction() in this task",
-                doing="store.transaction()",
-            )
+            raise not_this_task()
         return self._lane.submit(fn)
 
     def shutdown(self) -> None:
@@ -188,7 +232,7 @@ class TransactionBlock(Generic[JobsT]):
         if self._owned_lane:
             self._token = INSIDE.set((*INSIDE.get(), mark))
         owned = _OwnedLane(lane, tx, mark)
-        return AsyncTransaction(tx, owned, store._tx_jobs(tx, owned))
+        return AsyncTransaction(_OnLane(tx, owned), tx.depth, store._tx_jobs(tx, owned))
 
     async def __aexit__(
         self,
@@ -219,3 +263,199 @@ class TransactionBlock(Generic[JobsT]):
                 self._token = None
             store._return_lane(mark.lane)
             self._owned_lane = False
+
+
+# ---------------------------------------------------------------- async-native (PostgreSQL)
+
+
+class NativeOwner(Protocol[JobsT_co]):
+    """What a native block needs of its ``AsyncStore``: the async backend, the hub, and
+    each open block's stack of levels (by holder, see :func:`jaren_jobs.agate.hold_as`)."""
+
+    _native: Any  # backends.postgres.astore.AsyncPostgresBackend (imported lazily above)
+    _native_stacks: dict[object, list[AsyncTransactionState]]
+
+    @property
+    def _hub(self) -> EngineHub: ...
+
+    def _native_tx_jobs(self, state: AsyncTransactionState, guard: Callable[[], None]) -> JobsT_co:
+        """The store's ``AsyncJobs`` over ``state``, refusing a stranger task (``guard``)."""
+        ...
+
+
+class _Native:
+    """A native transaction level's statements: awaited on the connection it holds."""
+
+    def __init__(self, state: AsyncTransactionState, guard: Callable[[], None]) -> None:
+        self._state = state
+        self._guard = guard
+
+    async def execute(self, statement: str, parameters: Any) -> Rows:
+        self._guard()
+        return await self._state.execute(statement, parameters)
+
+    async def executemany(self, statement: str, seq_of_parameters: Iterable[Any]) -> Rows:
+        self._guard()
+        return await self._state.executemany(statement, seq_of_parameters)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        self._state.after_commit(callback)
+
+
+async def _to_end(step: Callable[[], Awaitable[None]]) -> None:
+    """Run ``step`` to its end even if this task is cancelled meanwhile (a rollback, the
+    connection's return); the cancellation goes on after. The step's task inherits this
+    context, so it is the same holder."""
+    task = asyncio.ensure_future(step())
+    cancelled = False
+    while True:
+        try:
+            await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+
+
+class NativeTransactionBlock(Generic[JobsT]):
+    """``async with store.transaction()`` on an async-native store: ``Store.transaction``'s
+    steps, awaited (written once here: a sync ``@contextmanager`` generator with
+    ``yield from`` for its savepoints has no line-by-line async form).
+
+    The outermost level takes one connection of the pool for the whole block
+    (its holder is the block: the tasks made inside it hold it too) and commits
+    or rolls back; a nested level in the same task is a savepoint. A task
+    cancelled inside the block rolls the transaction back and gives the
+    connection back before the cancellation goes on.
+    """
+
+    def __init__(self, store: NativeOwner[JobsT]) -> None:
+        self._store = store
+        self._state: AsyncTransactionState | None = None
+        self._holding: contextvars.Token[object | None] | None = None
+        self._holder: object = None
+        self._savepoint = ""
+
+    def _guard_for(self, holder: object) -> Callable[[], None]:
+        def guard() -> None:
+            state = self._state
+            if state is not None and state._active and current_holder() is not holder:
+                raise not_this_task()
+
+        return guard
+
+    async def __aenter__(self) -> AsyncTransaction[JobsT]:
+        what = "store.transaction()"
+        store = self._store
+        backend = store._native
+        backend.check_open(what)
+        stack = store._native_stacks.get(current_holder())
+        if stack:
+            # nested in the same block: a savepoint on the connection it holds
+            parent = stack[-1]
+            parent.check_active(what)
+            handle = parent._handle
+            self._savepoint = f"jaren_jobs_tx_{len(stack)}"
+            state = AsyncTransactionState(store, handle, store._hub, len(stack), parent._outermost)
+            await handle.savepoint(self._savepoint, what)
+            stack.append(state)
+            self._holder = current_holder()
+        else:
+            holder = object()
+            self._holding = hold_as(holder)
+            self._holder = holder
+            try:
+                handle = await backend.begin(what)
+            except BaseException:
+                stop_holding(self._holding)
+                raise
+            state = AsyncTransactionState(store, handle, store._hub, 0)
+            store._native_stacks[holder] = [state]
+        self._state = state
+        guard = self._guard_for(self._holder)
+        return AsyncTransaction(
+            _Native(state, guard), state.depth, store._native_tx_jobs(state, guard)
+        )
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        state = self._state
+        assert state is not None
+        if state.depth:
+            await self._exit_savepoint(state, exc)
+        else:
+            await self._exit_outermost(state, exc)
+        return False
+
+    async def _exit_savepoint(
+        self, state: AsyncTransactionState, exc: BaseException | None
+    ) -> None:
+        what = "store.transaction()"
+        stack = self._store._native_stacks[self._holder]
+        stack.pop()
+        handle = state._handle
+        name = self._savepoint
+        if exc is not None:
+            state._end()
+
+            async def undo() -> None:
+                try:
+                    await handle.rollback_to_savepoint(name, what)
+                    await handle.release_savepoint(name, what)
+                except JobsError:
+                    pass  # the outer rollback undoes it anyway
+
+            await _to_end(undo)
+            return
+        callbacks = state._end()
+        if state.rolled_back():
+            raise state._aborted(what)  # the savepoint went with the whole transaction
+        for callback in callbacks:
+            stack[-1].after_commit(callback)
+        await handle.release_savepoint(name, what)
+
+    async def _exit_outermost(
+        self, state: AsyncTransactionState, exc: BaseException | None
+    ) -> None:
+        what = "store.transaction()"
+        handle = state._handle
+        callbacks: list[Callable[[], None]] = []
+
+        async def rollback_and_return() -> None:
+            try:
+                await handle.rollback_quietly()
+            finally:
+                await handle.release()
+
+        try:
+            if exc is not None:
+                state._end()
+                await _to_end(rollback_and_return)
+                return
+            callbacks = state._end()
+            if state.rolled_back():
+                # the block caught the failure and ended normally: never a COMMIT of
+                # whatever ran since, nor a silent success
+                await _to_end(rollback_and_return)
+                raise state._aborted(what)
+            try:
+                await handle.commit(what)
+            except BaseException:
+                callbacks = []
+                await _to_end(rollback_and_return)
+                raise
+            await _to_end(handle.release)
+        finally:
+            self._store._native_stacks.pop(self._holder, None)
+            if self._holding is not None:
+                stop_holding(self._holding)
+                self._holding = None
+        for callback in callbacks:
+            callback()

@@ -21,7 +21,7 @@ LAYERS: list[set[str]] = [
     {"gate", "agate", "rows", "backend", "abackend", "cursor"},
     {"backends"},
     {"pages", "hub", "waiting"},
-    {"engine", "aengine", "atransaction", "checkpoints", "batcher", "aio"},
+    {"engine", "aengine", "atransaction", "checkpoints", "acheckpoints", "batcher", "aio"},
     # schedules and tick enqueueing: over the engine, given to workers
     {"periodic"},
     {"worker"},
