@@ -334,7 +334,9 @@ def _override(tree: ast.Module, spec: Spec) -> None:
                 stmt.body.extend(replacement)
             break
         else:
-            raise SystemExit(f"{spec.source}: override {key!r} names nothing")
+            if member:
+                raise SystemExit(f"{spec.source}: override {key!r} names nothing")
+            tree.body.extend(replacement)  # a module-level definition the source lacks
 
 
 def _defined_names(tree: ast.Module) -> tuple[set[str], set[str]]:
@@ -579,7 +581,17 @@ def __init__(
     self._held: dict[object, psycopg.Connection[Any]] = {}
     self._open: list[psycopg.Connection[Any]] = []
     _OPEN.add(self)
+    # a pool dropped unclosed (its loop gone, say) ends its sessions quietly
+    weakref.finalize(self, finish_quietly, self._open)
 """,
+    "finish_quietly": '''
+def finish_quietly(connections: list[psycopg.Connection[Any]]) -> None:
+    """End each connection's session without awaiting (libpq's PQfinish): for a pool
+    that is garbage collected unclosed, so psycopg never finds one open there."""
+    for conn in connections:
+        with contextlib.suppress(Exception):
+            conn.pgconn.finish()
+''',
     "PgDatabase.connection": '''
 @property
 def connection(self) -> psycopg.AsyncConnection[Any]:
@@ -820,6 +832,16 @@ def __init__(
     self.jobs = Jobs(handle.session(self, hub.runtime, hub.idle_claims), hub)
 """
 
+_PG_ENDED = """
+def ended_by_database(self) -> bool:
+    # a statement of another task of the block may be running on the connection
+    # (ACTIVE): that is not an end, which only IDLE or an error status is
+    db = self.db
+    if db.closed:
+        return False
+    return db.status not in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.ACTIVE)
+"""
+
 _PG_STORE_EXECUTE = """
 async def execute(
     self,
@@ -874,7 +896,10 @@ SPECS = (
                 "PostgresBackend.connection",
             }
         ),
-        overrides={"PostgresTransaction.execute": _PG_STORE_EXECUTE},
+        overrides={
+            "PostgresTransaction.execute": _PG_STORE_EXECUTE,
+            "PostgresTransaction.ended_by_database": _PG_ENDED,
+        },
         imports=(
             "from typing import cast",
             "from jaren_jobs.backends.fetched import Fetched",

@@ -57,6 +57,7 @@ class AsyncPgDatabase:
         self._held: dict[object, psycopg.AsyncConnection[Any]] = {}
         self._open: list[psycopg.AsyncConnection[Any]] = []
         _OPEN.add(self)
+        weakref.finalize(self, finish_quietly, self._open)
 
     async def _connect(self, doing: str) -> psycopg.AsyncConnection[Any]:
         assert self.conninfo is not None
@@ -349,3 +350,11 @@ def _after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
+
+
+def finish_quietly(connections: list[psycopg.AsyncConnection[Any]]) -> None:
+    """End each connection's session without awaiting (libpq's PQfinish): for a pool
+    that is garbage collected unclosed, so psycopg never finds one open there."""
+    for conn in connections:
+        with contextlib.suppress(Exception):
+            conn.pgconn.finish()

@@ -50,10 +50,11 @@ class AsyncListener:
         """Listen (from a coroutine of the store's loop), and call ``wake`` on enqueues."""
         if wake is not None and wake not in self._wakers:
             self._wakers.append(wake)
-        if self._task is None and not self._stopping:
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name="jaren_jobs-alisten"
-            )
+        task = self._task
+        if self._stopping or (task is not None and not task.done()):
+            return
+        # (again, if the loop it ran on ended: asyncio.run cancels what is left)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="jaren_jobs-alisten")
 
     def on_settled(self, wake: Callable[[], None]) -> None:
         """Also call ``wake`` on every settlement NOTIFY (and on every reconnection)."""

@@ -142,7 +142,7 @@ class AsyncPostgresTransaction:
         db = self.db
         if db.closed:
             return False
-        return db.status != pq.TransactionStatus.INTRANS
+        return db.status not in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.ACTIVE)
 
     async def savepoint(self, name: str, what: str) -> None:
         await self.db.run(sql.savepoint(name), doing=what)
