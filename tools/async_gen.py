@@ -863,7 +863,7 @@ async def execute(
             await cursor.execute(statement, cast(Any, parameters) or None)
         rows = await cursor.fetchall() if cursor.description is not None else []
     except psycopg.Error as exc:
-        raise transaction.explain(storage_error(exc, what)) from exc
+        raise storage_error(exc, what) from exc  # explained by the transaction's _run
     return Fetched(rows, cursor.rowcount, None, cursor.description)
 """
 

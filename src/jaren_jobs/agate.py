@@ -39,7 +39,10 @@ def current_holder() -> object:
     """Who holds a place when the caller takes one: the transaction block it is inside
     (see :func:`hold_as`), else its task (``None`` outside any)."""
     holder = _HOLDER.get()
-    return holder if holder is not None else asyncio.current_task()
+    if holder is not None:
+        return holder
+    # off the loop (a cursor's pull on the store's thread): no task, so no holder
+    return None if asyncio.events._get_running_loop() is None else asyncio.current_task()
 
 
 def hold_as(holder: object) -> contextvars.Token[object | None]:

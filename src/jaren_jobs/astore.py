@@ -60,9 +60,16 @@ class AsyncCursor(Generic[Item]):
     still takes the store's connection per pull, never between pulls).
     """
 
-    def __init__(self, cursor: Cursor[Item], runner: ThreadRunner) -> None:
+    def __init__(
+        self,
+        cursor: Cursor[Item],
+        runner: ThreadRunner,
+        bind: Callable[[asyncio.AbstractEventLoop], None] | None = None,
+    ) -> None:
         self._cursor = cursor
         self._runner = runner
+        # async-native: the cursor's statements go back to the loop each pull comes from
+        self._bind = bind
 
     @property
     def streaming(self) -> Streaming:
@@ -80,6 +87,8 @@ class AsyncCursor(Generic[Item]):
         return self
 
     async def __anext__(self) -> Item:
+        if self._bind is not None:
+            self._bind(asyncio.get_running_loop())
         done = object()
         item = await self._runner.run(lambda: next(self._cursor, done))
         if item is done:
@@ -87,6 +96,8 @@ class AsyncCursor(Generic[Item]):
         return item  # type: ignore[return-value]
 
     async def close(self) -> None:
+        if self._bind is not None:
+            self._bind(asyncio.get_running_loop())
         await self._runner.run_to_end(self._cursor.close)
 
     async def __aenter__(self) -> AsyncCursor[Item]:
@@ -323,6 +334,9 @@ class AsyncJobs:
 
         Nothing is read until the first pull; bad filters raise at once.
         """
+        if self._engine is not None:
+            native, bind = self._native_page(state, kind, after, limit, signal, deadline, queue)
+            return AsyncCursor(native, self._runner, bind)
         cursor = self._jobs.page(
             state=state,
             kind=kind,
@@ -333,6 +347,31 @@ class AsyncJobs:
             queue=queue,
         )
         return AsyncCursor(cursor, self._runner)
+
+    def _native_page(
+        self, *filters: Any
+    ) -> tuple[Cursor[Job], Callable[[asyncio.AbstractEventLoop], None]]:
+        """The keyset cursor whose pulls' statements await the async pool (its pulls run
+        on the store's threads, as every AsyncCursor's do)."""
+        from .backends.postgres.apages import page_jobs_async  # noqa: PLC0415 - psycopg
+
+        # nothing checked here (page() reads nothing): each pull checks its transaction
+        assert self._engine is not None
+        session: Any = session_of(self._engine)
+        scope = session.scope
+        state, kind, after, limit, signal, deadline, queue = filters
+        return page_jobs_async(
+            session.db,
+            runtime_of(self._engine),
+            None if scope.root else scope._check,
+            state=state,
+            kind=kind,
+            after=after,
+            limit=limit,
+            signal=signal,
+            deadline=deadline,
+            queue=queue,
+        )
 
     def checkpoints_for(self, claimed: ClaimedJob) -> AsyncCheckpointStore:
         checkpoints = self._jobs.checkpoints_for(claimed)  # its checks (no I/O)

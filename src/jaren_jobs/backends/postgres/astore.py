@@ -135,7 +135,7 @@ class AsyncPostgresTransaction:
                 await cursor.execute(statement, cast(Any, parameters) or None)
             rows = await cursor.fetchall() if cursor.description is not None else []
         except psycopg.Error as exc:
-            raise transaction.explain(storage_error(exc, what)) from exc
+            raise storage_error(exc, what) from exc
         return Fetched(rows, cursor.rowcount, None, cursor.description)
 
     def ended_by_database(self) -> bool:
