@@ -648,7 +648,7 @@ SPECS: tuple[Spec, ...] = (
     Spec(
         source="backend.py",
         target="abackend.py",
-                awaited=_SESSION_AWAITED | _HANDLE_AWAITED,
+        awaited=_SESSION_AWAITED | _HANDLE_AWAITED,
         keep=frozenset({"Scope", "JobsSession", "AppTransaction", "T", "__all__"}),
         names={
             "Scope": "AsyncScope",
