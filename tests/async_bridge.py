@@ -235,7 +235,10 @@ class BridgeStore:
         self.close()
 
     def __getattr__(self, name: str) -> Any:
-        # store.connection, store._backend: the sync store the async one wraps
+        if name == "_backend":
+            # the database the async calls reach: on PostgreSQL its async pool and gate
+            return self.astore._backend
+        # store.connection: the sync store the async one wraps
         return getattr(self.astore.store, name)
 
     def __repr__(self) -> str:

@@ -7,33 +7,29 @@ a parity test (``tests/unit/test_async_parity.py``).
 Where the calls run. The store's root calls run on threads the store owns
 (one for SQLite, whose single connection serves one call at a time anyway;
 a few for a pooled PostgreSQL store). A transaction runs on a *lane* of its
-own — one thread that opens it, runs each of its statements and commits it —
-because a store's transaction belongs to the thread that opened it. So a
-transaction belongs to the task that opened it: another task's transaction
-runs on another lane, and on SQLite waits (on that lane's thread, never on
-the loop) until the first commits. A task cancelled inside
-``store.transaction()`` rolls it back before the cancellation goes on.
+own (:mod:`jaren_jobs.atx`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import functools
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager, suppress
+from contextlib import AbstractAsyncContextManager, suppress
 from datetime import datetime
-from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
+from .acheckpoints import AsyncCheckpoints
+from .aengine import AsyncJobEngine, runtime_of, session_of, settled_wake_of
+from .aengine import wait_plan as native_wait_plan
 from .arunner import AsyncCheckpointStore, GroupCommit, TaskRouted, ThreadRunner
+from .atransaction import AsyncTransactionState
+from .atx import INSIDE, AsyncTransaction, Mark, NativeTransactionBlock, TransactionBlock
 from .aworker import AsyncWorker
-from .backend import Rows
 from .cursor import Barrier, Cursor, Streaming
 from .engine import wait_plan
-from .errors import StorageError
+from .errors import GateRefused
 from .periodic import Periodic
 from .records import ClaimedJob, Counts, Job, JobError, Lease, NewJob, Outcome, StopOutcome
 from .runtime import Defaults
@@ -64,9 +60,16 @@ class AsyncCursor(Generic[Item]):
     still takes the store's connection per pull, never between pulls).
     """
 
-    def __init__(self, cursor: Cursor[Item], runner: ThreadRunner) -> None:
+    def __init__(
+        self,
+        cursor: Cursor[Item],
+        runner: ThreadRunner,
+        bind: Callable[[asyncio.AbstractEventLoop], None] | None = None,
+    ) -> None:
         self._cursor = cursor
         self._runner = runner
+        # async-native: the cursor's statements go back to the loop each pull comes from
+        self._bind = bind
 
     @property
     def streaming(self) -> Streaming:
@@ -84,6 +87,8 @@ class AsyncCursor(Generic[Item]):
         return self
 
     async def __anext__(self) -> Item:
+        if self._bind is not None:
+            self._bind(asyncio.get_running_loop())
         done = object()
         item = await self._runner.run(lambda: next(self._cursor, done))
         if item is done:
@@ -91,6 +96,8 @@ class AsyncCursor(Generic[Item]):
         return item  # type: ignore[return-value]
 
     async def close(self) -> None:
+        if self._bind is not None:
+            self._bind(asyncio.get_running_loop())
         await self._runner.run_to_end(self._cursor.close)
 
     async def __aenter__(self) -> AsyncCursor[Item]:
@@ -109,14 +116,28 @@ class AsyncJobs:
         jobs: Jobs,
         runner: ThreadRunner,
         root: ThreadRunner,
+        engine: AsyncJobEngine | None = None,
+        guard: Callable[[], None] | None = None,
         enqueues: GroupCommit | None = None,
     ) -> None:
         self._jobs = jobs
         self._runner = runner  # where its calls run: the store's threads, or a lane
         self._root = root  # where a worker's own calls run (never a transaction's lane)
-        self._enqueues = enqueues  # the root's concurrent enqueues share commits
+        # async-native (PostgreSQL): the awaited engine its calls go to, and what refuses
+        # a task that is not this transaction's
+        self._engine = engine
+        self._guard = guard
+        # on the threads (SQLite), the root's concurrent enqueues share commits
+        self._enqueues = None if engine is not None else enqueues
 
     def _run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
+        engine = self._engine
+        if engine is not None and getattr(fn, "__self__", None) is self._jobs:
+            # the sync engine's call of that name, awaited on the loop instead
+            if self._guard is not None:
+                self._guard()
+            native: Callable[..., Awaitable[T]] = getattr(engine, fn.__name__)
+            return native(*args, **kwargs)
         return self._runner.run(functools.partial(fn, *args, **kwargs))
 
     async def enqueue(
@@ -247,7 +268,13 @@ class AsyncJobs:
         """
         # checked where the task's calls run: inside its own transaction that is
         # the transaction's thread, which the refusal must see
-        plan = await self._run(wait_plan, self._jobs, id, timeout_seconds, signal)
+        if self._engine is not None:
+            if self._guard is not None:
+                self._guard()
+            # on the loop: the store's listener is the loop's (LISTEN on an AsyncConnection)
+            plan = native_wait_plan(self._engine, id, timeout_seconds, signal)
+        else:
+            plan = await self._run(wait_plan, self._jobs, id, timeout_seconds, signal)
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
 
@@ -330,6 +357,9 @@ class AsyncJobs:
 
         Nothing is read until the first pull; bad filters raise at once.
         """
+        if self._engine is not None:
+            native, bind = self._native_page(state, kind, after, limit, signal, deadline, queue)
+            return AsyncCursor(native, self._runner, bind)
         cursor = self._jobs.page(
             state=state,
             kind=kind,
@@ -341,8 +371,44 @@ class AsyncJobs:
         )
         return AsyncCursor(cursor, self._runner)
 
+    def _native_page(
+        self, *filters: Any
+    ) -> tuple[Cursor[Job], Callable[[asyncio.AbstractEventLoop], None]]:
+        """The keyset cursor whose pulls' statements await the async pool (its pulls run
+        on the store's threads, as every AsyncCursor's do)."""
+        from .backends.postgres.apages import page_jobs_async  # noqa: PLC0415 - psycopg
+
+        # nothing checked here (page() reads nothing): each pull checks its transaction
+        assert self._engine is not None
+        session: Any = session_of(self._engine)
+        scope = session.scope
+        state, kind, after, limit, signal, deadline, queue = filters
+        return page_jobs_async(
+            session.db,
+            runtime_of(self._engine),
+            None if scope.root else scope._check,
+            state=state,
+            kind=kind,
+            after=after,
+            limit=limit,
+            signal=signal,
+            deadline=deadline,
+            queue=queue,
+        )
+
     def checkpoints_for(self, claimed: ClaimedJob) -> AsyncCheckpointStore:
-        return AsyncCheckpointStore(self._jobs.checkpoints_for(claimed), self._runner)
+        checkpoints = self._jobs.checkpoints_for(claimed)  # its checks (no I/O)
+        if self._engine is None:
+            return AsyncCheckpointStore(checkpoints, self._runner)
+        native = AsyncCheckpoints(
+            session_of(self._engine),
+            runtime_of(self._engine).now_ms,
+            claimed.id,
+            lambda: claimed.lease,
+            settled_wake_of(self._engine),
+        )
+        # the same shell, its calls awaited on the loop instead of run on a thread
+        return AsyncCheckpointStore(cast(Any, native), cast(ThreadRunner, _Awaited()))
 
     def create_worker(
         self,
@@ -377,217 +443,21 @@ class AsyncJobs:
 _NOT_OPTIONS = frozenset({"self", "handlers"})
 
 
-class AsyncTransaction:
-    """An open ``async with store.transaction()``: the application's SQL and ``tx.jobs``.
+class _Awaited:
+    """A runner whose calls return awaitables: it awaits them on the loop (no thread)."""
 
-    Every call runs on the transaction's own lane (the thread that opened it).
-    """
-
-    def __init__(self, transaction: Transaction, lane: ThreadRunner, root: ThreadRunner) -> None:
-        self._transaction = transaction
-        self._lane = lane
-        self.jobs = AsyncJobs(transaction.jobs, lane, root)
-        self.depth = transaction.depth
-
-    async def execute(self, statement: str, parameters: Any = ()) -> Rows:
-        """The application's own SQL, as its driver takes it (``?`` on SQLite, ``%s`` on
-        psycopg); the rows are read on the lane too (``await rows``-free: they are fetched)."""
-        return await self._lane.run(
-            lambda: _Fetched(self._transaction.execute(statement, parameters))
-        )
-
-    async def executemany(self, statement: str, seq_of_parameters: Iterable[Any]) -> Rows:
-        return await self._lane.run(
-            lambda: _Fetched(self._transaction.executemany(statement, seq_of_parameters))
-        )
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` once the outermost transaction has committed (never on rollback)."""
-        self._transaction.after_commit(callback)
-
-
-class _OwnedLane(ThreadRunner):
-    """A transaction's lane as its calls reach it: only from the task that opened it.
-
-    The lane's thread is the transaction's, so the sync check (same thread) passes
-    for any task's call; this is the async API's own check. Another task's
-    statement would otherwise land in the middle of this task's transaction and
-    commit or roll back with it.
-    """
-
-    def __init__(self, lane: ThreadRunner, transaction: Transaction, mark: _Mark) -> None:
-        self._lane = lane
-        self._transaction = transaction
-        self._mark = mark
-
-    def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
-        # an ended transaction's call goes on to say so (the sync check, which comes first)
-        if self._transaction._active and not self._mark.owns():
-            raise StorageError(
-                "a transaction is used only by the task that opened it and the tasks it "
-                "makes inside the block (as a sync transaction only from its thread); "
-                "open a store.transaction() in this task",
-                doing="store.transaction()",
-            )
-        return self._lane.submit(fn)
-
-    def shutdown(self) -> None:
-        self._lane.shutdown()
-
-
-class _Fetched(Rows):
-    """A result read whole on the lane, so the loop never waits on the driver for a row."""
-
-    def __init__(self, rows: Rows) -> None:
-        self._rowcount = rows.rowcount
-        self._lastrowid = rows.lastrowid
-        self._description = rows.description
-        self._rows = rows.fetchall() if rows.description is not None else []
-        self._at = 0
-
-    def fetchone(self) -> Any:
-        if self._at >= len(self._rows):
-            return None
-        self._at += 1
-        return self._rows[self._at - 1]
-
-    def fetchall(self) -> list[Any]:
-        rest, self._at = self._rows[self._at :], len(self._rows)
-        return rest
-
-    def fetchmany(self, size: int = 1) -> list[Any]:
-        part = self._rows[self._at : self._at + size]
-        self._at += len(part)
-        return part
-
-    @property
-    def rowcount(self) -> int:
-        return self._rowcount
-
-    @property
-    def lastrowid(self) -> int | None:
-        return self._lastrowid
-
-    @property
-    def description(self) -> Any:
-        return self._description
-
-
-class _Mark:
-    """An open outermost transaction of a task: its lane, and whether it is still open.
-
-    The task that opened it owns it; so do the tasks that task makes inside the
-    block (``asyncio.wait_for`` and ``gather`` make one per call before Python
-    3.12), which find the mark in the context they copied (:data:`_INSIDE`).
-    """
-
-    __slots__ = ("lane", "open", "store", "task")
-
-    def __init__(self, store: AsyncStore, lane: ThreadRunner, task: asyncio.Task[Any] | None):
-        self.store = store
-        self.lane = lane
-        self.task = task
-        self.open = True
-
-    def owns(self) -> bool:
-        """Whether the calling task may use this transaction (its own, or one it made)."""
-        return self.open and (current_task() is self.task or self in _INSIDE.get())
-
-
-# the transactions the calling context is inside (each a _Mark): copied into the tasks
-# made inside an ``async with store.transaction()`` block
-_INSIDE: contextvars.ContextVar[tuple[_Mark, ...]] = contextvars.ContextVar(
-    "jaren_jobs_inside_transactions", default=()
-)
-
-
-class _TransactionBlock:
-    """What ``AsyncStore.transaction()`` returns: ``async with`` it (on one task)."""
-
-    def __init__(self, store: AsyncStore) -> None:
-        self._store = store
-        self._mark: _Mark | None = None
-        self._block: AbstractContextManager[Transaction] | None = None
-        self._owned_lane = False
-        self._token: contextvars.Token[tuple[_Mark, ...]] | None = None
-
-    async def __aenter__(self) -> AsyncTransaction:
-        store = self._store
-        task = current_task()
-        held = store._lanes_by_task.get(task)
-        if held is not None:
-            # nested in the same task: a savepoint on the lane that holds the transaction
-            mark = held
-        else:
-            mark = _Mark(store, await store._take_lane(), task)
-            self._owned_lane = True
-            store._lanes_by_task[task] = mark
-        self._mark = mark
-        lane = mark.lane
-        block = store._store.transaction()
-        entered = lane.submit(block.__enter__)
-        cancelled: asyncio.CancelledError | None = None
-        while True:
-            try:
-                tx = await asyncio.shield(entered)
-                break
-            except asyncio.CancelledError as exc:
-                if entered.done() and not entered.cancelled() and entered.exception() is None:
-                    tx, cancelled = entered.result(), exc
-                    break
-                if entered.done():
-                    self._give_back()
-                    raise
-                cancelled = exc  # wait for BEGIN to finish, then roll it back
-            except BaseException:
-                self._give_back()
-                raise
-        if cancelled is not None:
-            # cancelled while it opened: the transaction it opened ends rolled back
-            failure = cancelled
-            try:
-                await lane.run_to_end(lambda: block.__exit__(type(failure), failure, None))
-            finally:
-                self._give_back()
-            raise cancelled
-        self._block = block
-        if self._owned_lane:
-            self._token = _INSIDE.set((*_INSIDE.get(), mark))
-        return AsyncTransaction(tx, _OwnedLane(lane, tx, mark), store._root)
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        assert self._mark is not None
-        assert self._block is not None
-        block = self._block
-        try:
-            # a cancelled task's rollback (CancelledError is a BaseException) runs to its end
-            return bool(await self._mark.lane.run_to_end(lambda: block.__exit__(exc_type, exc, tb)))
-        finally:
-            self._give_back()
-
-    def _give_back(self) -> None:
-        if self._owned_lane:
-            store = self._store
-            mark = self._mark
-            assert mark is not None
-            mark.open = False
-            store._lanes_by_task.pop(mark.task, None)
-            if self._token is not None:
-                # exited in another context than it entered: nothing there to undo
-                with contextlib.suppress(ValueError):
-                    _INSIDE.reset(self._token)
-                self._token = None
-            store._return_lane(mark.lane)
-            self._owned_lane = False
+    async def run(self, fn: Callable[[], Awaitable[T]]) -> T:
+        return await fn()
 
 
 class AsyncStore:
-    """An open job store under asyncio. Use :func:`open_async_store`."""
+    """An open job store under asyncio. Use :func:`open_async_store`.
+
+    On PostgreSQL from a URL it is async-native: root calls and transactions are
+    awaited on a pool of psycopg ``AsyncConnection`` objects (no thread per call) and
+    ``wait()`` listens on the loop; SQLite (and a store on the application's own
+    connection) runs its calls on threads the store owns.
+    """
 
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -596,14 +466,29 @@ class AsyncStore:
         self._lanes_lock = threading.Lock()
         self._lane_slots = asyncio.Semaphore(_LANES)
         self._idle_lanes: list[ThreadRunner] = []
-        self._lanes_by_task: dict[asyncio.Task[Any] | None, _Mark] = {}
+        self._lanes_by_task: dict[asyncio.Task[Any] | None, Mark] = {}
         self._shut = False
+        self._hub = store._hub
+        self._native = _native_backend(store)
+        self._native_stacks: dict[object, list[AsyncTransactionState]] = {}
+        # what a native transaction level checks is open (AsyncTransactionState)
+        self._backend = self._native if self._native is not None else store._backend
+        engine = None
+        if self._native is not None:
+            session = self._native.root_session(self._hub.runtime, self._hub.idle_claims)
+            engine = AsyncJobEngine(session, self._hub)
         self.jobs = AsyncJobs(
             store.jobs,
             TaskRouted(self._root, self._caller_lane),
             self._root,
-            GroupCommit(store.jobs, store.transaction),
+            engine,
+            enqueues=None if engine is not None else GroupCommit(store.jobs, store.transaction),
         )
+
+    def _native_tx_jobs(self, state: AsyncTransactionState, guard: Callable[[], None]) -> AsyncJobs:
+        # page() and create_worker() of tx.jobs still go through the sync root
+        # (see docs/asyncio.md): the worker works at the root anyway
+        return AsyncJobs(self._store.jobs, self.jobs._runner, self._root, state.jobs, guard)
 
     @property
     def store(self) -> Store:
@@ -644,17 +529,22 @@ class AsyncStore:
             return None
         mark = self._lanes_by_task.get(current_task())
         if mark is None:
-            for inside in _INSIDE.get():
+            for inside in INSIDE.get():
                 if inside.store is self and inside.open:
                     return inside.lane
             return None
         return mark.lane
 
-    def transaction(self) -> _TransactionBlock:
+    def transaction(self) -> AbstractAsyncContextManager[AsyncTransaction[AsyncJobs]]:
         """``async with store.transaction() as tx``: one transaction of the database,
         belonging to this task; rolled back on an exception or a cancellation. Nested
         in the same task it is a savepoint."""
-        return _TransactionBlock(self)
+        if self._native is not None:
+            return NativeTransactionBlock(self)
+        return TransactionBlock(self)
+
+    def _tx_jobs(self, transaction: Transaction, lane: ThreadRunner) -> AsyncJobs:
+        return AsyncJobs(transaction.jobs, lane, self._root)
 
     async def _take_lane(self) -> ThreadRunner:
         # a bounded number of transactions at once, each on its own thread; the rest wait
@@ -682,6 +572,12 @@ class AsyncStore:
         """
         if self._shut:
             return []
+        native = self._native
+        if native is not None and native.in_my_transaction():
+            raise GateRefused(
+                "close() was called inside this store's transaction; finish it first",
+                reason="reentrant",
+            )
         lane = self._caller_lane()
         # not on the root threads: those may be waiting for the gate, and a close must
         # begin at once to refuse what waits there (StoreClosed)
@@ -691,6 +587,8 @@ class AsyncStore:
         finally:
             if lane is None:
                 runner.shutdown()
+            if self._store.closed and native is not None and not native.closed:
+                await native.close()  # after the sync side: its workers have stopped
             if self._store.closed and not self._shut:
                 # the threads go only once the store is closed: a refused close leaves it usable
                 self._root.shutdown()
@@ -709,6 +607,16 @@ class AsyncStore:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         return f"<jaren_jobs.AsyncStore {self._store.path or '(connection)'} {state}>"
+
+
+def _native_backend(store: Store) -> Any:
+    """The async-native backend of a PostgreSQL URL store (None: threads serve it)."""
+    if store.backend != "postgres":
+        return None
+    # psycopg only for a PostgreSQL store: the SQLite path never imports it
+    from .backends.postgres.aopen import open_async_postgres  # noqa: PLC0415
+
+    return open_async_postgres(store._backend)  # type: ignore[arg-type]
 
 
 class _Opening:

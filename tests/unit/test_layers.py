@@ -18,16 +18,17 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "jaren_jobs"
 LAYERS: list[set[str]] = [
     {"errors", "runtime", "signals", "codec", "records", "cron", "snooze", "tracebacks"},
     {"core"},
-    {"gate", "rows", "backend", "cursor"},
+    {"gate", "agate", "rows", "backend", "abackend", "cursor"},
     {"backends"},
     {"pages", "hub", "waiting", "history", "admin"},
-    {"engine", "checkpoints", "batcher", "aio"},
+    {"engine", "aengine", "atransaction", "checkpoints", "acheckpoints", "batcher", "aio"},
     # schedules and tick enqueueing: over the engine, given to workers
     {"periodic"},
     {"worker"},
     {"store"},
     {"arunner"},
     {"aworker"},
+    {"atx"},
     {"astore", "dag", "contrib", "dashboard", "demo", "cli", "testing"},
     {"__init__", "__main__"},
 ]

@@ -1,0 +1,264 @@
+"""The async store on PostgreSQL runs on psycopg's AsyncConnection: seen from the server
+and from the threads of the process.
+
+What the async API promises (same answers as the sync one) is the conformance
+suite's, which runs whole on the ``postgres-async`` harness; this file checks
+how: no thread per call, the async pool's rules, LISTEN on the loop, and a
+server restart under async load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+import jaren_jobs
+from jaren_jobs import AsyncStore, GateRefused, StorageError
+from tests.harness import PostgresUrl
+from tests.processes.pg_support import PrivateServer, private_pg, schema_on
+
+psycopg = pytest.importorskip("psycopg", reason="the dev extra installs psycopg")
+
+__all__ = ["private_pg"]
+
+WAIT = 10.0
+
+
+def run(main: Callable[[], Awaitable[Any]]) -> Any:
+    return asyncio.run(asyncio.wait_for(main(), WAIT * 6))
+
+
+def _pool(store: AsyncStore) -> Any:
+    return store._native.db  # the async pool (AsyncPgDatabase)
+
+
+def _live(pg: PostgresUrl, pids: set[int]) -> set[int]:
+    with psycopg.connect(pg.server_url, autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)", (list(pids),)
+        ).fetchall()
+    return {int(pid) for (pid,) in rows}
+
+
+async def _pids(store: AsyncStore, n: int) -> tuple[set[int], Callable[[], Awaitable[None]]]:
+    """``n`` tasks' transactions open at once: their connections' server pids, and what
+    ends them."""
+    inside = [asyncio.Event() for _ in range(n)]
+    leave = asyncio.Event()
+    pids: set[int] = set()
+
+    async def hold(index: int) -> None:
+        async with store.transaction() as tx:
+            rows = await tx.execute("SELECT pg_backend_pid()")
+            pids.add(int(rows.fetchone()[0]))
+            inside[index].set()
+            await leave.wait()
+
+    tasks = [asyncio.create_task(hold(i)) for i in range(n)]
+    for event in inside:
+        await asyncio.wait_for(event.wait(), WAIT)
+
+    async def end() -> None:
+        leave.set()
+        await asyncio.gather(*tasks)
+
+    return pids, end
+
+
+def test_calls_run_on_async_connections_without_a_thread_each(pg: PostgresUrl) -> None:
+    async def main() -> None:
+        async with jaren_jobs.open_async_store(pg.url, pool_size=4) as store:
+            await store.jobs.enqueue("k", id="warm")  # the first connection opens
+            threads = threading.active_count()
+            names = {t.name for t in threading.enumerate()}
+
+            async def one(n: int) -> None:
+                job = await store.jobs.enqueue("k", {"n": n}, id=f"j{n:03}")
+                assert (await store.jobs.get(job.id)) == job
+
+            await asyncio.gather(*(one(n) for n in range(200)))
+            async with store.transaction() as tx:
+                await tx.jobs.enqueue("k", id="in-tx")
+                await tx.execute("SELECT 1")
+            assert threading.active_count() == threads
+            assert {t.name for t in threading.enumerate()} == names
+            pool = _pool(store)
+            assert 1 <= pool.size <= 4
+            assert all(isinstance(c, psycopg.AsyncConnection) for c in pool._open)
+            # the sync pool underneath kept the one connection it opened with: no call
+            # of the async API went through it
+            assert store.store._backend.db.size == 1  # type: ignore[attr-defined]
+
+    run(main)
+    assert len(pg.job_ids()) == 202
+
+
+def test_the_async_pool_opens_lazily_up_to_its_size_and_closes_every_one(
+    pg: PostgresUrl,
+) -> None:
+    async def main() -> set[int]:
+        store = await jaren_jobs.open_async_store(pg.url, pool_size=3)
+        try:
+            assert _pool(store).size == 0  # nothing opened before a call needs it
+            await store.jobs.counts()
+            assert _pool(store).size == 1
+            pids, end = await _pids(store, 3)
+            assert len(pids) == 3
+            assert _pool(store).size == 3
+            assert _live(pg, pids) == pids
+            await end()
+            await store.jobs.counts()  # LIFO: a quiet store reuses the last one given back
+            assert _pool(store).size == 3
+        finally:
+            await store.close()
+        return pids
+
+    pids = run(main)
+    assert _live(pg, pids) == set()
+
+
+def test_a_full_pool_queues_fairly_and_times_out_as_gate_refused(pg: PostgresUrl) -> None:
+    async def main() -> None:
+        async with jaren_jobs.open_async_store(
+            pg.url, pool_size=2, gate_timeout_seconds=0.3
+        ) as store:
+            _, end = await _pids(store, 2)
+            began = time.monotonic()
+            with pytest.raises(GateRefused) as info:
+                await store.jobs.enqueue("k", id="late")
+            assert info.value.details["reason"] == "timeout"
+            assert time.monotonic() - began >= 0.25
+            await end()
+        assert pg.job_ids() == []
+
+        async with jaren_jobs.open_async_store(
+            pg.url, pool_size=1, gate_timeout_seconds=WAIT
+        ) as store:
+            _, end = await _pids(store, 1)
+            order: list[str] = []
+
+            async def queued(name: str) -> None:
+                await store.jobs.enqueue("k", id=name)
+                order.append(name)
+
+            gate = _pool(store).gate
+            first = asyncio.create_task(queued("first"))
+            while gate.waiting() < 1:
+                await asyncio.sleep(0)
+            second = asyncio.create_task(queued("second"))
+            while gate.waiting() < 2:
+                await asyncio.sleep(0)
+            await end()
+            await asyncio.gather(first, second)
+            assert order == ["first", "second"]  # served in arrival order
+
+    run(main)
+
+
+def test_a_broken_connection_fails_its_call_and_leaves_with_the_idle_ones(
+    pg: PostgresUrl,
+) -> None:
+    async def main() -> None:
+        async with jaren_jobs.open_async_store(pg.url, pool_size=3) as store:
+            pids, end = await _pids(store, 3)
+            await end()
+            with psycopg.connect(pg.server_url, autocommit=True) as admin:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid",
+                    (list(pids),),
+                )
+            deadline = time.monotonic() + WAIT
+            while _live(pg, pids):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            with pytest.raises(StorageError) as info:
+                await store.jobs.enqueue("k", id="lost")
+            assert isinstance(info.value.__cause__, psycopg.Error)
+            # the idle ones went with it: the next calls open fresh connections
+            assert _pool(store).size == 0
+            for n in range(3):
+                await store.jobs.enqueue("k", id=f"after-{n}")
+            again, end = await _pids(store, 3)
+            await end()
+            assert not again & pids
+
+    run(main)
+    assert pg.job_ids() == ["after-0", "after-1", "after-2"]
+
+
+def test_wait_is_woken_by_a_notify_from_another_store_listening_on_the_loop(
+    pg: PostgresUrl,
+) -> None:
+    other = pg.open()  # another store, as another process's: its own hub, so only NOTIFY
+    other.jobs.enqueue("k", id="w")
+    claimed = other.jobs.claim(["k"], owner="elsewhere")
+    assert claimed is not None
+
+    async def main() -> float:
+        async with jaren_jobs.open_async_store(pg.url) as store:
+            waiting = asyncio.create_task(store.jobs.wait("w", timeout_seconds=WAIT))
+            listener = _pool(store).listener
+            await asyncio.wait_for(listener.connected.wait(), WAIT)
+            # LISTEN runs on the loop: no listener thread, its connection an async one
+            assert "jaren_jobs-listen" not in {t.name for t in threading.enumerate()}
+            assert isinstance(listener.connection, psycopg.AsyncConnection)
+            await asyncio.sleep(0.05)  # the wait has read the row once and sleeps now
+            began = time.monotonic()
+            await asyncio.to_thread(other.jobs.complete, claimed.lease, "ok")
+            job = await waiting
+            assert job.state == "done"
+            return time.monotonic() - began
+
+    woke = run(main)
+    # well inside the 1 s poll a listened wait keeps as a fallback: the NOTIFY woke it
+    assert woke < 0.5, woke
+
+
+def test_a_server_restart_under_async_load_is_storage_errors_then_recovery(
+    private_pg: PrivateServer,
+) -> None:
+    with schema_on(private_pg.url()) as schema:
+        url = schema.url
+        jaren_jobs.open_store(url).close()  # the tables
+
+        async def main() -> tuple[int, int, list[Exception]]:
+            async with jaren_jobs.open_async_store(url, pool_size=3) as store:
+                acked = 0
+                refused: list[Exception] = []
+
+                async def load(worker: int, count: int) -> None:
+                    nonlocal acked
+                    for n in range(count):
+                        try:
+                            await store.jobs.enqueue("k", id=f"w{worker}-{n}-{time.monotonic()}")
+                            acked += 1
+                        except (StorageError, GateRefused) as exc:
+                            refused.append(exc)
+                            await asyncio.sleep(0.01)
+
+                await asyncio.gather(*(load(w, 20) for w in range(3)))
+                before = acked
+                await asyncio.to_thread(private_pg.stop, "immediate")
+                await asyncio.gather(*(load(w, 5) for w in range(3)))
+                away = acked - before
+                await asyncio.to_thread(private_pg.start)
+                deadline = time.monotonic() + WAIT * 3
+                recovered = acked
+                while acked - recovered < 30:
+                    assert time.monotonic() < deadline, "the store did not recover"
+                    await asyncio.gather(*(load(w, 10) for w in range(3)))
+                return before, away, refused
+
+        before, away, refused = run(main)
+    assert before == 60
+    assert away == 0  # nothing succeeds while the server is away
+    # the library's errors, never a raw psycopg one (which would have ended the run);
+    # the driver's failure is a StorageError's cause
+    assert any(isinstance(exc, StorageError) for exc in refused)
+    for exc in refused:
+        assert isinstance(exc, GateRefused) or isinstance(exc.__cause__, psycopg.Error), exc
