@@ -60,6 +60,7 @@ class Spec:
     moved: dict[str, str] = field(default_factory=dict)  # renamed name -> module it is in
     imports: tuple[str, ...] = ()  # extra import lines
     docstring: str | None = None
+    functions: frozenset[str] = frozenset()  # imported functions, called by bare name, async
 
 
 HEADER = (
@@ -170,7 +171,7 @@ class _Colorer(ast.NodeTransformer):
         if isinstance(func, ast.Name):
             if self.callables and func.id in self.callables[-1]:
                 return True
-            return func.id in self.async_locals
+            return func.id in self.async_locals or func.id in self.spec.functions
         return False
 
 
@@ -621,6 +622,7 @@ _SESSION_AWAITED = frozenset(
         "renew",
         "cancel_queued",
         "cancel_leased",
+        "cancel_forced",
         "requeue",
         "sweep",
         "settle",
@@ -642,6 +644,11 @@ _HANDLE_AWAITED = frozenset(
         "rollback_quietly",
         "release",
     }
+)
+
+# the settle-batch statements' calls, awaited by the session that runs them
+_SETTLING_AWAITED = frozenset(
+    {"complete_within", "snooze_within", "fail_within", "release_within", "settle_within"}
 )
 
 SPECS: tuple[Spec, ...] = (
@@ -691,6 +698,8 @@ def store_backend(self) -> Any:
         ),
         names={"JobEngine": "AsyncJobEngine", "JobsSession": "AsyncJobsSession"},
         moved={"AsyncJobsSession": "jaren_jobs.abackend"},
+        modules={".admin": ".aadmin"},
+        functions=frozenset({"cancel_job", "requeue_job"}),
         drop=frozenset({"JobEngine.wait", "JobEngine.page", "JobEngine.checkpoints_for"}),
         imports=("from .engine import EngineHub, _moved_or_refused, _utc",),
         docstring=(
@@ -765,14 +774,18 @@ def store_backend(self) -> Any:
     Spec(
         source="backends/postgres/session.py",
         target="backends/postgres/asession.py",
-        awaited=_DB_AWAITED | frozenset({"write", "read", "read_consistent"}),
+        awaited=_DB_AWAITED | _SETTLING_AWAITED | frozenset({"write", "read", "read_consistent"}),
         names={
             "PostgresSession": "AsyncPostgresSession",
             "PgDatabase": "AsyncPgDatabase",
+            "PgSettling": "AsyncPgSettling",
             "Scope": "AsyncScope",
         },
-        moved={"AsyncScope": "jaren_jobs.abackend"},
-        modules={".connection": ".aconnection"},
+        moved={
+            "AsyncScope": "jaren_jobs.abackend",
+            "fence_row_of": "jaren_jobs.backends.postgres.settling",
+        },
+        modules={".connection": ".aconnection", ".settling": ".asettling"},
         drop=frozenset(
             {
                 "settled_channel",
@@ -956,6 +969,35 @@ SPECS = (
         docstring=(
             "The asyncio twin of :mod:`jaren_jobs.checkpoints` for an async-native store: one\n"
             "attempt's checkpoints, each call awaited (``AsyncCheckpointStore`` awaits these).\n"
+        ),
+    ),
+)
+
+
+SPECS = (
+    *SPECS,
+    Spec(
+        source="backends/postgres/settling.py",
+        target="backends/postgres/asettling.py",
+        awaited=_DB_AWAITED,
+        names={"PgSettling": "AsyncPgSettling", "PgDatabase": "AsyncPgDatabase"},
+        modules={".connection": ".aconnection"},
+        drop=frozenset({"fence_row_of", "_holds", "pg_text"}),
+        imports=("from .settling import _holds, fence_row_of, pg_text",),
+        docstring=(
+            "The asyncio twin of :mod:`jaren_jobs.backends.postgres.settling`: the same\n"
+            "settle-batch statements, each awaited on an ``AsyncConnection``.\n"
+        ),
+    ),
+    Spec(
+        source="admin.py",
+        target="aadmin.py",
+        awaited=_SESSION_AWAITED,
+        names={"JobsSession": "AsyncJobsSession"},
+        moved={"AsyncJobsSession": "jaren_jobs.abackend"},
+        docstring=(
+            "The asyncio twin of :mod:`jaren_jobs.admin` for the awaited engine shell:\n"
+            "``cancel`` and ``requeue``, checked and answered, their one session call awaited.\n"
         ),
     ),
 )

@@ -103,7 +103,9 @@ class AsyncJobsSession(Protocol):
         self, lease: Lease, what: str, signal: SignalLike | None
     ) -> bool | Missed: ...
 
-    def cancel_forced(self, job_id: str, what: str, signal: SignalLike | None) -> ForcedAnswer:
+    async def cancel_forced(
+        self, job_id: str, what: str, signal: SignalLike | None
+    ) -> ForcedAnswer:
         """``cancel(id, force=True)``: cancel a job no live attempt holds, or mark a live one
         (PostgreSQL also sends the cancel NOTIFY, naming the job, with the commit)."""
         ...

@@ -18,7 +18,7 @@ from typing import Any
 
 from jaren_jobs.abackend import AsyncJobsSession
 
-from .admin import cancel_job, requeue_job
+from .aadmin import cancel_job, requeue_job
 from .backend import Missed, SettleAnswer
 from .codec import check_aware, check_text, ms_from_datetime
 from .core import fence
@@ -330,7 +330,7 @@ class AsyncJobEngine:
         """
         return await self._settle_one(prepare_snoozing(lease, delay_seconds), SNOOZE)
 
-    def cancel(
+    async def cancel(
         self,
         id: str,
         *,
@@ -362,7 +362,7 @@ class AsyncJobEngine:
         second forced cancel while the mark stands answers ``False`` (already
         asked); done, dead or unknown is :class:`JobSettled`.
         """
-        return cancel_job(
+        return await cancel_job(
             self._session,
             self._hub,
             self._runtime,
@@ -373,7 +373,7 @@ class AsyncJobEngine:
             force=force,
         )
 
-    def requeue(
+    async def requeue(
         self,
         id: str,
         *,
@@ -396,7 +396,7 @@ class AsyncJobEngine:
         instead of resuming: the way out of a ``RunMismatch``. A refusal
         deletes nothing.
         """
-        return requeue_job(
+        return await requeue_job(
             self._session,
             self._hub,
             self._runtime,

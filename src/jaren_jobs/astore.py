@@ -117,6 +117,7 @@ class AsyncJobs:
         runner: ThreadRunner,
         root: ThreadRunner,
         engine: AsyncJobEngine | None = None,
+        *,
         guard: Callable[[], None] | None = None,
         enqueues: GroupCommit | None = None,
     ) -> None:
@@ -488,7 +489,7 @@ class AsyncStore:
     def _native_tx_jobs(self, state: AsyncTransactionState, guard: Callable[[], None]) -> AsyncJobs:
         # page() and create_worker() of tx.jobs still go through the sync root
         # (see docs/asyncio.md): the worker works at the root anyway
-        return AsyncJobs(self._store.jobs, self.jobs._runner, self._root, state.jobs, guard)
+        return AsyncJobs(self._store.jobs, self.jobs._runner, self._root, state.jobs, guard=guard)
 
     @property
     def store(self) -> Store:

@@ -29,6 +29,7 @@ from .runtime import ResolvedRuntime, check_seconds
 from .signals import SignalLike, check_signal_arg, refuse_if_cancelled
 
 if TYPE_CHECKING:
+    from .abackend import AsyncJobsSession
     from .backend import JobsSession, StoreBackend
 
 __all__ = ["SETTLED_STATES", "WaitPlan", "plan_wait"]
@@ -153,7 +154,7 @@ class WaitPlan:
 
 
 def plan_wait(
-    session: JobsSession,
+    session: JobsSession | AsyncJobsSession,
     hub: WaitHub,
     runtime: ResolvedRuntime,
     *,

@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"core"},
     {"gate", "agate", "rows", "backend", "abackend", "cursor"},
     {"backends"},
-    {"pages", "hub", "waiting", "history", "admin"},
+    {"pages", "hub", "waiting", "history", "admin", "aadmin"},
     {"engine", "aengine", "atransaction", "checkpoints", "acheckpoints", "batcher", "aio"},
     # schedules and tick enqueueing: over the engine, given to workers
     {"periodic"},

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from jaren_jobs.abackend import AsyncScope
 from jaren_jobs.backend import ErrorRow, ForcedAnswer, Missed, Renewal, SettleAnswer
+from jaren_jobs.backends.postgres.settling import fence_row_of
 from jaren_jobs.core.commands import ClaimRequest, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
 from jaren_jobs.core.settle import SettleBatch
@@ -24,8 +25,8 @@ from jaren_jobs.signals import SignalLike
 
 from . import queries as sql
 from .aconnection import AsyncPgDatabase
+from .asettling import AsyncPgSettling
 from .session import _JOB_WIDTH, _UNIQUE_TRIES, _Skipped, _taken, settled_channel
-from .settling import PgSettling, fence_row_of
 
 __all__ = ["AsyncPostgresSession", "cancel_channel"]
 
@@ -55,7 +56,7 @@ class AsyncPostgresSession:
         self._channel = channel
         self._settled = None if channel is None else settled_channel(channel)
         self._cancel = None if channel is None else cancel_channel(channel)
-        self._settling = PgSettling(db, runtime, channel, self._settled)
+        self._settling = AsyncPgSettling(db, runtime, channel, self._settled)
 
     @property
     def db(self) -> AsyncPgDatabase:
@@ -426,17 +427,21 @@ class AsyncPostgresSession:
 
         return await self._scope.write(work, what, signal)
 
-    def complete_within(
+    async def complete_within(
         self, lease: Lease, result: str, now: int, what: str, *, notify: bool = False
     ) -> bool | Missed:
-        return self._settling.complete_within(lease, result, now, what, notify=notify)
+        return await self._settling.complete_within(lease, result, now, what, notify=notify)
 
     async def settle(self, batch: SettleBatch, what: str) -> SettleAnswer:
         now_ms = self._runtime.now_ms
         return await self._scope.write(lambda: self.settle_within(batch, now_ms(), what), what)
 
-    def settle_within(self, batch: SettleBatch, now: int, what: str) -> SettleAnswer:
-        return self._settling.settle_within(batch, now, what, self.claim_within)
+    async def settle_within(self, batch: SettleBatch, now: int, what: str) -> SettleAnswer:
+        settled, released = await self._settling.settle_within(batch, now, what)
+        claimed = tuple(
+            [await self.claim_within(request, count, what) for request, count in batch.claims]
+        )
+        return SettleAnswer(settled, released, claimed, now)
 
     async def load_checkpoints(
         self, run_id: str, generation: int, what: str
@@ -475,7 +480,7 @@ class AsyncPostgresSession:
 
         async def work() -> bool | Missed:
             now = self._runtime.now_ms()
-            answer = self.complete_within(lease, result, now, what, notify=True)
+            answer = await self.complete_within(lease, result, now, what, notify=True)
             if not isinstance(answer, Missed) or (
                 answer.row is not None
                 and answer.row.state == "done"

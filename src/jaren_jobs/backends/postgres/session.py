@@ -496,7 +496,9 @@ class PostgresSession:
         return self._scope.write(lambda: self.settle_within(batch, now_ms(), what), what)
 
     def settle_within(self, batch: SettleBatch, now: int, what: str) -> SettleAnswer:
-        return self._settling.settle_within(batch, now, what, self.claim_within)
+        settled, released = self._settling.settle_within(batch, now, what)
+        claimed = tuple(self.claim_within(request, count, what) for request, count in batch.claims)
+        return SettleAnswer(settled, released, claimed, now)
 
     # ------------------------------------------------------------ checkpoints (SPEC §6)
 

@@ -10,23 +10,21 @@ runs them inside its writes, and group commit inside its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from jaren_jobs.backend import Missed, SettleAnswer
-from jaren_jobs.core.commands import ClaimRequest, Failure
+from jaren_jobs.backend import Missed
+from jaren_jobs.core.commands import Failure
 from jaren_jobs.core.fence import FenceRow
 from jaren_jobs.core.policy import failure_transition, retry_at_ms
 from jaren_jobs.core.settle import Completion, SettleBatch, Snoozing
-from jaren_jobs.records import ClaimedJob, Lease
+from jaren_jobs.records import Lease
 from jaren_jobs.runtime import ResolvedRuntime
 
 from . import queries as sql
 from .connection import PgDatabase
 
-__all__ = ["ClaimWithin", "PgSettling", "fence_row_of", "pg_text"]
-
-ClaimWithin = Callable[[ClaimRequest, int, str], list[ClaimedJob]]
+__all__ = ["PgSettling", "fence_row_of", "pg_text"]
 
 
 def fence_row_of(values: Sequence[Any]) -> FenceRow | None:
@@ -184,9 +182,11 @@ class PgSettling:
         return self._db.changes(sql.RELEASE_LEASES, params, doing=what)
 
     def settle_within(
-        self, batch: SettleBatch, now: int, what: str, claim_within: ClaimWithin
-    ) -> SettleAnswer:
-        """The whole batch inside the caller's write; its claims through ``claim_within``."""
+        self, batch: SettleBatch, now: int, what: str
+    ) -> tuple[tuple[bool | Missed, ...], int]:
+        """The batch's settlements and releases inside the caller's write: per settlement
+        ``True`` or :class:`Missed`, and how many released leases were still held. The
+        batch's claims are the session's (they run after these, in the same write)."""
         items = batch.settlements
         settled: list[bool | Missed] = [True] * len(items)
         rest: Sequence[int] = range(len(items))
@@ -226,5 +226,4 @@ class PgSettling:
         released = self.release_within(batch.releases, now, what) if batch.releases else 0
         if released or ready:
             self._notify(what)  # released jobs are claimable again: wake the others
-        claimed = tuple(claim_within(request, count, what) for request, count in batch.claims)
-        return SettleAnswer(tuple(settled), released, claimed, now)
+        return tuple(settled), released
