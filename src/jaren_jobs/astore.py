@@ -298,8 +298,9 @@ class AsyncJobs:
         signal: SignalLike | None = None,
         deadline: datetime | None = None,
         queue: str | None = None,
+        order: str = "id",
     ) -> AsyncCursor[Job]:
-        """A keyset cursor by id (SPEC §5), pulled with ``async for``.
+        """A keyset cursor (SPEC §5) by id or ``order="newest"``, pulled with ``async for``.
 
         Nothing is read until the first pull; bad filters raise at once.
         """
@@ -311,6 +312,7 @@ class AsyncJobs:
             signal=signal,
             deadline=deadline,
             queue=queue,
+            order=order,
         )
         return AsyncCursor(cursor, self._runner)
 

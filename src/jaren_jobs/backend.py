@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from .core.commands import ClaimRequest, PreparedJob
+from .core.commands import ClaimRequest, PageFilters, PreparedJob
 from .core.fence import FenceRow
 from .core.settle import SettleBatch
 from .errors import StorageError
@@ -161,15 +161,7 @@ class JobsSession(Protocol):
     ) -> int: ...
 
     def page(
-        self,
-        *,
-        state: object,
-        kind: object,
-        after: object,
-        limit: object,
-        signal: SignalLike | None,
-        deadline: datetime | None,
-        queue: object = None,
+        self, filters: PageFilters, *, signal: SignalLike | None, deadline: datetime | None
     ) -> Cursor[Job]: ...
 
     # ---- settling: one batch, one unit of work (a lone complete() is a batch of one)

@@ -27,6 +27,7 @@ from .core.commands import (
     PreparedJob,
     check_id,
     check_lease_seconds,
+    check_page,
     check_queue,
     claim_request,
     prepare_complete,
@@ -577,17 +578,24 @@ class JobEngine:
         signal: SignalLike | None = None,
         deadline: datetime | None = None,
         queue: str | None = None,
+        order: str = "id",
     ) -> Cursor[Job]:
-        """A keyset cursor over jobs by id (see :mod:`jaren_jobs.cursor`); ``queue`` filters."""
-        return self._session.page(
+        """A keyset cursor over jobs (see :mod:`jaren_jobs.cursor`); ``queue`` filters.
+
+        ``order="id"`` (the default) walks by id; ``order="newest"`` walks
+        newest first by ``updated_at`` (ties by id, descending), where
+        ``after`` is the id of the job to continue past (it must exist).
+        """
+        filters = check_page(
             state=state,
             kind=kind,
             after=after,
             limit=limit,
-            signal=signal,
-            deadline=deadline,
             queue=queue,
+            order=order,
+            what="page()",
         )
+        return self._session.page(filters, signal=signal, deadline=deadline)
 
     def checkpoints_for(self, claimed: ClaimedJob) -> CheckpointStore:
         """The checkpoint store bound to this claimed attempt (SPEC §6)."""

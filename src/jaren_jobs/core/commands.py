@@ -19,12 +19,15 @@ from jaren_jobs.records import STATES, Lease
 from jaren_jobs.runtime import Defaults, check_positive_int, check_seconds
 
 __all__ = [
+    "PAGE_ORDERS",
     "ClaimRequest",
     "Failure",
+    "PageFilters",
     "PreparedJob",
     "check_id",
     "check_kinds",
     "check_lease_seconds",
+    "check_page",
     "check_queue",
     "check_queues",
     "claim_request",
@@ -337,3 +340,42 @@ def check_page_queue(queue: object, what: str) -> str | None:
     if queue == "":
         raise ValueError(f"{what}: queue must be a non-empty string (or None for every queue)")
     return check_text(queue, f"{what}: queue")
+
+
+#: the orders ``page()`` walks in: by id, or newest first by ``updated_at`` (ties by id, descending)
+PAGE_ORDERS = ("id", "newest")
+
+
+@dataclass(frozen=True, slots=True)
+class PageFilters:
+    """``page()``'s checked filters, passed as one value from the engine to the backend's
+    keyset cursor: ``after`` is ``""`` for "from the start" (every id sorts after it)."""
+
+    state: str | None
+    kind: str | None
+    queue: str | None
+    after: str
+    limit: int
+    order: str = "id"
+
+
+def check_page(
+    *,
+    state: object,
+    kind: object,
+    after: object,
+    limit: object,
+    queue: object,
+    order: object,
+    what: str,
+) -> PageFilters:
+    """Every ``page()`` filter checked at once, before any I/O."""
+    state_, kind_, after_, limit_ = check_page_filters(state, kind, after, limit, what)
+    queue_ = check_page_queue(queue, what)
+    if not isinstance(order, str):
+        raise PageFilterTypeError(
+            f"{what}: order must be one of {list(PAGE_ORDERS)}, got {type(order).__name__}"
+        )
+    if order not in PAGE_ORDERS:
+        raise ValueError(f"{what}: order must be one of {list(PAGE_ORDERS)}, got {order!r}")
+    return PageFilters(state_, kind_, queue_, after_, limit_, order)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from jaren_jobs.core.commands import PageFilters
+
 JOBS = '"_jaren_jobs"'
 CHECKPOINTS = '"_jaren_job_checkpoints"'
 ERRORS = '"_jaren_job_errors"'
@@ -361,10 +363,26 @@ COUNT_QUEUE_PENDING_KINDS = f"""SELECT kind, count(*) FROM {JOBS}
   WHERE state IN ('pending', 'failed') AND queue = %s GROUP BY kind"""
 
 
+def page_jobs(filters: PageFilters) -> str:
+    """A keyset page, filtered by state, kind and/or queue (values are bound), in
+    ``filters.order``: by id, or newest first (``updated_at`` then id, descending)."""
+    return _page_statement(
+        filters.order,
+        filters.state is not None,
+        filters.kind is not None,
+        filters.queue is not None,
+    )
+
+
 @lru_cache(maxsize=16)
-def page_jobs(by_state: bool, by_kind: bool, by_queue: bool = False) -> str:
-    """A keyset page by id, filtered by state, kind and/or queue (values are bound)."""
-    where = ["id > %(after)s"]
+def _page_statement(order_by: str, by_state: bool, by_kind: bool, by_queue: bool) -> str:
+    # one statement per shape (the values are bound, never part of the text)
+    if order_by == "newest":
+        where = ["(updated_at < %(after_at)s OR (updated_at = %(after_at)s AND id < %(after)s))"]
+        order = "updated_at DESC, id DESC"
+    else:
+        where = ["id > %(after)s"]
+        order = "id"
     if by_state:
         where.append("state = %(state)s")
     if by_kind:
@@ -372,7 +390,11 @@ def page_jobs(by_state: bool, by_kind: bool, by_queue: bool = False) -> str:
     if by_queue:
         where.append("queue = %(queue)s")
     return f"""SELECT {JOB_COLUMNS} FROM {JOBS} WHERE {" AND ".join(where)}
-  ORDER BY id LIMIT %(limit)s"""
+  ORDER BY {order} LIMIT %(limit)s"""
+
+
+# where a newest-first page given an ``after`` id starts: that job's updated_at
+PAGE_POSITION = f"SELECT updated_at FROM {JOBS} WHERE id = %(after)s"
 
 
 # ----------------------------------------------------------------- checkpoints

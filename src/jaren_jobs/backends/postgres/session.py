@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jaren_jobs.backend import ErrorRow, Missed, Scope, SettleAnswer, StoreBackend
-from jaren_jobs.core.commands import ClaimRequest, Failure, PreparedJob
+from jaren_jobs.core.commands import ClaimRequest, Failure, PageFilters, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
 from jaren_jobs.core.policy import failure_transition, retry_at_ms
 from jaren_jobs.core.settle import Completion, SettleBatch, Snoozing
@@ -434,15 +434,7 @@ class PostgresSession:
         return self._scope.write(work, what, signal)
 
     def page(
-        self,
-        *,
-        state: object,
-        kind: object,
-        after: object,
-        limit: object,
-        signal: SignalLike | None,
-        deadline: datetime | None,
-        queue: object = None,
+        self, filters: PageFilters, *, signal: SignalLike | None, deadline: datetime | None
     ) -> Cursor[Job]:
         from .pages import page_jobs  # noqa: PLC0415 - the cursor module is only needed here
 
@@ -450,13 +442,9 @@ class PostgresSession:
             self._db,
             self._scope,
             self._runtime,
-            state=state,
-            kind=kind,
-            after=after,
-            limit=limit,
+            filters,
             signal=signal,
             deadline=deadline,
-            queue=queue,
         )
 
     # ------------------------------------------------------------ settling a batch

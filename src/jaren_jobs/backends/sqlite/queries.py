@@ -12,6 +12,8 @@ from __future__ import annotations
 import sqlite3
 from functools import lru_cache
 
+from jaren_jobs.core.commands import PageFilters
+
 JOBS = '"_jaren_jobs"'
 CHECKPOINTS = '"_jaren_job_checkpoints"'
 ERRORS = '"_jaren_job_errors"'
@@ -508,10 +510,26 @@ COUNT_QUEUE_PENDING_KINDS = f"""SELECT kind, COUNT(*)
 # ----------------------------------------------------------------- pages
 
 
+def page_jobs(filters: PageFilters) -> str:
+    """A keyset page, filtered by state, kind and/or queue (values are bound), in
+    ``filters.order``: by id, or newest first (``updated_at`` then id, descending)."""
+    return _page_statement(
+        filters.order,
+        filters.state is not None,
+        filters.kind is not None,
+        filters.queue is not None,
+    )
+
+
 @lru_cache(maxsize=16)
-def page_jobs(by_state: bool, by_kind: bool, by_queue: bool = False) -> str:
-    """A keyset page by id, filtered by state, kind and/or queue (values are bound)."""
-    where = ["id > :after"]
+def _page_statement(order_by: str, by_state: bool, by_kind: bool, by_queue: bool) -> str:
+    # one statement per shape (the values are bound, never part of the text)
+    if order_by == "newest":
+        where = ["(updated_at < :after_at OR (updated_at = :after_at AND id < :after))"]
+        order = "updated_at DESC, id DESC"
+    else:
+        where = ["id > :after"]
+        order = "id"
     if by_state:
         where.append("state = :state")
     if by_kind:
@@ -519,7 +537,11 @@ def page_jobs(by_state: bool, by_kind: bool, by_queue: bool = False) -> str:
     if by_queue:
         where.append("queue = :queue")
     return f"""SELECT {JOB_COLUMNS} FROM {JOBS} WHERE {" AND ".join(where)}
-  ORDER BY id LIMIT :limit"""
+  ORDER BY {order} LIMIT :limit"""
+
+
+# where a newest-first page given an ``after`` id starts: that job's updated_at
+PAGE_POSITION = f"SELECT updated_at FROM {JOBS} WHERE id = :after"
 
 
 # ----------------------------------------------------------------- checkpoints

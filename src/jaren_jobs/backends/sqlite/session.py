@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jaren_jobs.backend import ErrorRow, Missed, Scope, SettleAnswer, StoreBackend
-from jaren_jobs.core.commands import ClaimRequest, PreparedJob
+from jaren_jobs.core.commands import ClaimRequest, PageFilters, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
 from jaren_jobs.core.settle import SettleBatch
 from jaren_jobs.errors import DuplicateJob, key_held
@@ -232,27 +232,15 @@ class SqliteSession:
         return self._scope.write(work, what, signal)
 
     def page(
-        self,
-        *,
-        state: object,
-        kind: object,
-        after: object,
-        limit: object,
-        signal: SignalLike | None,
-        deadline: datetime | None,
-        queue: object = None,
+        self, filters: PageFilters, *, signal: SignalLike | None, deadline: datetime | None
     ) -> Cursor[Job]:
         return page_jobs(
             self._db,
             self._scope,
             self._runtime,
-            state=state,
-            kind=kind,
-            after=after,
-            limit=limit,
+            filters,
             signal=signal,
             deadline=deadline,
-            queue=queue,
         )
 
     # ------------------------------------------------------------ inserts
