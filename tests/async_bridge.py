@@ -317,6 +317,7 @@ _COROUTINES = (
     "get",
     "errors",
     "counts",
+    "due_counts",
     "claim",
     "claim_many",
     "renew",

@@ -35,7 +35,17 @@ from .cursor import Barrier, Cursor, Streaming
 from .engine import wait_plan
 from .errors import StorageError
 from .periodic import Periodic
-from .records import ClaimedJob, Counts, Job, JobError, Lease, NewJob, Outcome, StopOutcome
+from .records import (
+    ClaimedJob,
+    Counts,
+    DueCounts,
+    Job,
+    JobError,
+    Lease,
+    NewJob,
+    Outcome,
+    StopOutcome,
+)
 from .runtime import Defaults
 from .signals import SignalLike
 from .store import Jobs, Store, Transaction, current_task, open_store
@@ -150,6 +160,9 @@ class AsyncJobs:
 
     async def counts(self, *, queue: str | None = None) -> Counts:
         return await self._run(self._jobs.counts, queue=queue)
+
+    async def due_counts(self, *, queue: str | None = None) -> DueCounts:
+        return await self._run(self._jobs.due_counts, queue=queue)
 
     async def claim(
         self,

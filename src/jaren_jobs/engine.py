@@ -46,7 +46,7 @@ from .errors import (
     LeaseRequired,
     UnknownJob,
 )
-from .records import ClaimedJob, Counts, Job, JobError, Lease, NewJob, StopOutcome
+from .records import ClaimedJob, Counts, DueCounts, Job, JobError, Lease, NewJob, StopOutcome
 from .runtime import Defaults, ResolvedRuntime, check_positive_int, check_seconds
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
 from .snooze import snooze_ms
@@ -257,6 +257,17 @@ class JobEngine:
         if queue is None:
             return self._session.count_jobs(what)
         return self._session.count_jobs(what, check_queue(queue, f"{what}: queue"))
+
+    def due_counts(self, *, queue: str | None = None) -> DueCounts:
+        """The queued jobs split at the runtime clock's now: ready (``run_at`` passed) or
+        scheduled later, and how many leases have run out (SPEC §14's ``counts``).
+
+        ``queue``: only that queue's jobs (``None``: every queue). An
+        operator's read: one statement over the queued and leased jobs.
+        """
+        what = "due_counts()"
+        checked = None if queue is None else check_queue(queue, f"{what}: queue")
+        return DueCounts(*self._session.count_due(self._runtime.now_ms(), what, checked))
 
     # ------------------------------------------------------------ claims
 

@@ -374,6 +374,19 @@ def page_jobs(filters: PageFilters) -> str:
     )
 
 
+# due_counts(): the queued jobs split at now, and the leases that ran out (one
+# snapshot, one statement; an operator's read, not a hot path)
+_DUE_COUNTS = f"""SELECT
+  COALESCE(SUM(CASE WHEN state = 'pending' AND run_at <= %(now)s THEN 1 ELSE 0 END), 0),
+  COALESCE(SUM(CASE WHEN state = 'pending' AND run_at > %(now)s THEN 1 ELSE 0 END), 0),
+  COALESCE(SUM(CASE WHEN state = 'failed' AND run_at <= %(now)s THEN 1 ELSE 0 END), 0),
+  COALESCE(SUM(CASE WHEN state = 'failed' AND run_at > %(now)s THEN 1 ELSE 0 END), 0),
+  COALESCE(SUM(CASE WHEN state = 'leased' AND lease_until <= %(now)s THEN 1 ELSE 0 END), 0)
+  FROM {JOBS} WHERE state IN ('pending', 'failed', 'leased')"""
+DUE_COUNTS = _DUE_COUNTS
+DUE_COUNTS_QUEUE = _DUE_COUNTS + " AND queue = %(queue)s"
+
+
 @lru_cache(maxsize=16)
 def _page_statement(order_by: str, by_state: bool, by_kind: bool, by_queue: bool) -> str:
     # one statement per shape (the values are bound, never part of the text)

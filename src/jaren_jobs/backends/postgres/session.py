@@ -285,6 +285,18 @@ class PostgresSession:
 
         return self._scope.read_consistent(work, what)
 
+    def count_due(self, now: int, what: str, queue: str | None = None) -> tuple[int, ...]:
+        params: dict[str, object] = {"now": now}
+        if queue is not None:
+            params["queue"] = queue
+        statement = sql.DUE_COUNTS if queue is None else sql.DUE_COUNTS_QUEUE
+
+        def work() -> tuple[int, ...]:
+            row = self._db.one(statement, params, doing=what)
+            return (0,) * 5 if row is None else tuple(int(n) for n in row)
+
+        return self._scope.read(work, what)
+
     # ------------------------------------------------------------ claims
 
     def claim(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:

@@ -507,6 +507,18 @@ COUNT_QUEUE_PENDING_KINDS = f"""SELECT kind, COUNT(*)
   FROM {JOBS} INDEXED BY "_jaren_jobs_ready_queue"
   WHERE state IN ('pending', 'failed') AND queue = ? GROUP BY kind"""
 
+# due_counts(): the queued jobs split at now, and the leases that ran out (one
+# snapshot, one statement; an operator's read, not a hot path)
+_DUE_COUNTS = f"""SELECT
+  COALESCE(SUM(CASE WHEN state = 'pending' AND run_at <= :now THEN 1 ELSE 0 END), 0),
+  COALESCE(SUM(CASE WHEN state = 'pending' AND run_at > :now THEN 1 ELSE 0 END), 0),
+  COALESCE(SUM(CASE WHEN state = 'failed' AND run_at <= :now THEN 1 ELSE 0 END), 0),
+  COALESCE(SUM(CASE WHEN state = 'failed' AND run_at > :now THEN 1 ELSE 0 END), 0),
+  COALESCE(SUM(CASE WHEN state = 'leased' AND lease_until <= :now THEN 1 ELSE 0 END), 0)
+  FROM {JOBS} WHERE state IN ('pending', 'failed', 'leased')"""
+DUE_COUNTS = _DUE_COUNTS
+DUE_COUNTS_QUEUE = _DUE_COUNTS + " AND queue = :queue"
+
 # ----------------------------------------------------------------- pages
 
 
