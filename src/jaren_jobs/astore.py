@@ -292,6 +292,7 @@ class AsyncJobs:
         limit: int | None = None,
         signal: SignalLike | None = None,
         deadline: datetime | None = None,
+        states: Iterable[str] | None = None,
     ) -> int:
         return await self._run(
             self._jobs.sweep,
@@ -299,6 +300,7 @@ class AsyncJobs:
             limit=limit,
             signal=signal,
             deadline=deadline,
+            states=states,
         )
 
     def page(

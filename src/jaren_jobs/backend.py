@@ -161,8 +161,15 @@ class JobsSession(Protocol):
     ) -> bool | FenceRow | None: ...
 
     def sweep(
-        self, horizon_ms: int, limit: int | None, what: str, signal: SignalLike | None
-    ) -> int: ...
+        self,
+        horizon_ms: int,
+        limit: int | None,
+        what: str,
+        signal: SignalLike | None,
+        states: tuple[str, ...] = (),
+    ) -> int:
+        """Delete settled jobs (of ``states`` only, when given) changed before the horizon."""
+        ...
 
     def page(
         self, filters: PageFilters, *, signal: SignalLike | None, deadline: datetime | None

@@ -29,6 +29,7 @@ from .core.commands import (
     check_lease_seconds,
     check_page,
     check_queue,
+    check_sweep_states,
     claim_request,
     prepare_complete,
     prepare_fail,
@@ -564,18 +565,22 @@ class JobEngine:
         limit: int | None = None,
         signal: SignalLike | None = None,
         deadline: datetime | None = None,
+        states: Iterable[str] | None = None,
     ) -> int:
         """Delete settled jobs last changed before the horizon, oldest first, with checkpoints.
 
-        One transaction; returns how many jobs were deleted.
+        ``states``: only jobs in these settled states (some of ``done``,
+        ``dead``, ``cancelled``; ``None``: all three), e.g. ``["done"]`` to
+        keep the dead letters. One transaction; returns how many jobs were deleted.
         """
         what = "sweep()"
         horizon = ms_from_datetime(check_aware(settled_before, f"{what}: settled_before"))
         bound = -1 if limit is None else check_positive_int(limit, f"{what}: limit")
+        only = check_sweep_states(states, what)
         sig = check_signal_arg(signal, what)
         dl = check_deadline_arg(deadline, what)
         refuse_if_cancelled(sig, dl, self._runtime.now(), what)
-        return self._session.sweep(horizon, None if limit is None else bound, what, sig)
+        return self._session.sweep(horizon, None if limit is None else bound, what, sig, only)
 
     # ------------------------------------------------------------ surfaces built elsewhere
 

@@ -355,6 +355,19 @@ SWEEP = f"""WITH gone AS (DELETE FROM {JOBS} WHERE id IN ({_SWEEP_SELECTION}) RE
   history AS (DELETE FROM {ERRORS} WHERE job_id IN (SELECT id FROM gone))
 SELECT count(*) FROM gone"""
 
+
+@lru_cache(maxsize=4)
+def sweep_only(count: int) -> str:
+    """:data:`SWEEP` for only ``count`` of the settled states, bound as ``%(s0)s``..
+    (``sweep(states=...)``)."""
+    if count == 0:
+        return SWEEP
+    only = ", ".join(f"%(s{i})s" for i in range(count))
+    return SWEEP.replace(
+        "AND updated_at < %(horizon)s", f"AND state IN ({only}) AND updated_at < %(horizon)s"
+    )
+
+
 COUNT_BY_STATE = f"SELECT state, count(*) FROM {JOBS} GROUP BY state"
 COUNT_PENDING_KINDS = f"""SELECT kind, count(*) FROM {JOBS}
   WHERE state IN ('pending', 'failed') GROUP BY kind"""

@@ -435,12 +435,19 @@ class PostgresSession:
         return self._scope.write(work, what, signal)
 
     def sweep(
-        self, horizon_ms: int, limit: int | None, what: str, signal: SignalLike | None
+        self,
+        horizon_ms: int,
+        limit: int | None,
+        what: str,
+        signal: SignalLike | None,
+        states: tuple[str, ...] = (),
     ) -> int:
-        params = {"horizon": horizon_ms, "limit": limit}
+        params: dict[str, object] = {"horizon": horizon_ms, "limit": limit}
+        params.update({f"s{i}": state for i, state in enumerate(states)})
+        statement = sql.sweep_only(len(states))
 
         def work() -> int:
-            row = self._db.one(sql.SWEEP, params, doing=what)
+            row = self._db.one(statement, params, doing=what)
             return 0 if row is None else int(row[0])
 
         return self._scope.write(work, what, signal)

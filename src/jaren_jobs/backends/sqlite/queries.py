@@ -483,6 +483,24 @@ SWEEP_CHECKPOINTS = f"DELETE FROM {CHECKPOINTS} WHERE run_id IN ({_SWEEP_SELECTI
 SWEEP_ERRORS = f"DELETE FROM {ERRORS} WHERE job_id IN ({_SWEEP_SELECTION})"
 SWEEP_JOBS = f"DELETE FROM {JOBS} WHERE id IN ({_SWEEP_SELECTION})"
 
+
+@lru_cache(maxsize=4)
+def sweep_only(count: int) -> tuple[str, str, str]:
+    """:data:`SWEEP_CHECKPOINTS`, :data:`SWEEP_ERRORS` and :data:`SWEEP_JOBS` for only
+    ``count`` of the settled states, bound as ``:s0``.. (``sweep(states=...)``)."""
+    if count == 0:
+        return SWEEP_CHECKPOINTS, SWEEP_ERRORS, SWEEP_JOBS
+    only = ", ".join(f":s{i}" for i in range(count))
+    selection = _SWEEP_SELECTION.replace(
+        "AND updated_at < :horizon", f"AND state IN ({only}) AND updated_at < :horizon"
+    )
+    return (
+        f"DELETE FROM {CHECKPOINTS} WHERE run_id IN ({selection})",
+        f"DELETE FROM {ERRORS} WHERE job_id IN ({selection})",
+        f"DELETE FROM {JOBS} WHERE id IN ({selection})",
+    )
+
+
 # the history entry of a failure just written under the fence (same transaction)
 INSERT_ERROR = f"""INSERT OR REPLACE INTO {ERRORS} (job_id, attempt, at, error, traceback)
   VALUES (:id, :attempt, :now, :error, :traceback)"""

@@ -232,14 +232,21 @@ class SqliteSession:
         return self._scope.write(work, what, signal)
 
     def sweep(
-        self, horizon_ms: int, limit: int | None, what: str, signal: SignalLike | None
+        self,
+        horizon_ms: int,
+        limit: int | None,
+        what: str,
+        signal: SignalLike | None,
+        states: tuple[str, ...] = (),
     ) -> int:
-        params = {"horizon": horizon_ms, "limit": -1 if limit is None else limit}
+        params: dict[str, object] = {"horizon": horizon_ms, "limit": -1 if limit is None else limit}
+        params.update({f"s{i}": state for i, state in enumerate(states)})
+        checkpoints, errors, jobs = sql.sweep_only(len(states))
 
         def work() -> int:
-            self._db.run(sql.SWEEP_CHECKPOINTS, params, doing=what)
-            self._db.run(sql.SWEEP_ERRORS, params, doing=what)
-            return self._db.changes(sql.SWEEP_JOBS, params, doing=what)
+            self._db.run(checkpoints, params, doing=what)
+            self._db.run(errors, params, doing=what)
+            return self._db.changes(jobs, params, doing=what)
 
         return self._scope.write(work, what, signal)
 
