@@ -28,6 +28,9 @@ WAIT_SECONDS = 60.0  # generous: only a broken worker gets near it
 READY = re.compile(
     r"^worker (?P<kinds>.+) x(?P<concurrency>\d+) on .+; SIGINT or SIGTERM stops it$"
 )
+STOPPING = re.compile(
+    r"^stopping: draining for up to [0-9.]+s; a second SIGINT or SIGTERM stops at once$"
+)
 SUMMARY = re.compile(
     r"^stopped: (?P<completed>\d+) completed, (?P<failed>\d+) failed, "
     r"(?P<cancelled>\d+) cancelled, (?P<lost>\d+) lost; (?P<drain>drained|\d+ not drained)$"
@@ -59,9 +62,9 @@ def wait_ready(process: subprocess.Popen[str]) -> re.Match[str]:
 
 
 def stop(
-    process: subprocess.Popen[str], signum: int, logged: tuple[str, ...] = ()
+    process: subprocess.Popen[str], signum: int, logged: tuple[str, ...] = (), status: int = 0
 ) -> tuple[re.Match[str], str]:
-    """Send ``signum``; the worker must exit 0 with one summary line.
+    """Send ``signum``; the worker must exit ``status`` with one summary line.
 
     Its stderr holds only the library's WARNING-or-worse log lines (Python's
     last-resort handler prints them when nothing configured logging): one
@@ -74,7 +77,7 @@ def stop(
     except subprocess.TimeoutExpired:  # pragma: no cover - only on a hung worker
         process.kill()
         raise
-    assert process.returncode == 0, stderr
+    assert process.returncode == status, stderr
     log_lines = [line for line in stderr.splitlines() if line.startswith("jaren_jobs:")]
     assert len(log_lines) == len(logged), stderr
     for line, text in zip(log_lines, logged, strict=True):
@@ -84,10 +87,12 @@ def stop(
     else:
         assert stderr.startswith("jaren_jobs:"), stderr
     lines = stdout.splitlines()
-    assert len(lines) == 1, stdout  # the ready line was already read
-    summary = SUMMARY.match(lines[0])
-    assert summary is not None, lines[0]
-    return summary, lines[0]
+    # the ready line was already read; then what the signal began, and the report
+    assert len(lines) == 2, stdout
+    assert STOPPING.match(lines[0]), lines[0]
+    summary = SUMMARY.match(lines[1])
+    assert summary is not None, lines[1]
+    return summary, lines[1]
 
 
 def jobs_of(db: Path, ids: list[str]) -> dict[str, Job]:
@@ -199,7 +204,8 @@ def test_the_grace_period_bounds_the_stop_of_a_handler_that_ignores_it(
             job = store.jobs.enqueue("stubborn", {"seconds": WAIT_SECONDS})
         wait_until(lambda: jobs_of(db, [job.id])[job.id].state == "leased", "the stubborn claim")
         started = time.monotonic()
-        summary, _ = stop(process, signal.SIGTERM)
+        # it stopped without draining: exit status 1
+        summary, _ = stop(process, signal.SIGTERM, status=1)
         stopped_in = time.monotonic() - started
     finally:
         if process.poll() is None:  # pragma: no cover - only when an assertion failed early

@@ -268,6 +268,13 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--poll", type=_positive_float, help="poll interval in seconds")
     worker.add_argument("--grace", type=_positive_float, help="stop grace period in seconds")
     worker.add_argument(
+        "--lease",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="lease length in seconds (renewed while a handler runs; how soon a job left "
+        "behind is re-claimed)",
+    )
+    worker.add_argument(
         "--burst",
         action="store_true",
         help="run what is due now, then stop and exit (a job due later is left for later)",

@@ -82,6 +82,8 @@ def _options(args: argparse.Namespace, handlers: dict[str, Any]) -> dict[str, An
         options["queues"] = queues
     if args.poll is not None:
         options["poll_seconds"] = args.poll
+    if args.lease is not None:
+        options["lease_seconds"] = args.lease
     return options
 
 
@@ -112,10 +114,9 @@ def cmd_worker(store: Store, args: argparse.Namespace, out: TextIO) -> int:
         # the handlers came from the user's module: a bad entry is their input
         raise CliError(f"{args.handlers}: {exc}") from None
     stop = threading.Event()
-    stopping = threading.Event()  # the first signal's drain is under way
 
     def request_stop(signum: int, frame: object) -> None:
-        if stopping.is_set():
+        if stop.is_set():
             # a second signal: stop at once, attempts abandoned to their leases
             _emit(
                 out,
@@ -159,7 +160,13 @@ def cmd_worker(store: Store, args: argparse.Namespace, out: TextIO) -> int:
             ready()
             while not stop.wait(0.5):
                 pass
-        stopping.set()
+        grace = worker.stop_grace_seconds if args.grace is None else args.grace
+        _emit(
+            out,
+            args,
+            f"stopping: draining for up to {grace:g}s; a second SIGINT or SIGTERM stops at once",
+            {"event": "stopping", "grace_seconds": grace},
+        )
         outcome = worker.stop(args.grace)
     finally:
         for sig, handler in previous.items():
