@@ -1,4 +1,4 @@
-"""store.jobs.due_counts(): queued jobs ready now vs scheduled later, and run-out leases (SPEC §14)."""
+"""store.jobs.due_counts(): queued jobs ready now or scheduled later, leases run out (SPEC §14)."""
 
 from __future__ import annotations
 

@@ -219,7 +219,8 @@ def test_newest_order_walks_by_updated_at_then_id_descending_and_continues(
     store.jobs.cancel("j01")
     clock.advance(1)
     held = store.jobs.claim(["a"], owner="w", lease_seconds=60)  # j00, the lowest a
-    assert held is not None and held.id == "j00"
+    assert held is not None
+    assert held.id == "j00"
     clock.advance(1)
     store.jobs.cancel("j03")
     newest = ["j03", "j00", "j01", "j05", "j04", "j02"]
