@@ -264,8 +264,12 @@ class AsyncJobs:
         lease: Lease | None = None,
         signal: SignalLike | None = None,
         deadline: datetime | None = None,
+        force: bool = False,
     ) -> bool:
-        return await self._run(self._jobs.cancel, id, lease=lease, signal=signal, deadline=deadline)
+        """Cancel a job (see ``store.jobs.cancel``; ``force=True`` stops a running one)."""
+        return await self._run(
+            self._jobs.cancel, id, lease=lease, signal=signal, deadline=deadline, force=force
+        )
 
     async def requeue(
         self,

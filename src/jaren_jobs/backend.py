@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar
 
 from .core.commands import ClaimRequest, PageFilters, PreparedJob
 from .core.fence import FenceRow
@@ -42,8 +42,10 @@ __all__ = [
     "AppParams",
     "AppTransaction",
     "ErrorRow",
+    "ForcedAnswer",
     "JobsSession",
     "Missed",
+    "Renewal",
     "Rows",
     "Scope",
     "SettleAnswer",
@@ -55,6 +57,20 @@ T = TypeVar("T")
 AppParams = Sequence[Any] | Mapping[str, Any]
 #: one error history entry as a backend reads it: attempt, at (epoch ms), error, traceback
 ErrorRow = tuple[int, int, str, str | None]
+
+
+#: what ``cancel_forced`` did: ``"cancelled"`` (no live attempt held the job),
+#: ``"marked"`` (a live attempt holds it: marked for cancellation), else the
+#: job's fence row (``None``: no such job) that says why it did neither
+ForcedAnswer = Literal["cancelled", "marked"] | FenceRow | None
+
+
+class Renewal(NamedTuple):
+    """A renewal that held: the new lease, and whether ``cancel(id, force=True)``
+    marked the job (the renewal statement reads the mark back: no extra poll)."""
+
+    lease: Lease
+    cancel_requested: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +156,7 @@ class JobsSession(Protocol):
 
     def claim(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]: ...
 
-    def renew(self, lease: Lease, lease_ms: int, what: str) -> Lease | Missed: ...
+    def renew(self, lease: Lease, lease_ms: int, what: str) -> Renewal | Missed: ...
 
     def cancel_queued(
         self, job_id: str, what: str, signal: SignalLike | None
@@ -149,6 +165,11 @@ class JobsSession(Protocol):
     def cancel_leased(
         self, lease: Lease, what: str, signal: SignalLike | None
     ) -> bool | Missed: ...
+
+    def cancel_forced(self, job_id: str, what: str, signal: SignalLike | None) -> ForcedAnswer:
+        """``cancel(id, force=True)``: cancel a job no live attempt holds, or mark a live one
+        (PostgreSQL also sends the cancel NOTIFY, naming the job, with the commit)."""
+        ...
 
     def requeue(
         self,
@@ -354,6 +375,11 @@ class StoreBackend(Protocol):
 
     def wake_on_commits(self, wake: Callable[[], None]) -> None:
         """Call ``wake`` when another process commits work (PostgreSQL: LISTEN); may do nothing."""
+        ...
+
+    def wake_on_cancel_requests(self, wake: Callable[[str], None]) -> None:
+        """Call ``wake(job_id)`` when another process marks a running job for cancellation
+        (PostgreSQL: LISTEN); may do nothing (the holder's renewal reads the mark anyway)."""
         ...
 
     def wake_on_settlements(self, wake: Callable[[], None]) -> bool:

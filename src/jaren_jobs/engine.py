@@ -10,16 +10,14 @@ when the same attempt already settled it, which is idempotent.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .backend import JobsSession, Missed, Scope, SettleAnswer, StoreBackend
 from .checkpoints import CheckpointStore
-from .codec import check_aware, check_text, datetime_from_ms, ms_from_datetime
+from .codec import check_aware, check_text, ms_from_datetime
 from .core import fence
 from .core.commands import (
     ClaimRequest,
@@ -32,78 +30,30 @@ from .core.commands import (
     check_sweep_states,
     claim_request,
     prepare_complete,
-    prepare_fail,
     prepare_job,
     require_lease,
 )
-from .core.fence import FenceRow
+from .core.fence import FenceRow, moved_or_refused
 from .core.policy import backoff_seconds, is_lease_lost, lease_ms
 from .core.settle import SNOOZE, Completion, SettleBatch, Settlement, Snoozing
 from .errors import (
     DuplicateJob,
-    GateRefused,
     JobSettled,
     LeaseLost,
     LeaseRequired,
     UnknownJob,
 )
-from .records import ClaimedJob, Counts, DueCounts, Job, JobError, Lease, NewJob, StopOutcome
-from .runtime import Defaults, ResolvedRuntime, check_positive_int, check_seconds
+from .history import error_records, prepare_failure_with, prepare_snoozing
+from .hub import CancelRequested, EngineHub
+from .records import ClaimedJob, Counts, DueCounts, Job, JobError, Lease, NewJob
+from .runtime import ResolvedRuntime, check_positive_int
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
-from .snooze import snooze_ms
-from .tracebacks import format_traceback
-from .waiting import WaitPlan
+from .waiting import WaitPlan, plan_wait
 
 if TYPE_CHECKING:
     from .cursor import Cursor
 
 __all__ = ["ClaimRequest", "EngineHub", "Failure", "JobEngine", "backoff_seconds", "is_lease_lost"]
-
-
-class Stoppable(Protocol):
-    """What the store's close() needs of a live worker (the worker layer sits above)."""
-
-    def stop(self, grace_seconds: float | None = None) -> StopOutcome: ...
-
-
-@dataclass
-class EngineHub:
-    """What every engine view of one store shares: clock, defaults, wake-ups, attempts."""
-
-    runtime: ResolvedRuntime
-    defaults: Defaults
-    wakers: set[Callable[[], None]] = field(default_factory=set)
-    # in-flight attempts of THIS process by job id -> abort(reason); the
-    # fence guarantees at most one live attempt per job
-    local_attempts: dict[str, Callable[[Any], None]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    # live workers of this store, so close() can stop them first
-    workers: set[Stoppable] = field(default_factory=set)
-    # kinds -> (data_version, total_changes, next due ms) as of the last root
-    # claim of those kinds that found nothing; read and written under the gate
-    idle_claims: dict[tuple[str, ...], tuple[int, int, int | None]] = field(default_factory=dict)
-    # wait() calls of this process, woken by every settlement's commit
-    # (each a thread-safe callable that never blocks)
-    settle_waiters: set[Callable[[], None]] = field(default_factory=set)
-
-    def settled(self) -> None:
-        """A settlement committed (here, or in another process): every waiter reads again."""
-        with self.lock:
-            waiters = list(self.settle_waiters)
-        for wake in waiters:
-            wake()
-
-    def wake(self) -> None:
-        with self.lock:
-            wakers = list(self.wakers)
-        for wake in wakers:
-            wake()
-
-    def abort_local(self, job_id: str, reason: Any) -> None:
-        with self.lock:
-            abort = self.local_attempts.get(job_id)
-        if abort is not None:
-            abort(reason)
 
 
 class JobEngine:
@@ -245,9 +195,7 @@ class JobEngine:
         rows = self._session.job_errors(id, what)
         if rows is None:
             raise UnknownJob(f"{what}: no job has id {id!r} (never enqueued, or swept)", job_id=id)
-        return [
-            JobError(attempt, _utc(at), error, traceback) for attempt, at, error, traceback in rows
-        ]
+        return error_records(rows)
 
     def counts(self, *, queue: str | None = None) -> Counts:
         """Jobs per state, and pending + failed jobs per kind, from one snapshot.
@@ -321,7 +269,7 @@ class JobEngine:
         seconds = check_lease_seconds(self._defaults, lease_seconds, what)
         answer = self._session.renew(current, lease_ms(seconds), what)
         if not isinstance(answer, Missed):
-            return answer
+            return answer.lease
         refusal = self._refused(answer, current, what)
         # a settled job cannot be renewed, whoever settled it
         raise refusal or JobSettled(
@@ -381,8 +329,8 @@ class JobEngine:
         ``last_error`` records a readable description of ``error``.
         """
         what = "fail()"
-        failure = prepare_failure(
-            self,
+        failure = prepare_failure_with(
+            self._defaults,
             lease,
             error,
             retry=retry,
@@ -403,10 +351,7 @@ class JobEngine:
         bool is refused). What a handler does by raising
         :class:`~jaren_jobs.Snooze`.
         """
-        what = SNOOZE
-        current = self._require_lease(lease, what)
-        delay = check_seconds(delay_seconds, f"{what}: delay_seconds", allow_zero=True)
-        return self._settle_one(Snoozing(current, snooze_ms(delay)), what)
+        return self._settle_one(prepare_snoozing(lease, delay_seconds), SNOOZE)
 
     def wait(
         self,
@@ -449,6 +394,7 @@ class JobEngine:
         lease: Lease | None = None,
         signal: SignalLike | None = None,
         deadline: datetime | None = None,
+        force: bool = False,
     ) -> bool:
         """Cancel a job.
 
@@ -459,9 +405,29 @@ class JobEngine:
         call cancelled it; ``False`` when it already was cancelled, or the
         lease's own attempt already settled it. Unknown or settled:
         :class:`JobSettled`.
+
+        ``force=True`` (SPEC §13; no lease, so not with ``lease=``) also
+        stops a running job: a job no live attempt holds (queued, or leased
+        with a lease that ran out) is cancelled at once; a live-leased one is
+        *marked* and the call answers ``True``: the attempt holding it sees
+        ``ctx.signal`` abort (:class:`~jaren_jobs.hub.CancelRequested`) — at
+        once in this process, by its next renewal in another (sooner through
+        PostgreSQL's NOTIFY) — and its worker settles it ``cancelled``. An
+        attempt that completes first stands (``done``); a failure or snooze
+        of a marked job cancels it (no retry). If the holder never settles,
+        the job is ``cancelled`` when its lease expires, never re-claimed. A
+        second forced cancel while the mark stands answers ``False`` (already
+        asked); done, dead or unknown is :class:`JobSettled`.
         """
         what = "cancel()"
         job_id = check_id(id, f"{what}: id")
+        if not isinstance(force, bool):
+            raise TypeError(f"{what}: force must be a bool, got {type(force).__name__}")
+        if force and lease is not None:
+            raise ValueError(
+                f"{what}: force=True cancels without a lease; pass either lease= (the "
+                "holder's own cancel) or force=True, not both"
+            )
         current = None if lease is None else self._require_lease(lease, what)
         if current is not None and current.job_id != job_id:
             raise LeaseRequired(
@@ -474,8 +440,10 @@ class JobEngine:
         dl = check_deadline_arg(deadline, what)
         refuse_if_cancelled(sig, dl, self._runtime.now(), what)
 
+        if force:
+            return self._cancel_forced(job_id, what, sig)
         if current is None:
-            moved = _moved_or_refused(
+            moved = moved_or_refused(
                 self._session.cancel_queued(job_id, what, sig),
                 job_id,
                 what,
@@ -500,6 +468,30 @@ class JobEngine:
         self._session.after_commit(lambda: self._hub.abort_local(job_id, reason))
         self._session.after_commit(self._hub.settled)
         return True
+
+    def _cancel_forced(self, job_id: str, what: str, sig: SignalLike | None) -> bool:
+        answer = self._session.cancel_forced(job_id, what, sig)
+        if answer == "cancelled":
+            self._session.after_commit(self._hub.settled)
+            return True
+        if answer == "marked":
+            reason = CancelRequested(
+                f"job {job_id!r} was cancelled by cancel(id, force=True): wind up; the job "
+                "ends cancelled unless this attempt completes first",
+                job_id=job_id,
+            )
+            self._session.after_commit(lambda: self._hub.abort_local(job_id, reason))
+            return True
+        if isinstance(answer, FenceRow) and answer.state == "leased":
+            return False  # marked already: this call asked nothing new
+        return moved_or_refused(
+            answer,
+            job_id,
+            what,
+            unchanged="cancelled",
+            leased="is leased",  # not reached: a live lease is marked
+            settled="already settled",
+        )
 
     def requeue(
         self,
@@ -548,7 +540,7 @@ class JobEngine:
         if answer is True:
             self._session.after_commit(self._hub.wake)
             return True
-        return _moved_or_refused(
+        return moved_or_refused(
             answer,
             job_id,
             what,
@@ -629,31 +621,6 @@ class JobEngine:
             lambda: claimed.lease,
             self._hub.settled,
         )
-
-
-def _moved_or_refused(
-    answer: bool | FenceRow | None,
-    job_id: str,
-    what: str,
-    *,
-    unchanged: str,
-    leased: str,
-    settled: str,
-) -> bool:
-    """An administrative write's answer: ``True`` moved it, ``False`` it already was
-    ``unchanged``; a live lease is :class:`LeaseRequired`, anything else :class:`JobSettled`."""
-    if answer is True:
-        return True
-    state = answer.state if isinstance(answer, FenceRow) else None
-    if state is None:
-        raise JobSettled(f"{what} refused: job {job_id!r} is unknown", job_id=job_id)
-    if state == unchanged:
-        return False
-    if state == "leased":
-        raise LeaseRequired(f"{what} refused: job {job_id!r} {leased}", job_id=job_id)
-    raise JobSettled(
-        f"{what} refused: job {job_id!r} is {state!r} — {settled}", job_id=job_id, state=state
-    )
 
 
 # ---------------------------------------------------------------- internals
@@ -759,26 +726,14 @@ def _woken(engine: JobEngine, batch: SettleBatch, answer: SettleAnswer) -> None:
 
 def wait_plan(engine: JobEngine, id: object, timeout_seconds: object, signal: object) -> WaitPlan:
     """``wait()``'s checked arguments and refusals before it waits (sync and async alike)."""
-    what = "wait()"
-    job_id = check_id(id, f"{what}: id")
-    timeout = (
-        None
-        if timeout_seconds is None
-        else check_seconds(timeout_seconds, f"{what}: timeout_seconds", allow_zero=True)
+    return plan_wait(
+        engine._session,
+        engine._hub,
+        engine._runtime,
+        id=id,
+        timeout_seconds=timeout_seconds,
+        signal=signal,
     )
-    sig = check_signal_arg(signal, what)
-    refuse_if_cancelled(sig, None, engine._runtime.now(), what)
-    backend = engine._session.store_backend
-    backend.check_open(what)
-    if not engine._session.scope.root or backend.in_my_transaction():
-        raise GateRefused(
-            f"{what} was called inside store.transaction(): the transaction holds the "
-            "store's connection, so no other settlement could ever be seen from it; wait "
-            "after the transaction ends (store.jobs.wait)",
-            reason="reentrant",
-            job_id=job_id,
-        )
-    return WaitPlan(engine._hub, backend, job_id=job_id, timeout=timeout, signal=sig, what=what)
 
 
 def claim_request_for(
@@ -805,12 +760,8 @@ def prepare_failure(
     backoff_cap_seconds: float | None,
     what: str,
 ) -> Failure:
-    """A failure's checks, before any write; the error is described here, once.
-
-    An exception instance that was raised (it has a ``__traceback__``) also
-    gives the attempt's history entry its formatted traceback (SPEC §13).
-    """
-    failure = prepare_fail(
+    """A failure's checks before any write, with the engine's defaults (group commit)."""
+    return prepare_failure_with(
         engine._defaults,
         lease,
         error,
@@ -819,11 +770,3 @@ def prepare_failure(
         backoff_cap_seconds=backoff_cap_seconds,
         what=what,
     )
-    text = format_traceback(error, failure.lease.token)
-    return failure if text is None else dataclasses.replace(failure, traceback=text)
-
-
-def _utc(ms: int) -> datetime:
-    at = datetime_from_ms(ms)
-    assert at is not None
-    return at

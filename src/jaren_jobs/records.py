@@ -135,6 +135,9 @@ class Job:
     queue: str
     #: while the job is pending, failed or leased, no other job holds this key
     unique_key: str | None
+    #: ``cancel(id, force=True)`` asked the attempt running it to stop (SPEC
+    #: §13); the job ends cancelled unless that attempt completes first
+    cancel_requested: bool = field(default=False, kw_only=True)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: times as ISO 8601 UTC strings with milliseconds; no lease token."""
@@ -156,6 +159,7 @@ class Job:
             "updated_at": _iso(self.updated_at),
             "queue": self.queue,
             "unique_key": self.unique_key,
+            "cancel_requested": self.cancel_requested,
         }
 
 

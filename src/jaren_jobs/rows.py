@@ -143,6 +143,7 @@ def _job_fields(row: tuple[Any, ...], codec: str) -> dict[str, Any]:
         "updated_at": _instant(row[14]),
         "queue": row[16],
         "unique_key": row[17],
+        "cancel_requested": row[18] is not None,
     }
 
 
@@ -224,5 +225,6 @@ def inserted_job(job_id: str, prepared: PreparedJob, run_at: int, now: int) -> J
             "updated_at": created,
             "queue": prepared.queue,
             "unique_key": prepared.unique_key,
+            "cancel_requested": False,
         },
     )

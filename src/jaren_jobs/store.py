@@ -81,7 +81,10 @@ class Jobs(JobEngine):
         enqueues (SPEC §12).
         """
         # other processes' enqueues wake it too, where the database can say so
-        session_of(self).store_backend.wake_on_commits(self._hub.wake)
+        backend = session_of(self).store_backend
+        backend.wake_on_commits(self._hub.wake)
+        # another process's cancel(id, force=True) of a job it holds: renew it now
+        backend.wake_on_cancel_requests(self._hub.cancel_requested)
         return create_worker(
             self,
             self._hub,

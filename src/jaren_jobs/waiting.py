@@ -22,14 +22,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from .errors import DeadlinePassed, OperationCancelled, UnknownJob
+from .core.commands import check_id
+from .errors import DeadlinePassed, GateRefused, OperationCancelled, UnknownJob
 from .records import Job
-from .signals import SignalLike
+from .runtime import ResolvedRuntime, check_seconds
+from .signals import SignalLike, check_signal_arg, refuse_if_cancelled
 
 if TYPE_CHECKING:
-    from .backend import StoreBackend
+    from .backend import JobsSession, StoreBackend
 
-__all__ = ["SETTLED_STATES", "WaitPlan"]
+__all__ = ["SETTLED_STATES", "WaitPlan", "plan_wait"]
 
 SETTLED_STATES = frozenset({"done", "dead", "cancelled"})
 
@@ -148,3 +150,35 @@ class WaitPlan:
         if self._end is not None:
             pause = min(pause, max(0.0, self._end - time.monotonic()))
         return pause
+
+
+def plan_wait(
+    session: JobsSession,
+    hub: WaitHub,
+    runtime: ResolvedRuntime,
+    *,
+    id: object,
+    timeout_seconds: object,
+    signal: object,
+) -> WaitPlan:
+    """``wait()``'s checked arguments and refusals before it waits (sync and async alike)."""
+    what = "wait()"
+    job_id = check_id(id, f"{what}: id")
+    timeout = (
+        None
+        if timeout_seconds is None
+        else check_seconds(timeout_seconds, f"{what}: timeout_seconds", allow_zero=True)
+    )
+    sig = check_signal_arg(signal, what)
+    refuse_if_cancelled(sig, None, runtime.now(), what)
+    backend = session.store_backend
+    backend.check_open(what)
+    if not session.scope.root or backend.in_my_transaction():
+        raise GateRefused(
+            f"{what} was called inside store.transaction(): the transaction holds the "
+            "store's connection, so no other settlement could ever be seen from it; wait "
+            "after the transaction ends (store.jobs.wait)",
+            reason="reentrant",
+            job_id=job_id,
+        )
+    return WaitPlan(hub, backend, job_id=job_id, timeout=timeout, signal=sig, what=what)

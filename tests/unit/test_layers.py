@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"core"},
     {"gate", "rows", "backend", "cursor"},
     {"backends"},
-    {"pages", "hub", "waiting"},
+    {"pages", "hub", "waiting", "history"},
     {"engine", "checkpoints", "batcher", "aio"},
     # schedules and tick enqueueing: over the engine, given to workers
     {"periodic"},

@@ -56,8 +56,10 @@ class _KeysetRows:
         filters: PageFilters,
         position: Callable[[str], int | None] | None,
         check: Callable[[], object] | None,
+        now_ms: Callable[[], int],
     ) -> None:
         self._fetch_one, self._release = fetch
+        self._now_ms = now_ms
         self._params = params
         self._last = filters.after
         self._last_at: int | None = None if filters.order == "newest" else 0
@@ -91,7 +93,8 @@ class _KeysetRows:
             raise StopIteration
         if self._check is not None:
             self._check()
-        row = self._fetch_one(self._seek())
+        # now: a marked lease that ran out reads as cancelled (its effective state)
+        row = self._fetch_one({**self._seek(), "now": self._now_ms()})
         if row is None:
             self._left = 0
             raise StopIteration
@@ -166,7 +169,14 @@ def page_cursor(
                     release()
                 return None if row is None else int(row[0])
 
-        return _KeysetRows(fetch, params=params, filters=filters, position=position, check=check)
+        return _KeysetRows(
+            fetch,
+            params=params,
+            filters=filters,
+            position=position,
+            check=check,
+            now_ms=runtime.now_ms,
+        )
 
     return Cursor(
         open_rows=open_rows,

@@ -12,10 +12,18 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from jaren_jobs.errors import JobSettled, LeaseExpired, LeaseLost, LeaseSuperseded
+from jaren_jobs.errors import JobSettled, LeaseExpired, LeaseLost, LeaseRequired, LeaseSuperseded
 from jaren_jobs.records import Lease
 
-__all__ = ["FenceRow", "Verdict", "classify", "refusal", "renewal_refusal", "settled_by"]
+__all__ = [
+    "FenceRow",
+    "Verdict",
+    "classify",
+    "moved_or_refused",
+    "refusal",
+    "renewal_refusal",
+    "settled_by",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,4 +180,29 @@ def _superseded_because(lease: Lease, row: FenceRow) -> str:
         "this lease is from another attempt of the same generation (the job was swept and "
         "enqueued again under its id since this lease was claimed): another attempt holds "
         "it now; stop writing on its behalf"
+    )
+
+
+def moved_or_refused(
+    answer: bool | FenceRow | None,
+    job_id: str,
+    what: str,
+    *,
+    unchanged: str,
+    leased: str,
+    settled: str,
+) -> bool:
+    """An administrative write's answer: ``True`` moved it, ``False`` it already was
+    ``unchanged``; a live lease is :class:`LeaseRequired`, anything else :class:`JobSettled`."""
+    if answer is True:
+        return True
+    state = answer.state if isinstance(answer, FenceRow) else None
+    if state is None:
+        raise JobSettled(f"{what} refused: job {job_id!r} is unknown", job_id=job_id)
+    if state == unchanged:
+        return False
+    if state == "leased":
+        raise LeaseRequired(f"{what} refused: job {job_id!r} {leased}", job_id=job_id)
+    raise JobSettled(
+        f"{what} refused: job {job_id!r} is {state!r} — {settled}", job_id=job_id, state=state
     )

@@ -17,6 +17,7 @@ from jaren_jobs.errors import (
     StoreClosed,
     describe_error,
 )
+from jaren_jobs.hub import CancelRequested
 from jaren_jobs.records import (
     ClaimedJob,
     CorruptJson,
@@ -101,6 +102,7 @@ class _Attempt:
     """Everything one in-flight attempt owns."""
 
     __slots__ = (
+        "cancel_requested",
         "cancelled",
         "claimed",
         "ended",
@@ -126,6 +128,9 @@ class _Attempt:
         self.lease_lock = threading.Lock()
         self.scope = CancelScope()
         self.cancelled = False
+        # cancel(id, force=True) marked the job: the signal aborted, and a
+        # failure (or snooze) of this attempt settles it cancelled
+        self.cancel_requested = False
         self.lost: LeaseLost | None = None
         # the fence row the renewal that found the lease lost met: how the job
         # ended, should this very attempt have settled it (a handler using its lease)
@@ -140,6 +145,21 @@ class _Attempt:
         return self.claimed.id
 
     def cancel(self, reason: Any) -> None:
+        if isinstance(reason, CancelRequested):
+            # cancel(id, force=True): nothing is settled yet; the attempt
+            # winds up and settles the job itself (a completion still stands)
+            if self.cancel_requested:
+                return
+            self.cancel_requested = True
+            _log.info(
+                "jaren_jobs: job %r (kind %r) attempt %d: cancel(id, force=True) asked it "
+                "to stop; its signal aborts",
+                self.claimed.id,
+                self.claimed.kind,
+                self.lease.attempt,
+            )
+            self.scope.abort(reason)
+            return
         # the engine's cancel(id, lease=...) committed; this attempt's
         # outcome is a cancellation, whatever its handler does next
         self.cancelled = True
@@ -153,7 +173,7 @@ _Ran = tuple[_Attempt, Exception | None, Any]
 class _Held:
     """A job leased for a loop and not started yet; a cancel with its lease reaches it here."""
 
-    __slots__ = ("abort", "at", "attempt", "cancelled", "job", "seq")
+    __slots__ = ("abort", "at", "attempt", "cancelled", "forced", "job", "seq")
 
     def __init__(self, job: ClaimedJob, seq: int, at: float) -> None:
         self.job = job
@@ -161,6 +181,9 @@ class _Held:
         self.at = at  # time.monotonic() of the claim
         self.cancelled = False  # cancel(id, lease=...) committed before it started
         self.attempt: _Attempt | None = None  # once started
+        # cancel(id, force=True) before it started: it starts, and its attempt
+        # settles the job cancelled without running the handler
+        self.forced: CancelRequested | None = None
         self.abort: Callable[[Any], None] | None = None  # what the hub holds for it
 
 
@@ -292,6 +315,14 @@ def _call(self: Worker, attempt: _Attempt, ran: list[_Ran]) -> Outcome | None:
     if attempt.cancelled:
         # cancel(id, lease=...) committed between the take and now
         return self._outcome(attempt, "cancelled", reason="cancelled before its handler ran")
+    if attempt.cancel_requested:
+        # cancel(id, force=True) before the handler ran: it never runs; the
+        # settlement (a failure of a marked job) cancels the job
+        reason = attempt.scope.signal.reason
+        error = reason if isinstance(reason, Exception) else RuntimeError(str(reason))
+        attempt.error = error
+        ran.append((attempt, error, None))
+        return None
     started = time.perf_counter()
     try:
         # inside the try: a lookup that raises fails this attempt, it is
@@ -338,6 +369,8 @@ def _begin(self: Worker, claimed: ClaimedJob) -> _Attempt | None:
         return None
     with self._hub.lock:
         self._hub.local_attempts[claimed.id] = attempt.cancel
+    if held is not None and held.forced is not None:
+        attempt.cancel(held.forced)
     halt = self._halt.signal
     if halt.aborted:  # else _abort_attempts, a callback of the halt, reaches it
         attempt.scope.abort(halt.reason)

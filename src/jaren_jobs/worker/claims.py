@@ -13,6 +13,7 @@ from jaren_jobs.errors import (
     JobsError,
     StoreClosed,
 )
+from jaren_jobs.hub import CancelRequested
 from jaren_jobs.records import (
     ClaimedJob,
 )
@@ -117,7 +118,10 @@ def _cancel_unstarted(self: Worker, held: _Held, reason: Any) -> None:
     with self._lock:
         attempt = held.attempt
         if attempt is None:
-            held.cancelled = True  # its handler never starts
+            if isinstance(reason, CancelRequested):
+                held.forced = reason  # it starts, and settles the job cancelled
+            else:
+                held.cancelled = True  # its handler never starts
             return
     attempt.cancel(reason)  # it started meanwhile: its signal aborts
 

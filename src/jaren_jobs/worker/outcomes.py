@@ -83,6 +83,9 @@ def _finish(self: Worker, entry: _Entry) -> Outcome:
         exc = entry.met
     error = entry.error
     assert error is not None
+    if exc is None and entry.wrote and attempt.cancel_requested:
+        # the failure of a job cancel(id, force=True) marked: the store cancelled it
+        return self._outcome(attempt, "cancelled", reason="cancelled by cancel(id, force=True)")
     if exc is None:
         if not entry.wrote:
             return self._truth(attempt, entry.row) or self._failed(attempt, error)

@@ -16,6 +16,7 @@ from jaren_jobs.errors import (
     JobsError,
     StoreClosed,
 )
+from jaren_jobs.hub import CancelRequested
 
 from .attempt import _Attempt
 
@@ -149,10 +150,35 @@ def _renew_attempt(self: Worker, attempt: _Attempt) -> None:
                 refused,
             )
             return
-        fresh = answer
+        fresh = answer.lease
         attempt.lease = fresh
         attempt.renew_at = time.monotonic() + self._renew_every
         with self._lock:
             attempt.lease_seq = next(self._lease_seqs)
             self._counts["renewals"] += 1
+    if answer.cancel_requested and not attempt.cancel_requested:
+        # cancel(id, force=True) in another process marked the job: the
+        # renewal read the mark back, so this attempt winds up now
+        attempt.cancel(
+            CancelRequested(
+                f"job {attempt.job_id!r} was cancelled by cancel(id, force=True) (seen at "
+                "its lease renewal): wind up; the job ends cancelled unless this attempt "
+                "completes first",
+                job_id=attempt.job_id,
+            )
+        )
     self._notify("on_renewal", self._on_renewal, fresh)
+
+
+def _renew_soon(self: Worker, job_id: str) -> None:
+    """Another process marked ``job_id`` (PostgreSQL's NOTIFY): renew its lease now, if held.
+
+    Only a renewal falling due early: the renewal statement is what reads the
+    mark, so a notification names no attempt and proves nothing by itself.
+    """
+    with self._lock:
+        held = [a for a in self._attempts.values() if a.job_id == job_id and not a.ended]
+        for attempt in held:
+            attempt.renew_at = 0.0
+    if held:
+        self._renewals.wake()

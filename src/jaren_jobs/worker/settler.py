@@ -313,6 +313,12 @@ def _prepare(self: Worker, attempt: _Attempt, error: Exception | None, result: A
             entry.outcome = self._lost(attempt, phase, attempt.lost, attempt.lost_row)
             return entry
         lease = attempt.lease
+    if error is not None and attempt.cancel_requested:
+        # a forced cancel asked it to stop and it raised (or snoozed): the
+        # failure of a marked job settles it cancelled, never retried
+        entry.error = error
+        entry.item = self._failure(lease, error)
+        return entry
     if isinstance(error, Snooze):
         # the handler asked to run again later: no attempt spent (SPEC §12)
         entry.error = error

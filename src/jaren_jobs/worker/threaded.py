@@ -248,6 +248,7 @@ class Worker:
             if not self._stopped:
                 with self._hub.lock:
                     self._hub.wakers.add(self._wake)
+                    self._hub.renewers.add(self._renew_soon)
             self._threads.extend(threads)
         for thread in threads:
             thread.start()
@@ -329,6 +330,7 @@ class Worker:
             if first:
                 with self._hub.lock:
                     self._hub.wakers.discard(self._wake)
+                    self._hub.renewers.discard(self._renew_soon)
                 self._halt.abort(self._stopping_reason("stop() was called"))
                 with self._cond:
                     self._cond.notify_all()
@@ -469,6 +471,7 @@ class Worker:
     # renewals.py: renewals
     _renewals_due = renewals._renewals_due
     _renew_attempt = renewals._renew_attempt
+    _renew_soon = renewals._renew_soon
 
     # ticks.py: periodic ticks
     _start_ticker = ticks._start_ticker

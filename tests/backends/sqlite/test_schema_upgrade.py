@@ -504,7 +504,7 @@ def test_round_1_live_rows_upgrade_in_place_to_queues_and_unique_keys(
 
     build_round_1(db_path)
     with open_store(db_path, runtime=runtime) as store:
-        assert query(db_path, 'SELECT value FROM "_jaren_meta"') == [("5",)]
+        assert query(db_path, 'SELECT value FROM "_jaren_meta"') == [("6",)]
         # 5: the error history table, empty after the upgrade
         assert query(db_path, 'SELECT count(*) FROM "_jaren_job_errors"') == [(0,)]
         indexes = {
@@ -520,3 +520,36 @@ def test_round_1_schema_upgraded_equals_a_fresh_one(tmp_path: Path, runtime: Run
     open_store(old, runtime=runtime).close()
     open_store(fresh, runtime=runtime).close()
     assert schema_of(old) == schema_of(fresh)
+
+
+# ----------------------------------------------------------------- schema 5 -> 6 (SPEC §13)
+
+
+def test_schema_5_is_upgraded_in_place_with_the_cancel_mark(
+    db_path: Path, runtime: Runtime, clock: FakeClock
+) -> None:
+    # a file written by the previous release: schema 5, no cancel_requested_at
+    with open_store(db_path, runtime=runtime) as store:
+        store.jobs.enqueue("k", id="live")
+        store.jobs.enqueue("k", id="pending")
+        live = store.jobs.claim(["k"], owner="w", lease_seconds=10)
+        assert live is not None
+    conn = sqlite3.connect(db_path)
+    conn.execute('ALTER TABLE "_jaren_jobs" DROP COLUMN cancel_requested_at')
+    conn.execute("UPDATE \"_jaren_meta\" SET value = '5' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    before = query(db_path, 'SELECT * FROM "_jaren_jobs" ORDER BY id')
+
+    with open_store(db_path, runtime=runtime) as store:
+        assert query(db_path, 'SELECT value FROM "_jaren_meta"') == [("6",)]
+        after = query(db_path, 'SELECT * FROM "_jaren_jobs" ORDER BY id')
+        assert [row[:-1] for row in after] == before  # every row kept, the column added last
+        assert [row[-1] for row in after] == [None, None]
+        # a lease held across the upgrade is marked, and cancelled once it runs out
+        assert store.jobs.cancel("live", force=True) is True
+        clock.advance(11)
+        job = store.jobs.get("live")
+        assert job is not None
+        assert (job.state, job.cancel_requested) == ("cancelled", True)
+        assert store.jobs.claim(["k"], owner="w") is not None  # the pending one, not "live"

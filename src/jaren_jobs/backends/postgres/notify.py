@@ -7,7 +7,11 @@ one poll interval, and every reconnection wakes the workers once, in case
 one was.
 
 A second channel carries settlements (``wait()`` in this process wakes on
-them): its own, so that a settlement never wakes an idle worker to claim.
+them): its own, so that a settlement never wakes an idle worker to claim. A
+third carries ``cancel(id, force=True)`` of a running job, naming the job:
+the workers of this process renew that job's lease at once if they hold it
+(the renewal reads the mark back), so the holder learns sooner than its next
+renewal would have told it.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ class Listener:
         quoted_channel: str,
         quoted_settled: str | None = None,
         settled_name: str | None = None,
+        *,
+        quoted_cancel: str | None = None,
+        cancel_name: str | None = None,
     ) -> None:
         self._conninfo = conninfo
         self._channel = quoted_channel
@@ -47,6 +54,9 @@ class Listener:
         self._settled_name = settled_name  # as a notification names it (unquoted)
         self._wakers: list[Callable[[], None]] = []
         self._settled_wakers: list[Callable[[], None]] = []
+        self._cancel = quoted_cancel
+        self._cancel_name = cancel_name  # as a notification names it (unquoted)
+        self._cancel_wakers: list[Callable[[str], None]] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -70,6 +80,22 @@ class Listener:
                 self._settled_wakers.append(wake)
         self.start(None)
 
+    def on_cancel(self, wake: Callable[[str], None]) -> None:
+        """Also call ``wake(job_id)`` on every forced-cancel NOTIFY (the job it names)."""
+        with self._lock:
+            if wake not in self._cancel_wakers:
+                self._cancel_wakers.append(wake)
+        self.start(None)
+
+    def _cancelled(self, job_id: str) -> None:
+        with self._lock:
+            wakers = list(self._cancel_wakers)
+        for wake in wakers:
+            try:
+                wake(job_id)
+            except Exception:  # a waker never stops the listener
+                _log.exception("jaren_jobs: a forced-cancel callback raised")
+
     def _wake(self, settled: bool | None = False) -> None:
         """Enqueue wakers (``False``), settlement wakers (``True``), or both (``None``)."""
         with self._lock:
@@ -87,6 +113,8 @@ class Listener:
         conn.execute(f"LISTEN {self._channel}")
         if self._settled is not None:
             conn.execute(f"LISTEN {self._settled}")
+        if self._cancel is not None:
+            conn.execute(f"LISTEN {self._cancel}")
         return conn
 
     def _run(self) -> None:
@@ -107,6 +135,9 @@ class Listener:
             try:
                 while not self._stopping.is_set():
                     for note in conn.notifies(timeout=_WAIT_SECONDS):
+                        if note.channel == self._cancel_name:
+                            self._cancelled(note.payload)
+                            continue
                         # at once: a worker idles until it is woken or polls
                         self._wake(note.channel == self._settled_name)
             except psycopg.Error:

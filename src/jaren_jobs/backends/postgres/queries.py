@@ -21,8 +21,17 @@ META = '"_jaren_meta"'
 JOB_COLUMNS = (
     "id, kind, payload, state, priority, attempts, max_attempts, run_at, "
     "lease_until, lease_owner, lease_generation, last_error, result, created_at, "
-    "updated_at, lease_token, queue, unique_key"
+    "updated_at, lease_token, queue, unique_key, cancel_requested_at"
 )
+
+# A leased job marked by cancel(id, force=True) whose lease has run out is
+# cancelled: no live holder can settle it any more, and no claim rescues it.
+# The row says 'leased' until a write meets it (MATERIALISE_*); every read
+# shows the state it effectively is, as of the bound now.
+MARKED_EXPIRED = "state = 'leased' AND cancel_requested_at IS NOT NULL AND lease_until <= %(now)s"
+EFFECTIVE_STATE = f"CASE WHEN {MARKED_EXPIRED} THEN 'cancelled' ELSE state END"
+# JOB_COLUMNS as a read shows them: the effective state in the state's place
+READ_COLUMNS = JOB_COLUMNS.replace(", state, ", f", {EFFECTIVE_STATE}, ", 1)
 # the states in which a job holds its unique_key: the unique index's predicate
 ACTIVE = "state IN ('pending', 'failed', 'leased')"
 FENCE_COLUMNS = (
@@ -95,7 +104,7 @@ ENQUEUE_MANY = f"""INSERT INTO {JOBS}
 
 NOTIFY = "SELECT pg_notify(%(channel)s, '')"
 
-GET_JOB = f"SELECT {JOB_COLUMNS} FROM {JOBS} WHERE id = %s"
+GET_JOB = f"SELECT {READ_COLUMNS} FROM {JOBS} WHERE id = %(id)s"
 
 FENCE_ROW = f"SELECT {FENCE_COLUMNS} FROM {JOBS} WHERE id = %s"
 
@@ -154,7 +163,7 @@ def claim_lock(kind_count: int, queue_count: int = 0) -> str:
         ]
     rescue = f"""rescue AS (SELECT {columns} FROM {JOBS}
       WHERE state = 'leased' AND lease_until <= %(now)s AND kind IN ({kinds})
-        AND run_at <= %(now)s{in_queues}
+        AND run_at <= %(now)s AND cancel_requested_at IS NULL{in_queues}
       ORDER BY {_CLAIM_ORDER} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"""
     names = [f"r{i}" for i in range(len(ready))] + ["rescue"]
     union = " UNION ALL ".join(f"SELECT * FROM {name}" for name in names)
@@ -275,8 +284,10 @@ SETTLE_DONE_MANY_NOTIFY = _settle_done_many(True)
 # a row that says otherwise is not written here (the caller reads it and
 # writes by the row's own count).
 _FAIL = (
-    "state = CASE WHEN %(retry)s AND j.attempts < j.max_attempts THEN 'failed' ELSE 'dead' END, "
-    "run_at = CASE WHEN %(retry)s AND j.attempts < j.max_attempts THEN %(run_at)s "
+    "state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' "
+    "WHEN %(retry)s AND j.attempts < j.max_attempts THEN 'failed' ELSE 'dead' END, "
+    "run_at = CASE WHEN j.cancel_requested_at IS NULL AND %(retry)s "
+    "AND j.attempts < j.max_attempts THEN %(run_at)s "
     "ELSE j.run_at END, "
     "last_error = %(error)s, lease_until = NULL, lease_token = NULL, "
     "settled_generation = j.lease_generation, updated_at = %(now)s"
@@ -297,11 +308,20 @@ JOB_EXISTS = f"SELECT 1 FROM {JOBS} WHERE id = %s"
 READ_ERRORS = f"""SELECT attempt, at, error, traceback FROM {ERRORS}
   WHERE job_id = %s ORDER BY attempt, at"""
 
+# A failure or a snooze of a job marked by cancel(id, force=True) ends it
+# cancelled: the operator asked for it to stop, so it is never retried (a
+# completion is not touched: done stands)
+_UNLESS_MARKED = "CASE WHEN cancel_requested_at IS NULL THEN '{}' ELSE 'cancelled' END"
+_PENDING_UNLESS_MARKED = _UNLESS_MARKED.format("pending")
+_FAILED_UNLESS_MARKED = _UNLESS_MARKED.format("failed")
+_DEAD_UNLESS_MARKED = _UNLESS_MARKED.format("dead")
+
 # A snooze (SPEC §12): pending again at now + delay, the claim's attempt given
 # back, the lease cleared; the generation stays (the snoozed lease stays
 # refused) and the row records which attempt settled it (a repeat is idempotent)
 SNOOZE = fenced(
-    "state = 'pending', run_at = %(run_at)s, lease_until = NULL, lease_token = NULL, "
+    f"state = {_PENDING_UNLESS_MARKED}, run_at = %(run_at)s, lease_until = NULL, "
+    "lease_token = NULL, "
     "lease_owner = NULL, attempts = j.attempts - 1, settled_generation = j.lease_generation, "
     "updated_at = %(now)s"
 )
@@ -310,13 +330,14 @@ SNOOZE = fenced(
 READ_ATTEMPTS = f"""SELECT attempts, max_attempts FROM {JOBS}
   WHERE id = %(id)s AND {FENCE} FOR UPDATE"""
 
-SETTLE_RETRY = f"""UPDATE {JOBS} SET state = 'failed', last_error = %(error)s,
+SETTLE_RETRY = f"""UPDATE {JOBS} SET state = {_FAILED_UNLESS_MARKED}, last_error = %(error)s,
     run_at = %(run_at)s, lease_until = NULL, lease_token = NULL,
     settled_generation = lease_generation, updated_at = %(now)s
   WHERE id = %(id)s AND {FENCE}"""
 
-SETTLE_DEAD = f"""UPDATE {JOBS} SET state = 'dead', last_error = %(error)s, lease_until = NULL,
-    lease_token = NULL, settled_generation = lease_generation, updated_at = %(now)s
+SETTLE_DEAD = f"""UPDATE {JOBS} SET state = {_DEAD_UNLESS_MARKED}, last_error = %(error)s,
+    lease_until = NULL, lease_token = NULL, settled_generation = lease_generation,
+    updated_at = %(now)s
   WHERE id = %(id)s AND {FENCE}"""
 
 RELEASE_LEASES = f"""UPDATE {JOBS} AS j SET state = 'pending', lease_until = NULL,
@@ -330,6 +351,33 @@ CANCEL_QUEUED = f"""UPDATE {JOBS} SET state = 'cancelled', last_error = 'cancell
     lease_until = NULL, lease_token = NULL, updated_at = %(now)s
   WHERE id = %(id)s AND state IN ('pending', 'failed')"""
 
+# cancel(id, force=True) of a job no live attempt holds: queued, or leased
+# with a lease that ran out (unmarked; a marked one is cancelled already). An
+# expired lease's attempt settled nothing: settled_generation stays NULL, so
+# that attempt's late call is refused as JobSettled, never taken as its own.
+CANCEL_NOW = f"""UPDATE {JOBS} SET state = 'cancelled', last_error = 'cancelled',
+    lease_until = NULL, lease_token = NULL, updated_at = %(now)s,
+    settled_generation = CASE WHEN state = 'leased' THEN NULL ELSE settled_generation END
+  WHERE id = %(id)s AND (state IN ('pending', 'failed')
+    OR (state = 'leased' AND lease_until <= %(now)s AND cancel_requested_at IS NULL))"""
+
+# cancel(id, force=True) of a live lease: the mark, once (a second call finds
+# it set and changes nothing); then NOTIFY_CANCEL names the job, delivered with
+# the commit: the holder's listener renews at once, and the renewal (RENEW
+# returns the row) reads the mark back and aborts the attempt's signal
+MARK_CANCEL = f"""UPDATE {JOBS} SET cancel_requested_at = %(now)s, updated_at = %(now)s
+  WHERE id = %(id)s AND state = 'leased' AND lease_until > %(now)s
+    AND cancel_requested_at IS NULL"""
+NOTIFY_CANCEL = "SELECT pg_notify(%(channel)s, %(id)s)"
+
+# A marked job whose lease ran out becomes the cancelled row it effectively
+# is, when a write meets it: aged from its lease's expiry (updated_at), so a
+# sweep treats it as settled then; settled by no attempt (NULL generation)
+_MATERIALISE = """SET state = 'cancelled', last_error = 'cancelled', updated_at = lease_until,
+    lease_until = NULL, lease_token = NULL, settled_generation = NULL"""
+MATERIALISE_ONE = f"UPDATE {JOBS} {_MATERIALISE} WHERE id = %(id)s AND {MARKED_EXPIRED}"
+MATERIALISE_ALL = f"UPDATE {JOBS} {_MATERIALISE} WHERE {MARKED_EXPIRED}"
+
 CANCEL_LEASED = fenced(
     "state = 'cancelled', last_error = 'cancelled', lease_until = NULL, lease_token = NULL, "
     "settled_generation = j.lease_generation, updated_at = %(now)s",
@@ -337,7 +385,7 @@ CANCEL_LEASED = fenced(
 )
 
 REQUEUE = f"""UPDATE {JOBS} SET state = 'pending', run_at = %(now)s, lease_until = NULL,
-    lease_token = NULL, lease_owner = NULL, updated_at = %(now)s,
+    lease_token = NULL, lease_owner = NULL, updated_at = %(now)s, cancel_requested_at = NULL,
     attempts = CASE WHEN %(reset)s THEN 0 ELSE attempts END
   WHERE id = %(id)s AND (state IN ('failed', 'dead', 'cancelled')
     OR (state = 'leased' AND lease_until <= %(now)s))
@@ -368,12 +416,13 @@ def sweep_only(count: int) -> str:
     )
 
 
-COUNT_BY_STATE = f"SELECT state, count(*) FROM {JOBS} GROUP BY state"
+COUNT_BY_STATE = f"SELECT {EFFECTIVE_STATE}, count(*) FROM {JOBS} GROUP BY 1"
 COUNT_PENDING_KINDS = f"""SELECT kind, count(*) FROM {JOBS}
   WHERE state IN ('pending', 'failed') GROUP BY kind"""
-COUNT_QUEUE_BY_STATE = f"SELECT state, count(*) FROM {JOBS} WHERE queue = %s GROUP BY state"
+COUNT_QUEUE_BY_STATE = f"""SELECT {EFFECTIVE_STATE}, count(*) FROM {JOBS}
+  WHERE queue = %(queue)s GROUP BY 1"""
 COUNT_QUEUE_PENDING_KINDS = f"""SELECT kind, count(*) FROM {JOBS}
-  WHERE state IN ('pending', 'failed') AND queue = %s GROUP BY kind"""
+  WHERE state IN ('pending', 'failed') AND queue = %(queue)s GROUP BY kind"""
 
 
 def page_jobs(filters: PageFilters) -> str:
@@ -388,13 +437,15 @@ def page_jobs(filters: PageFilters) -> str:
 
 
 # due_counts(): the queued jobs split at now, and the leases that ran out (one
-# snapshot, one statement; an operator's read, not a hot path)
+# snapshot, one statement; an operator's read, not a hot path). A marked lease
+# that ran out is not counted: it reads as cancelled (EFFECTIVE_STATE)
 _DUE_COUNTS = f"""SELECT
   COALESCE(SUM(CASE WHEN state = 'pending' AND run_at <= %(now)s THEN 1 ELSE 0 END), 0),
   COALESCE(SUM(CASE WHEN state = 'pending' AND run_at > %(now)s THEN 1 ELSE 0 END), 0),
   COALESCE(SUM(CASE WHEN state = 'failed' AND run_at <= %(now)s THEN 1 ELSE 0 END), 0),
   COALESCE(SUM(CASE WHEN state = 'failed' AND run_at > %(now)s THEN 1 ELSE 0 END), 0),
-  COALESCE(SUM(CASE WHEN state = 'leased' AND lease_until <= %(now)s THEN 1 ELSE 0 END), 0)
+  COALESCE(SUM(CASE WHEN state = 'leased' AND cancel_requested_at IS NULL
+    AND lease_until <= %(now)s THEN 1 ELSE 0 END), 0)
   FROM {JOBS} WHERE state IN ('pending', 'failed', 'leased')"""
 DUE_COUNTS = _DUE_COUNTS
 DUE_COUNTS_QUEUE = _DUE_COUNTS + " AND queue = %(queue)s"
@@ -410,12 +461,12 @@ def _page_statement(order_by: str, by_state: bool, by_kind: bool, by_queue: bool
         where = ["id > %(after)s"]
         order = "id"
     if by_state:
-        where.append("state = %(state)s")
+        where.append(f"{EFFECTIVE_STATE} = %(state)s")
     if by_kind:
         where.append("kind = %(kind)s")
     if by_queue:
         where.append("queue = %(queue)s")
-    return f"""SELECT {JOB_COLUMNS} FROM {JOBS} WHERE {" AND ".join(where)}
+    return f"""SELECT {READ_COLUMNS} FROM {JOBS} WHERE {" AND ".join(where)}
   ORDER BY {order} LIMIT %(limit)s"""
 
 

@@ -13,11 +13,18 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jaren_jobs.backend import ErrorRow, Missed, Scope, SettleAnswer, StoreBackend
-from jaren_jobs.core.commands import ClaimRequest, Failure, PageFilters, PreparedJob
+from jaren_jobs.backend import (
+    ErrorRow,
+    ForcedAnswer,
+    Missed,
+    Renewal,
+    Scope,
+    SettleAnswer,
+    StoreBackend,
+)
+from jaren_jobs.core.commands import ClaimRequest, PageFilters, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
-from jaren_jobs.core.policy import failure_transition, retry_at_ms
-from jaren_jobs.core.settle import Completion, SettleBatch, Snoozing
+from jaren_jobs.core.settle import SettleBatch
 from jaren_jobs.errors import DuplicateJob, StorageError, key_held
 from jaren_jobs.records import STATES, ClaimedJob, Counts, Job, Lease
 from jaren_jobs.rows import claim_key, claimed_from_row, inserted_job, job_from_row, lease_from_row
@@ -26,11 +33,12 @@ from jaren_jobs.signals import SignalLike
 
 from . import queries as sql
 from .connection import PgDatabase
+from .settling import PgSettling, fence_row_of
 
 if TYPE_CHECKING:
     from jaren_jobs.cursor import Cursor
 
-__all__ = ["PostgresSession", "settled_channel"]
+__all__ = ["PostgresSession", "cancel_channel", "settled_channel"]
 
 
 def settled_channel(channel: str) -> str:
@@ -42,17 +50,20 @@ def settled_channel(channel: str) -> str:
     return name if len(name.encode()) <= 63 else f"{channel[:54]}.settled"
 
 
+def cancel_channel(channel: str) -> str:
+    """The channel ``cancel(id, force=True)`` of a running job notifies, naming the job.
+
+    Its own channel: only the process holding that job's attempt acts on it
+    (it renews that lease at once), and nothing else wakes for it.
+    """
+    name = f"{channel}.cancel"
+    return name if len(name.encode()) <= 63 else f"{channel[:55]}.cancel"
+
+
 T = TypeVar("T")
 
 
-def _fence_row(values: Sequence[Any]) -> FenceRow | None:
-    """``(state, token, until, generation, settled, key, last_error)``, or None (no job)."""
-    if values[0] is None:
-        return None
-    return FenceRow.from_row(tuple(values[:6]), None if values[6] is None else str(values[6]))
-
-
-_JOB_WIDTH = 18  # the columns of sql.JOB_COLUMNS
+_JOB_WIDTH = 19  # the columns of sql.JOB_COLUMNS
 _UNIQUE_TRIES = 8  # inserts of one unique-key enqueue before it gives up
 
 
@@ -62,22 +73,6 @@ def _taken(job_id: str, what: str) -> DuplicateJob:
         "job's whole life (until it is swept)",
         job_id=job_id,
     )
-
-
-def _holds(fence: FenceRow | None, token: str, now: int) -> bool:
-    """Whether the fence row shows ``token``'s lease live at ``now``."""
-    return (
-        fence is not None
-        and fence.state == "leased"
-        and fence.token == token
-        and fence.lease_until is not None
-        and fence.lease_until > now
-    )
-
-
-def _pg_text(text: str) -> str:
-    # PostgreSQL's text cannot hold NUL: kept as its escape, as lone surrogates are
-    return text.replace("\x00", "\\x00") if "\x00" in text else text
 
 
 class PostgresSession:
@@ -91,6 +86,8 @@ class PostgresSession:
         self._runtime = runtime
         self._channel = channel
         self._settled = None if channel is None else settled_channel(channel)
+        self._cancel = None if channel is None else cancel_channel(channel)
+        self._settling = PgSettling(db, runtime, channel, self._settled)
 
     @property
     def db(self) -> PgDatabase:
@@ -249,7 +246,11 @@ class PostgresSession:
         ]
 
     def get_job(self, job_id: str, what: str) -> Job | None:
-        row = self._scope.read(lambda: self._db.one(sql.GET_JOB, (job_id,), doing=what), what)
+        def work() -> tuple[Any, ...] | None:
+            params = {"id": job_id, "now": self._runtime.now_ms()}
+            return self._db.one(sql.GET_JOB, params, doing=what)
+
+        row = self._scope.read(work, what)
         return None if row is None else job_from_row(row)
 
     def job_errors(self, job_id: str, what: str) -> list[ErrorRow] | None:
@@ -268,7 +269,8 @@ class PostgresSession:
             return self._count_queue(queue, what)
 
         def work() -> Counts:
-            by_state = {str(s): int(n) for s, n in self._db.all(sql.COUNT_BY_STATE, doing=what)}
+            rows = self._db.all(sql.COUNT_BY_STATE, {"now": self._runtime.now_ms()}, doing=what)
+            by_state = {str(s): int(n) for s, n in rows}
             kinds = self._db.all(sql.COUNT_PENDING_KINDS, doing=what)
             known = {s: by_state.get(s, 0) for s in STATES}
             return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds})
@@ -277,9 +279,10 @@ class PostgresSession:
 
     def _count_queue(self, queue: str, what: str) -> Counts:
         def work() -> Counts:
-            rows = self._db.all(sql.COUNT_QUEUE_BY_STATE, (queue,), doing=what)
+            params = {"queue": queue, "now": self._runtime.now_ms()}
+            rows = self._db.all(sql.COUNT_QUEUE_BY_STATE, params, doing=what)
             by_state = {str(s): int(n) for s, n in rows}
-            kinds = self._db.all(sql.COUNT_QUEUE_PENDING_KINDS, (queue,), doing=what)
+            kinds = self._db.all(sql.COUNT_QUEUE_PENDING_KINDS, {"queue": queue}, doing=what)
             known = {s: by_state.get(s, 0) for s in STATES}
             return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds})
 
@@ -339,7 +342,7 @@ class PostgresSession:
 
     def _fence_row(self, job_id: str, what: str) -> FenceRow | None:
         row = self._db.one(sql.FENCE_ROW, (job_id,), doing=what)
-        return None if row is None else _fence_row(row)
+        return None if row is None else fence_row_of(row)
 
     def _fenced(
         self, statement: str, params: dict[str, Any], lease: Lease, what: str
@@ -349,10 +352,10 @@ class PostgresSession:
         assert row is not None
         if row[0]:
             return True
-        return Missed(_fence_row(row[1:]))
+        return Missed(fence_row_of(row[1:]))
 
-    def renew(self, lease: Lease, lease_ms: int, what: str) -> Lease | Missed:
-        def work() -> Lease | Missed:
+    def renew(self, lease: Lease, lease_ms: int, what: str) -> Renewal | Missed:
+        def work() -> Renewal | Missed:
             now = self._runtime.now_ms()
             params = {
                 "until": now + lease_ms,
@@ -364,8 +367,10 @@ class PostgresSession:
             row = self._db.one(sql.RENEW, params, doing=what)
             assert row is not None
             if row[0]:
-                return lease_from_row(row[1 : 1 + _JOB_WIDTH], lease.claim_key)
-            return Missed(_fence_row(row[1 + _JOB_WIDTH :]))
+                fresh = lease_from_row(row[1 : 1 + _JOB_WIDTH], lease.claim_key)
+                # the row says whether a forced cancel marked it (its last column)
+                return Renewal(fresh, row[_JOB_WIDTH] is not None)
+            return Missed(fence_row_of(row[1 + _JOB_WIDTH :]))
 
         return self._scope.write(work, what)
 
@@ -373,10 +378,28 @@ class PostgresSession:
         self, job_id: str, what: str, signal: SignalLike | None
     ) -> bool | FenceRow | None:
         def work() -> bool | FenceRow | None:
-            now = self._runtime.now_ms()
-            if self._db.changes(sql.CANCEL_QUEUED, {"id": job_id, "now": now}, doing=what):
+            params = {"id": job_id, "now": self._runtime.now_ms()}
+            if self._db.changes(sql.CANCEL_QUEUED, params, doing=what):
                 self._notify_settled(what)
                 return True
+            # a marked lease that ran out is cancelled already: the row says so
+            self._db.run(sql.MATERIALISE_ONE, params, doing=what)
+            return self._fence_row(job_id, what)
+
+        return self._scope.write(work, what, signal)
+
+    def cancel_forced(self, job_id: str, what: str, signal: SignalLike | None) -> ForcedAnswer:
+        def work() -> ForcedAnswer:
+            params = {"id": job_id, "now": self._runtime.now_ms()}
+            if self._db.changes(sql.CANCEL_NOW, params, doing=what):
+                self._notify_settled(what)
+                return "cancelled"
+            if self._db.changes(sql.MARK_CANCEL, params, doing=what):
+                if self._cancel is not None:
+                    notice = {"channel": self._cancel, "id": job_id}
+                    self._db.run(sql.NOTIFY_CANCEL, notice, doing=what)
+                return "marked"
+            self._db.run(sql.MATERIALISE_ONE, params, doing=what)
             return self._fence_row(job_id, what)
 
         return self._scope.write(work, what, signal)
@@ -447,6 +470,8 @@ class PostgresSession:
         statement = sql.sweep_only(len(states))
 
         def work() -> int:
+            # marked leases that ran out are cancelled, aged from their expiry
+            self._db.run(sql.MATERIALISE_ALL, {"now": self._runtime.now_ms()}, doing=what)
             row = self._db.one(statement, params, doing=what)
             return 0 if row is None else int(row[0])
 
@@ -471,148 +496,14 @@ class PostgresSession:
     def complete_within(
         self, lease: Lease, result: str, now: int, what: str, *, notify: bool = False
     ) -> bool | Missed:
-        params = {"result": result, "now": now, "id": lease.job_id, "token": lease.token}
-        if notify and self._settled is not None:
-            params["settled"] = self._settled
-            return self._fenced(sql.SETTLE_DONE_NOTIFY, params, lease, what)
-        return self._fenced(sql.SETTLE_DONE, params, lease, what)
-
-    def _complete_many(
-        self, items: Sequence[tuple[int, Completion]], now: int, what: str, *, notify: bool
-    ) -> dict[int, bool | Missed]:
-        """Distinct jobs' completions in one statement, which also answers the missed ones'
-        fence rows."""
-        params = {
-            "now": now,
-            "ids": [c.lease.job_id for _, c in items],
-            "tokens": [c.lease.token for _, c in items],
-            "results": [c.result for _, c in items],
-        }
-        statement = sql.SETTLE_DONE_MANY
-        if notify and self._settled is not None:
-            params["settled"] = self._settled
-            statement = sql.SETTLE_DONE_MANY_NOTIFY
-        found = {
-            row[0]: True if row[1] else Missed(_fence_row(row[2:]))
-            for row in self._db.all(statement, params, doing=what)
-        }
-        return {index: found[c.lease.job_id] for index, c in items}
-
-    def snooze_within(self, item: Snoozing, now: int, what: str) -> bool | Missed:
-        """Back to pending at ``now + delay`` under the fence, the attempt given back."""
-        lease = item.lease
-        params = {
-            "id": lease.job_id,
-            "token": lease.token,
-            "now": now,
-            "run_at": now + item.delay_ms,
-        }
-        return self._fenced(sql.SNOOZE, params, lease, what)
-
-    def fail_within(
-        self, failure: Failure, now: int, what: str, *, notify: bool = False
-    ) -> bool | Missed:
-        """One statement: the retry or dead letter under the fence, or the fence row it met.
-
-        The backoff is computed for the lease's attempt (the row's, while the
-        lease holds). A retry draws the runtime's random() before the write
-        knows whether attempts remain, so a failure that turns out dead has
-        drawn one (SQLite draws only for a retry).
-        """
-        current = failure.lease
-        fenced = {"id": current.job_id, "token": current.token, "now": now}
-        error = _pg_text(failure.message)
-        run_at = 0
-        draw = 0.0
-        if failure.retry:
-            draw = self._runtime.random()
-            run_at = retry_at_ms(now, current.attempt, failure.base, failure.cap, draw)
-        traceback = None if failure.traceback is None else _pg_text(failure.traceback)
-        params = {
-            **fenced,
-            "error": error,
-            "retry": bool(failure.retry),
-            "run_at": run_at,
-            "attempts": current.attempt,
-            "traceback": traceback,
-        }
-        statement = sql.FAIL
-        if notify and self._settled is not None:
-            params["settled"] = self._settled
-            statement = sql.FAIL_NOTIFY
-        answer = self._db.one(statement, params, doing=what)
-        assert answer is not None
-        if answer[0]:
-            return True
-        fence = _fence_row(answer[1:])
-        if not _holds(fence, current.token, now):
-            return Missed(fence)
-        # held, but the lease names another attempt number than its row (a
-        # lease made by hand): decide by the row's own counts
-        row = self._db.one(sql.READ_ATTEMPTS, fenced, doing=what)
-        if row is None:
-            return Missed(self._fence_row(current.job_id, what))
-        attempts, max_attempts = int(row[0]), int(row[1])
-        if failure_transition(attempts, max_attempts, retry=failure.retry) == "dead":
-            self._db.run(sql.SETTLE_DEAD, {**fenced, "error": error}, doing=what)
-        else:  # the draw made for the lease's attempt, recomputed for the row's
-            run_at = retry_at_ms(now, attempts, failure.base, failure.cap, draw)
-            self._db.run(sql.SETTLE_RETRY, {**fenced, "error": error, "run_at": run_at}, doing=what)
-        entry = {"id": current.job_id, "attempt": attempts, "now": now, "error": error}
-        self._db.run(sql.INSERT_ERROR, {**entry, "traceback": traceback}, doing=what)
-        return True
-
-    def release_within(self, leases: Sequence[Lease], now: int, what: str) -> int:
-        held = list(dict.fromkeys((lease.job_id, lease.token) for lease in leases))
-        params = {"now": now, "ids": [h[0] for h in held], "tokens": [h[1] for h in held]}
-        return self._db.changes(sql.RELEASE_LEASES, params, doing=what)
+        return self._settling.complete_within(lease, result, now, what, notify=notify)
 
     def settle(self, batch: SettleBatch, what: str) -> SettleAnswer:
         now_ms = self._runtime.now_ms
         return self._scope.write(lambda: self.settle_within(batch, now_ms(), what), what)
 
     def settle_within(self, batch: SettleBatch, now: int, what: str) -> SettleAnswer:
-        items = batch.settlements
-        settled: list[bool | Missed] = [True] * len(items)
-        rest: Sequence[int] = range(len(items))
-        if len(items) > 1:
-            failing = {s.lease.job_id for s in items if not isinstance(s, Completion)}
-            seen: set[str] = set()
-            together: list[tuple[int, Completion]] = []
-            for index, s in enumerate(items):
-                job_id = s.lease.job_id
-                if isinstance(s, Completion) and job_id not in failing and job_id not in seen:
-                    seen.add(job_id)
-                    together.append((index, s))
-            if len(together) >= 2:
-                many = self._complete_many(together, now, what, notify=True)
-                for index, answer in many.items():
-                    settled[index] = answer
-                joined = {index for index, _ in together}
-                rest = [index for index in rest if index not in joined]
-                notify = False  # the one settlement NOTIFY of this transaction went
-            else:
-                notify = True
-        else:
-            notify = True
-        ready = False  # a snooze made a job claimable now: wake the other processes' workers
-        for index in rest:
-            item = items[index]
-            if isinstance(item, Completion):
-                answer = self.complete_within(item.lease, item.result, now, what, notify=notify)
-                notify = False
-            elif isinstance(item, Snoozing):
-                answer = self.snooze_within(item, now, what)
-                ready = ready or (answer is True and item.delay_ms <= 0)
-            else:
-                answer = self.fail_within(item, now, what, notify=notify)
-                notify = False
-            settled[index] = answer
-        released = self.release_within(batch.releases, now, what) if batch.releases else 0
-        if released or ready:
-            self._notify(what)  # released jobs are claimable again: wake the others
-        claimed = tuple(self.claim_within(request, count, what) for request, count in batch.claims)
-        return SettleAnswer(tuple(settled), released, claimed, now)
+        return self._settling.settle_within(batch, now, what, self.claim_within)
 
     # ------------------------------------------------------------ checkpoints (SPEC §6)
 
@@ -638,7 +529,7 @@ class PostgresSession:
             assert row is not None
             if row[0]:
                 return True
-            return Missed(_fence_row(row[1:]))
+            return Missed(fence_row_of(row[1:]))
 
         return self._scope.write(work, what)
 

@@ -25,7 +25,7 @@ from .connection import PgDatabase, PgRootScope, PgTxScope
 from .errors import storage_error
 from .notify import Listener
 from .schema import ensure_schema, require_schema
-from .session import PostgresSession, settled_channel
+from .session import PostgresSession, cancel_channel, settled_channel
 
 __all__ = ["PostgresBackend", "PostgresTransaction", "is_postgres_url", "open_postgres"]
 
@@ -96,6 +96,12 @@ class PostgresBackend:
         listener = self.db.listener
         if listener is not None:
             listener.start(wake)
+
+    def wake_on_cancel_requests(self, wake: Callable[[str], None]) -> None:
+        """Call ``wake(job_id)`` when any process marks a running job (LISTEN)."""
+        listener = self.db.listener
+        if listener is not None:
+            listener.on_cancel(wake)
 
     def wake_on_settlements(self, wake: Callable[[], None]) -> bool:
         """Call ``wake`` when any process commits a settlement (LISTEN); True if it will."""
@@ -253,6 +259,10 @@ def open_postgres(
                     pgsql.Identifier(channel).as_string(db.connection),
                     pgsql.Identifier(settled_channel(channel)).as_string(db.connection),
                     settled_channel(channel),
+                    quoted_cancel=pgsql.Identifier(cancel_channel(channel)).as_string(
+                        db.connection
+                    ),
+                    cancel_name=cancel_channel(channel),
                 )
         finally:
             db.give_back()

@@ -22,8 +22,9 @@ META = '"_jaren_meta"'
 # 1: the fenced schema; 2: the (state, kind) index leaves leased rows out;
 # 3: claim_key, which names the attempt that settled a row; 4: queue and
 # unique_key (SPEC §12), the queue-first ready index, the unique-key index;
-# 5: the error history table (SPEC §13)
-SCHEMA_VERSION = 5
+# 5: the error history table (SPEC §13); 6: cancel_requested_at, the mark a
+# forced cancel of a running job leaves (SPEC §13)
+SCHEMA_VERSION = 6
 
 # the column order every job SELECT/RETURNING uses; engine rows map by index.
 # The free texts (payload, result, last_error) come back as their bytes, which
@@ -33,8 +34,18 @@ SCHEMA_VERSION = 5
 JOB_COLUMNS = (
     "id, kind, CAST(payload AS BLOB), state, priority, attempts, max_attempts, run_at, "
     "lease_until, lease_owner, lease_generation, CAST(last_error AS BLOB), "
-    "CAST(result AS BLOB), created_at, updated_at, lease_token, queue, unique_key"
+    "CAST(result AS BLOB), created_at, updated_at, lease_token, queue, unique_key, "
+    "cancel_requested_at"
 )
+
+# A leased job marked by cancel(id, force=True) whose lease has run out is
+# cancelled: no live holder can settle it any more, and no claim rescues it.
+# The row says 'leased' until a write meets it (MATERIALISE_*); every read
+# shows the state it effectively is, as of the bound :now.
+MARKED_EXPIRED = "state = 'leased' AND cancel_requested_at IS NOT NULL AND lease_until <= :now"
+EFFECTIVE_STATE = f"CASE WHEN {MARKED_EXPIRED} THEN 'cancelled' ELSE state END"
+# JOB_COLUMNS as a read shows them: the effective state in the state's place
+READ_COLUMNS = JOB_COLUMNS.replace(", state, ", f", {EFFECTIVE_STATE}, ", 1)
 
 # the states in which a job holds its unique_key (SPEC §12); the text must be
 # the very one of the unique index's predicate, so a lookup can use the index
@@ -102,6 +113,9 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     # holds no unique key
     ("_jaren_jobs", "queue", "TEXT NOT NULL DEFAULT 'default'"),
     ("_jaren_jobs", "unique_key", "TEXT"),
+    # schema 6: when cancel(id, force=True) asked the running attempt to stop
+    # (epoch ms); NULL: nobody asked. Older rows were never asked.
+    ("_jaren_jobs", "cancel_requested_at", "INTEGER"),
 )
 
 
@@ -204,7 +218,7 @@ def enqueue_rows(count: int, queued: bool = False) -> str:
   ON CONFLICT DO NOTHING"""
 
 
-GET_JOB = f"SELECT {JOB_COLUMNS} FROM {JOBS} WHERE id = ?"
+GET_JOB = f"SELECT {READ_COLUMNS} FROM {JOBS} WHERE id = :id"
 
 # last_error too: a worker decides its outcome from this answer alone (a row
 # its own attempt failed says why); read only when a fenced write missed
@@ -285,7 +299,7 @@ def _claimable(kind_count: int, limit: str, queue_count: int = 0) -> str:
     UNION ALL SELECT * FROM (SELECT rowid AS rid, id, priority, run_at, created_at
         FROM {JOBS} INDEXED BY "_jaren_jobs_leased"
         WHERE state = 'leased' AND lease_until <= :now AND kind IN ({kinds}) AND run_at <= :now
-          {in_queues}
+          AND cancel_requested_at IS NULL{in_queues}
         ORDER BY {_CLAIM_ORDER} LIMIT {limit})
   """
 
@@ -359,7 +373,8 @@ def claim_rows(rows: int) -> str:
     updated_at = ?3
   FROM (VALUES {_values(rows, 3, 4)}) AS picked
   WHERE {JOBS}.rowid = picked.column1 AND run_at <= ?3
-    AND (+state IN ('pending', 'failed') OR (+state = 'leased' AND lease_until <= ?3))
+    AND (+state IN ('pending', 'failed')
+      OR (+state = 'leased' AND lease_until <= ?3 AND cancel_requested_at IS NULL))
   RETURNING {JOB_COLUMNS}"""
 
 
@@ -376,9 +391,10 @@ def next_ready_at(kind_count: int, queue_count: int = 0) -> str:
   WHERE state IN ('pending', 'failed') AND kind IN ({kinds})"""
 
 
-# the earliest lease to expire, of any kind (a bound, never later than the truth)
+# the earliest lease to expire, of any kind (a bound, never later than the
+# truth); a marked lease is never rescued, so its expiry is nothing to wake for
 NEXT_LEASE_EXPIRY = f"""SELECT min(lease_until) FROM {JOBS} INDEXED BY "_jaren_jobs_leased"
-  WHERE state = 'leased'"""
+  WHERE state = 'leased' AND cancel_requested_at IS NULL"""
 
 RENEW = f"""UPDATE {JOBS} SET lease_until = :until, lease_token = :new_token, updated_at = :now
   WHERE id = :id AND {FENCE}
@@ -430,29 +446,63 @@ def release_rows(rows: int) -> str:
     AND lease_until > ?1"""
 
 
+# A failure or a snooze of a job marked by cancel(id, force=True) ends it
+# cancelled: the operator asked for it to stop, so it is never retried (a
+# completion is not touched: done stands)
+_UNLESS_MARKED = "CASE WHEN cancel_requested_at IS NULL THEN '{}' ELSE 'cancelled' END"
+_PENDING_UNLESS_MARKED = _UNLESS_MARKED.format("pending")
+_FAILED_UNLESS_MARKED = _UNLESS_MARKED.format("failed")
+_DEAD_UNLESS_MARKED = _UNLESS_MARKED.format("dead")
+
 # A snooze (SPEC §12) is a settlement that spends no attempt: the job is
 # pending again at :run_at with the claim's attempt given back, its lease
 # cleared. The generation stays (the snoozed lease stays refused) and the row
 # records which attempt settled it, so that attempt's repeat is idempotent.
-SETTLE_SNOOZE = f"""UPDATE {JOBS} SET state = 'pending', run_at = :run_at, lease_until = NULL,
-    lease_token = NULL, lease_owner = NULL, attempts = attempts - 1,
+SETTLE_SNOOZE = f"""UPDATE {JOBS} SET state = {_PENDING_UNLESS_MARKED}, run_at = :run_at,
+    lease_until = NULL, lease_token = NULL, lease_owner = NULL, attempts = attempts - 1,
     settled_generation = lease_generation, updated_at = :now
   WHERE id = :id AND {FENCE}"""
 
 READ_ATTEMPTS = f"SELECT attempts, max_attempts FROM {JOBS} WHERE id = :id AND {FENCE}"
 
-SETTLE_RETRY = f"""UPDATE {JOBS} SET state = 'failed', last_error = :error, run_at = :run_at,
-    lease_until = NULL, lease_token = NULL, settled_generation = lease_generation,
+SETTLE_RETRY = f"""UPDATE {JOBS} SET state = {_FAILED_UNLESS_MARKED}, last_error = :error,
+    run_at = :run_at, lease_until = NULL, lease_token = NULL, settled_generation = lease_generation,
     updated_at = :now
   WHERE id = :id AND {FENCE}"""
 
-SETTLE_DEAD = f"""UPDATE {JOBS} SET state = 'dead', last_error = :error, lease_until = NULL,
-    lease_token = NULL, settled_generation = lease_generation, updated_at = :now
+SETTLE_DEAD = f"""UPDATE {JOBS} SET state = {_DEAD_UNLESS_MARKED}, last_error = :error,
+    lease_until = NULL, lease_token = NULL, settled_generation = lease_generation, updated_at = :now
   WHERE id = :id AND {FENCE}"""
 
 CANCEL_QUEUED = f"""UPDATE {JOBS} SET state = 'cancelled', last_error = 'cancelled',
     lease_until = NULL, lease_token = NULL, updated_at = :now
   WHERE id = :id AND state IN ('pending', 'failed')"""
+
+# cancel(id, force=True) of a job no live attempt holds: queued, or leased
+# with a lease that ran out (unmarked; a marked one is cancelled already). An
+# expired lease's attempt settled nothing: settled_generation stays NULL, so
+# that attempt's late call is refused as JobSettled, never taken as its own.
+CANCEL_NOW = f"""UPDATE {JOBS} SET state = 'cancelled', last_error = 'cancelled',
+    lease_until = NULL, lease_token = NULL, updated_at = :now,
+    settled_generation = CASE WHEN state = 'leased' THEN NULL ELSE settled_generation END
+  WHERE id = :id AND (state IN ('pending', 'failed')
+    OR (state = 'leased' AND lease_until <= :now AND cancel_requested_at IS NULL))"""
+
+# cancel(id, force=True) of a live lease: the mark, once (a second call
+# finds it set and changes nothing). The renewal of the holding attempt reads
+# it back (RENEW returns the row) and aborts that attempt's signal.
+MARK_CANCEL = f"""UPDATE {JOBS} SET cancel_requested_at = :now, updated_at = :now
+  WHERE id = :id AND state = 'leased' AND lease_until > :now AND cancel_requested_at IS NULL"""
+
+# A marked job whose lease ran out becomes the cancelled row it effectively
+# is, when a write meets it: aged from its lease's expiry (updated_at), so a
+# sweep treats it as settled then; settled by no attempt (NULL generation)
+_MATERIALISE = """SET state = 'cancelled', last_error = 'cancelled', updated_at = lease_until,
+    lease_until = NULL, lease_token = NULL, settled_generation = NULL"""
+MATERIALISE_ONE = f"""UPDATE {JOBS} {_MATERIALISE}
+  WHERE id = :id AND {MARKED_EXPIRED}"""
+MATERIALISE_ALL = f"""UPDATE {JOBS} INDEXED BY "_jaren_jobs_leased" {_MATERIALISE}
+  WHERE {MARKED_EXPIRED}"""
 
 CANCEL_LEASED = f"""UPDATE {JOBS} SET state = 'cancelled', last_error = 'cancelled',
     lease_until = NULL, lease_token = NULL, settled_generation = lease_generation,
@@ -464,7 +514,7 @@ CANCEL_LEASED = f"""UPDATE {JOBS} SET state = 'cancelled', last_error = 'cancell
 # claim raises it, so no older lease can settle the row again); it clears the
 # lease so nothing can settle the row until the next claim mints a new one
 REQUEUE = f"""UPDATE {JOBS} SET state = 'pending', run_at = :now, lease_until = NULL,
-    lease_token = NULL, lease_owner = NULL, updated_at = :now,
+    lease_token = NULL, lease_owner = NULL, updated_at = :now, cancel_requested_at = NULL,
     attempts = CASE WHEN :reset THEN 0 ELSE attempts END
   WHERE id = :id AND (state IN ('failed', 'dead', 'cancelled')
     OR (state = 'leased' AND lease_until <= :now))
@@ -511,28 +561,32 @@ READ_ERRORS = f"""SELECT attempt, at, CAST(error AS BLOB), CAST(traceback AS BLO
 
 COUNT_BY_STATE = f"""SELECT state, COUNT(*) FROM {JOBS} INDEXED BY "_jaren_jobs_unleased"
   WHERE state <> 'leased' GROUP BY state"""
-# leased rows are few (what workers hold now): reading each one is cheap
-COUNT_LEASED = f"""SELECT COUNT(*) FROM {JOBS} INDEXED BY "_jaren_jobs_leased"
-  WHERE state = 'leased'"""
+# leased rows are few (what workers hold now): reading each one is cheap.
+# The second count: marked leases that ran out, effectively cancelled
+COUNT_LEASED = f"""SELECT COUNT(*), COUNT(*) FILTER (WHERE {MARKED_EXPIRED})
+  FROM {JOBS} INDEXED BY "_jaren_jobs_leased" WHERE state = 'leased'"""
 COUNT_PENDING_KINDS = f"""SELECT kind, COUNT(*) FROM {JOBS} INDEXED BY "_jaren_jobs_unleased"
   WHERE state IN ('pending', 'failed') AND state <> 'leased' GROUP BY kind"""
 
 # counts(queue=...): one queue's jobs per state, and its ready jobs per kind.
 # The ready jobs come from the queue-first index; the rest is read row by row
 # (a per-queue report, not a hot path)
-COUNT_QUEUE_BY_STATE = f"SELECT state, COUNT(*) FROM {JOBS} WHERE queue = ? GROUP BY state"
+COUNT_QUEUE_BY_STATE = f"""SELECT {EFFECTIVE_STATE}, COUNT(*) FROM {JOBS} WHERE queue = :queue
+  GROUP BY 1"""
 COUNT_QUEUE_PENDING_KINDS = f"""SELECT kind, COUNT(*)
   FROM {JOBS} INDEXED BY "_jaren_jobs_ready_queue"
-  WHERE state IN ('pending', 'failed') AND queue = ? GROUP BY kind"""
+  WHERE state IN ('pending', 'failed') AND queue = :queue GROUP BY kind"""
 
 # due_counts(): the queued jobs split at now, and the leases that ran out (one
-# snapshot, one statement; an operator's read, not a hot path)
+# snapshot, one statement; an operator's read, not a hot path). A marked lease
+# that ran out is not counted: it reads as cancelled (EFFECTIVE_STATE)
 _DUE_COUNTS = f"""SELECT
   COALESCE(SUM(CASE WHEN state = 'pending' AND run_at <= :now THEN 1 ELSE 0 END), 0),
   COALESCE(SUM(CASE WHEN state = 'pending' AND run_at > :now THEN 1 ELSE 0 END), 0),
   COALESCE(SUM(CASE WHEN state = 'failed' AND run_at <= :now THEN 1 ELSE 0 END), 0),
   COALESCE(SUM(CASE WHEN state = 'failed' AND run_at > :now THEN 1 ELSE 0 END), 0),
-  COALESCE(SUM(CASE WHEN state = 'leased' AND lease_until <= :now THEN 1 ELSE 0 END), 0)
+  COALESCE(SUM(CASE WHEN state = 'leased' AND cancel_requested_at IS NULL
+    AND lease_until <= :now THEN 1 ELSE 0 END), 0)
   FROM {JOBS} WHERE state IN ('pending', 'failed', 'leased')"""
 DUE_COUNTS = _DUE_COUNTS
 DUE_COUNTS_QUEUE = _DUE_COUNTS + " AND queue = :queue"
@@ -561,12 +615,12 @@ def _page_statement(order_by: str, by_state: bool, by_kind: bool, by_queue: bool
         where = ["id > :after"]
         order = "id"
     if by_state:
-        where.append("state = :state")
+        where.append(f"{EFFECTIVE_STATE} = :state")
     if by_kind:
         where.append("kind = :kind")
     if by_queue:
         where.append("queue = :queue")
-    return f"""SELECT {JOB_COLUMNS} FROM {JOBS} WHERE {" AND ".join(where)}
+    return f"""SELECT {READ_COLUMNS} FROM {JOBS} WHERE {" AND ".join(where)}
   ORDER BY {order} LIMIT :limit"""
 
 

@@ -14,7 +14,15 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jaren_jobs.backend import ErrorRow, Missed, Scope, SettleAnswer, StoreBackend
+from jaren_jobs.backend import (
+    ErrorRow,
+    ForcedAnswer,
+    Missed,
+    Renewal,
+    Scope,
+    SettleAnswer,
+    StoreBackend,
+)
 from jaren_jobs.core.commands import ClaimRequest, PageFilters, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
 from jaren_jobs.core.settle import SettleBatch
@@ -105,7 +113,11 @@ class SqliteSession:
         return self._scope.write(work, what)
 
     def get_job(self, job_id: str, what: str) -> Job | None:
-        row = self._scope.read(lambda: self._db.one(sql.GET_JOB, (job_id,), doing=what), what)
+        def work() -> tuple[Any, ...] | None:
+            params = {"id": job_id, "now": self._runtime.now_ms()}
+            return self._db.one(sql.GET_JOB, params, doing=what)
+
+        row = self._scope.read(work, what)
         return None if row is None else job_from_row(row, self._db.text_codec)
 
     def job_errors(self, job_id: str, what: str) -> list[ErrorRow] | None:
@@ -127,8 +139,11 @@ class SqliteSession:
 
         def work() -> Counts:
             by_state = dict(self._db.all(sql.COUNT_BY_STATE, doing=what))
-            leased = self._db.one(sql.COUNT_LEASED, doing=what)
-            by_state["leased"] = 0 if leased is None else leased[0]
+            leased = self._db.one(sql.COUNT_LEASED, {"now": self._runtime.now_ms()}, doing=what)
+            held, gone = (0, 0) if leased is None else (int(leased[0]), int(leased[1] or 0))
+            # a marked lease that ran out is cancelled (see sql.MARKED_EXPIRED)
+            by_state["leased"] = held - gone
+            by_state["cancelled"] = int(by_state.get("cancelled", 0)) + gone
             kinds = dict(self._db.all(sql.COUNT_PENDING_KINDS, doing=what))
             known = {s: int(by_state.get(s, 0)) for s in STATES}
             return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds.items()})
@@ -137,8 +152,9 @@ class SqliteSession:
 
     def _count_queue(self, queue: str, what: str) -> Counts:
         def work() -> Counts:
-            by_state = dict(self._db.all(sql.COUNT_QUEUE_BY_STATE, (queue,), doing=what))
-            kinds = dict(self._db.all(sql.COUNT_QUEUE_PENDING_KINDS, (queue,), doing=what))
+            params = {"queue": queue, "now": self._runtime.now_ms()}
+            by_state = dict(self._db.all(sql.COUNT_QUEUE_BY_STATE, params, doing=what))
+            kinds = dict(self._db.all(sql.COUNT_QUEUE_PENDING_KINDS, {"queue": queue}, doing=what))
             known = {s: int(by_state.get(s, 0)) for s in STATES}
             return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds.items()})
 
@@ -161,8 +177,8 @@ class SqliteSession:
             return []
         return self._scope.write(lambda: self._seq.claim_within(request, limit, what), what)
 
-    def renew(self, lease: Lease, lease_ms: int, what: str) -> Lease | Missed:
-        def work() -> Lease | Missed:
+    def renew(self, lease: Lease, lease_ms: int, what: str) -> Renewal | Missed:
+        def work() -> Renewal | Missed:
             now = self._runtime.now_ms()
             params = {
                 "until": now + lease_ms,
@@ -173,7 +189,8 @@ class SqliteSession:
             }
             row = self._db.one(sql.RENEW, params, doing=what)
             if row is not None:
-                return lease_from_row(row, lease.claim_key)  # the same attempt
+                # the same attempt; the row says whether a forced cancel marked it
+                return Renewal(lease_from_row(row, lease.claim_key), row[18] is not None)
             return Missed(self._seq.fence_row_within(lease.job_id, what))
 
         return self._scope.write(work, what)
@@ -182,9 +199,23 @@ class SqliteSession:
         self, job_id: str, what: str, signal: SignalLike | None
     ) -> bool | FenceRow | None:
         def work() -> bool | FenceRow | None:
-            now = self._runtime.now_ms()
-            if self._db.changes(sql.CANCEL_QUEUED, {"id": job_id, "now": now}, doing=what):
+            params = {"id": job_id, "now": self._runtime.now_ms()}
+            if self._db.changes(sql.CANCEL_QUEUED, params, doing=what):
                 return True
+            # a marked lease that ran out is cancelled already: the row says so
+            self._db.run(sql.MATERIALISE_ONE, params, doing=what)
+            return self._seq.fence_row_within(job_id, what)
+
+        return self._scope.write(work, what, signal)
+
+    def cancel_forced(self, job_id: str, what: str, signal: SignalLike | None) -> ForcedAnswer:
+        def work() -> ForcedAnswer:
+            params = {"id": job_id, "now": self._runtime.now_ms()}
+            if self._db.changes(sql.CANCEL_NOW, params, doing=what):
+                return "cancelled"
+            if self._db.changes(sql.MARK_CANCEL, params, doing=what):
+                return "marked"
+            self._db.run(sql.MATERIALISE_ONE, params, doing=what)
             return self._seq.fence_row_within(job_id, what)
 
         return self._scope.write(work, what, signal)
@@ -244,6 +275,8 @@ class SqliteSession:
         checkpoints, errors, jobs = sql.sweep_only(len(states))
 
         def work() -> int:
+            # marked leases that ran out are cancelled, aged from their expiry
+            self._db.run(sql.MATERIALISE_ALL, {"now": self._runtime.now_ms()}, doing=what)
             self._db.run(checkpoints, params, doing=what)
             self._db.run(errors, params, doing=what)
             return self._db.changes(jobs, params, doing=what)

@@ -95,6 +95,9 @@ class SqliteBackend:
     def wake_on_commits(self, wake: Callable[[], None]) -> None:
         """SQLite has no notifications: other processes' commits are found by polling."""
 
+    def wake_on_cancel_requests(self, wake: Callable[[str], None]) -> None:
+        """SQLite has no notifications: a holder learns of a forced cancel at its renewal."""
+
     def wake_on_settlements(self, wake: Callable[[], None]) -> bool:
         """SQLite has no notifications: ``wait()`` polls for other processes' settlements."""
         return False
