@@ -463,14 +463,23 @@ def test_cancel_cancels_a_queued_job_once(mixed: Prepared) -> None:
     assert again == "e03 was already cancelled\n"
 
 
-def test_cancel_is_refused_for_a_settled_or_live_leased_job(mixed: Prepared) -> None:
+def test_cancel_is_refused_for_a_settled_job(mixed: Prepared) -> None:
     before = all_jobs(mixed.path)
     assert_one_line_error(run_cli("--db", mixed.path, "cancel", "r0"), 1, "JD2065", "r0")
-    # a running job: without the forced cancel the command line can only say so
-    assert_one_line_error(
-        run_cli("--db", mixed.path, "cancel", "p2"), 1, "skipped p2", "needs the forced cancel"
-    )
+    assert_one_line_error(run_cli("--db", mixed.path, "cancel", "r2"), 1, "JD2065", "r2")
     assert all_jobs(mixed.path) == before
+
+
+def test_cancel_of_a_running_job_requests_its_cancellation(mixed: Prepared) -> None:
+    # p2 is leased by a live attempt: the forced cancel marks it (SPEC §13)
+    out = ok(run_cli("--db", mixed.path, "cancel", "p2"))
+    assert out.startswith("cancel requested for running p2: ")
+    job = read_job(mixed.path, "p2")
+    assert job is not None
+    assert (job["state"], job["cancel_requested"]) == ("leased", True)
+    listed = table_rows(ok(run_cli("--db", mixed.path, "ls", "--kind", "report")))
+    assert [row[2] for row in listed] == ["pending", "cancelled", "leased (cancel requested)"]
+    assert ok(run_cli("--db", mixed.path, "cancel", "p2")) == "p2: cancellation already requested\n"
 
 
 def test_requeue_returns_dead_failed_and_cancelled_jobs_to_pending(mixed: Prepared) -> None:

@@ -201,8 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     bulk_epilog = (
         "Give one or more ids, or filters (--state, --kind, --queue; they combine), not both. "
         "Each job is acted on in its own transaction; a refusal stops nothing. Exit status: 0 "
-        "when every job was done (or already was so), 1 when some id was unknown, refused or "
-        "skipped (the rest were still done), 2 for bad usage."
+        "when every job was done (or already was so), 1 when some job was unknown or refused "
+        "(the rest were still done), 2 for bad usage."
     )
     cancel = add_command(
         "cancel", "cancel jobs; a running one is asked to stop (forced cancel)", bulk_epilog

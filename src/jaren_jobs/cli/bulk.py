@@ -3,9 +3,9 @@
 A bulk command walks its jobs in keyset pages (never all of them at once)
 and acts on each in a transaction of its own, so one refusal stops nothing:
 every job gets one result, ``changed`` (or would, with ``--dry-run``),
-``unchanged`` (it already was where the command sends it), ``skipped`` (not
-done, and not the job's fault) or ``refused`` (an unknown id, a settled job,
-a live lease). The exit status is 0 when every job was changed or unchanged,
+``unchanged`` (it already was where the command sends it, or its forced
+cancel was already asked for) or ``refused`` (an unknown id, a settled job,
+a live lease for requeue). The exit status is 0 when every job was changed or unchanged,
 1 otherwise. ``--dry-run`` reads and predicts from each job's state; it
 writes nothing (``sweep --dry-run`` runs the sweep in a transaction that is
 rolled back, so its count is the sweep's own).
@@ -14,7 +14,6 @@ rolled back, so its count is the sweep's own).
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from .arguments import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, CliError, clip
 #: how many jobs a bulk command reads per keyset page
 PAGE_SIZE = 500
 
-Result = Literal["changed", "unchanged", "skipped", "refused"]
+Result = Literal["changed", "unchanged", "refused"]
 _SETTLED_TEXT = {
     "done": "done: a completed job is not re-run; enqueue new work under a new id",
     "dead": "dead: already settled",
@@ -159,15 +158,10 @@ def cmd_requeue(store: Store, args: argparse.Namespace, out: TextIO) -> int:
 # ------------------------------------------------------------------ cancel
 
 
-def forced_cancel_available(store: Store) -> bool:
-    """Whether this library's ``cancel()`` takes ``force`` (SPEC §13)."""
-    return "force" in inspect.signature(store.jobs.cancel).parameters
+_ALREADY_ASKED = "cancellation already requested"
 
 
-_NEEDS_FORCE = "running (needs the forced cancel, which this version of the library lacks)"
-
-
-def _predict_cancel(job_id: str, job: Job | None, now_ms: int, force: bool) -> Verdict:
+def _predict_cancel(job_id: str, job: Job | None, now_ms: int) -> Verdict:
     if job is None:
         return _unknown(job_id)
     state = str(job.state)
@@ -178,27 +172,26 @@ def _predict_cancel(job_id: str, job: Job | None, now_ms: int, force: bool) -> V
     if state in ("done", "dead"):
         return Verdict(job_id, state, "refused", _SETTLED_TEXT[state])
     if state == "leased" and not _expired(job, now_ms):
-        if not force:
-            return Verdict(job_id, state, "skipped", _NEEDS_FORCE)
+        if job.cancel_requested:
+            return Verdict(
+                job_id, state, "unchanged", _ALREADY_ASKED, f"{job_id}: {_ALREADY_ASKED}"
+            )
         return Verdict(
             job_id, state, "changed", None, f"would request the cancellation of running {job_id}"
         )
     return Verdict(job_id, state, "changed", None, f"would cancel {job_id}")
 
 
-def _cancel_one(store: Store, job_id: str, job: Job | None, now_ms: int, force: bool) -> Verdict:
+def _cancel_one(store: Store, job_id: str, job: Job | None, now_ms: int) -> Verdict:
     state = None if job is None else str(job.state)
     running = job is not None and state == "leased" and not _expired(job, now_ms)
-    if running and not force:
-        return Verdict(job_id, state, "skipped", _NEEDS_FORCE)
     try:
-        changed = (
-            store.jobs.cancel(job_id, force=True)  # type: ignore[call-arg, unused-ignore]
-            if force
-            else store.jobs.cancel(job_id)
-        )
+        # forced: a running job is asked to stop (SPEC §13); a queued one is cancelled
+        changed = store.jobs.cancel(job_id, force=True)
     except JobsError as exc:
         return Verdict(job_id, state, "refused", str(exc))
+    if not changed and running:
+        return Verdict(job_id, state, "unchanged", _ALREADY_ASKED, f"{job_id}: {_ALREADY_ASKED}")
     if not changed:
         return Verdict(
             job_id, state, "unchanged", "already cancelled", f"{job_id} was already cancelled"
@@ -215,11 +208,10 @@ def _cancel_one(store: Store, job_id: str, job: Job | None, now_ms: int, force: 
 def cmd_cancel(store: Store, args: argparse.Namespace, out: TextIO) -> int:
     check_selection(args)
     now_ms = store.runtime.now_ms()
-    force = forced_cancel_available(store)
     verdicts = (
-        _predict_cancel(job_id, job, now_ms, force)
+        _predict_cancel(job_id, job, now_ms)
         if args.dry_run
-        else _cancel_one(store, job_id, job, now_ms, force)
+        else _cancel_one(store, job_id, job, now_ms)
         for job_id, job in _targets(store, args)
     )
     return _report(verdicts, args, out, done_word="cancelled", extra={})
@@ -237,7 +229,7 @@ def _report(
     extra: dict[str, Any],
 ) -> int:
     """Print each verdict as it comes (human) or one object at the end (``--json``)."""
-    tally: dict[str, int] = dict.fromkeys(("changed", "unchanged", "skipped", "refused"), 0)
+    tally: dict[str, int] = dict.fromkeys(("changed", "unchanged", "refused"), 0)
     kept: list[dict[str, Any]] = []
     bulk = not args.ids or len(args.ids) > 1
     for verdict in verdicts:
@@ -248,20 +240,17 @@ def _report(
             out.write(f"{verdict.said}\n")
             out.flush()
         else:
-            # one line on stderr per job that was not done, as a lone refusal is
-            prefix = "skipped " if verdict.result == "skipped" else ""
+            # one line on stderr per job that was refused, as a lone refusal is
             reason = verdict.reason or ""
-            line = reason if verdict.id in reason else f"{verdict.id}: {reason}"
-            _stderr(f"jaren-jobs: {prefix}{line}")
-    status = EXIT_OK if tally["skipped"] == tally["refused"] == 0 else EXIT_REFUSED
+            line = reason if repr(verdict.id) in reason else f"{verdict.id}: {reason}"
+            _stderr(f"jaren-jobs: {line}")
+    status = EXIT_OK if tally["refused"] == 0 else EXIT_REFUSED
     if args.json:
         report = {"command": args.command, "dry_run": args.dry_run, **extra, **tally, "jobs": kept}
         out.write(json.dumps(report, ensure_ascii=False) + "\n")
     elif bulk:
         changed = f"{tally['changed']} {'would be ' if args.dry_run else ''}{done_word}"
-        rest = ", ".join(
-            f"{tally[key]} {key}" for key in ("unchanged", "skipped", "refused") if tally[key]
-        )
+        rest = ", ".join(f"{tally[key]} {key}" for key in ("unchanged", "refused") if tally[key])
         tail = "; dry run, nothing changed" if args.dry_run else ""
         out.write(f"{args.command}: {changed}{', ' + rest if rest else ''}{tail}\n")
     return status

@@ -67,7 +67,11 @@ def _lease_expired(job: Job, now_ms: int) -> bool:
 
 def _state_cell(job: Job, now_ms: int) -> str:
     # an expired lease must not read as a live one: its holder is gone or late
-    return "leased (expired)" if _lease_expired(job, now_ms) else str(job.state)
+    if _lease_expired(job, now_ms):
+        return "leased (expired)"
+    if job.cancel_requested and str(job.state) == "leased":
+        return "leased (cancel requested)"
+    return str(job.state)
 
 
 def _listed(job: Job, now_ms: int) -> dict[str, Any]:
