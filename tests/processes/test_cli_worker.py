@@ -8,18 +8,20 @@ loop of short waits.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from jaren_jobs import Job, NewJob, open_store
+from tests.processes.pg_support import base_url, schema_on
 
 REPO = Path(__file__).resolve().parents[2]
 HANDLERS = "tests.processes.cli_handlers:HANDLERS"
@@ -37,7 +39,7 @@ SUMMARY = re.compile(
 )
 
 
-def start_worker(db: Path, cwd: Path, *options: str) -> subprocess.Popen[str]:
+def start_worker(db: Path | str, cwd: Path, *options: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k != "JAREN_JOBS_DB"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return subprocess.Popen(
@@ -95,7 +97,7 @@ def stop(
     return summary, lines[1]
 
 
-def jobs_of(db: Path, ids: list[str]) -> dict[str, Job]:
+def jobs_of(db: Path | str, ids: list[str]) -> dict[str, Job]:
     with open_store(db, readonly=True) as store:
         found = {job_id: store.jobs.get(job_id) for job_id in ids}
     return {job_id: job for job_id, job in found.items() if job is not None}
@@ -218,3 +220,116 @@ def test_the_grace_period_bounds_the_stop_of_a_handler_that_ignores_it(
     # the attempt never settled: its lease will expire and the job be re-claimed
     left = jobs_of(db, [job.id])[job.id]
     assert (left.state, left.attempts, left.result) == ("leased", 1, None)
+
+
+# -------------------------------------------------------- --burst, --log-level, two signals
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty jaren_jobs database: a file, or a postgresql:// URL into a schema of its own."""
+    if request.param == "sqlite":
+        path = tmp_path / "queue.db"
+        open_store(path).close()
+        yield str(path)
+        return
+    with schema_on(base_url()) as schema:
+        open_store(schema.url).close()
+        yield schema.url
+
+
+def run_worker(db: str, cwd: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "JAREN_JOBS_DB"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "jaren_jobs", "--db", db, "worker", HANDLERS, *options],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=WAIT_SECONDS,
+        check=False,
+    )
+
+
+def test_burst_runs_what_is_due_then_exits_0_with_a_json_report(
+    any_db: str, tmp_path: Path
+) -> None:
+    with open_store(any_db) as store:
+        due = store.jobs.enqueue_many(NewJob("double", {"n": n}) for n in range(5))
+        doomed = store.jobs.enqueue("explode", "boom", max_attempts=1)
+        later = store.jobs.enqueue("double", {"n": 99}, delay_seconds=3600)
+    result = run_worker(
+        any_db, tmp_path, "--burst", "--json", "--concurrency", "2", "--log-level", "info"
+    )
+    assert result.returncode == 0, result.stderr
+    ready, stopping, stopped = (json.loads(line) for line in result.stdout.splitlines())
+    assert ready == {
+        "event": "ready",
+        "kinds": ["double", "explode", "hold", "stubborn"],
+        "concurrency": 2,
+        "queues": None,
+        "burst": True,
+    }
+    assert stopping["event"] == "stopping"
+    assert stopped == {
+        "event": "stopped",
+        "completed": 5,
+        "failed": 1,
+        "cancelled": 0,
+        "lost": 0,
+        "snoozed": 0,
+        "drained": True,
+        "in_flight": 0,
+        "burst": True,
+        "ran_dry": True,
+    }
+    jobs = jobs_of(any_db, [job.id for job in due] + [doomed.id, later.id])
+    assert all(jobs[job.id].state == "done" for job in due)
+    assert jobs[doomed.id].state == "dead"
+    # due in an hour: not what a burst drains
+    assert (jobs[later.id].state, jobs[later.id].attempts) == ("pending", 0)
+    # --log-level INFO: the jaren_jobs tree on stderr, levelled and named
+    log = result.stderr.splitlines()
+    assert any(" INFO jaren_jobs.cli " in line and "burst in 2 thread(s)" in line for line in log)
+    assert any(" INFO jaren_jobs.worker " in line and "stopped" in line for line in log), log
+    assert any(" ERROR jaren_jobs.worker " in line and "dead letter" in line for line in log), log
+    assert not any(" DEBUG " in line for line in log)
+
+
+def test_a_second_signal_stops_at_once_and_the_lease_is_left_to_expire(
+    any_db: str, tmp_path: Path
+) -> None:
+    process = start_worker(any_db, tmp_path, "--lease", "1", "--grace", "60", "--poll", "0.05")
+    try:
+        wait_ready(process)
+        with open_store(any_db) as store:
+            job = store.jobs.enqueue("stubborn", {"seconds": WAIT_SECONDS})
+        wait_until(lambda: jobs_of(any_db, [job.id])[job.id].state == "leased", "the claim")
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.stdout is not None
+        # the drain has begun (it would wait up to 60 s for the handler that ignores it)
+        assert STOPPING.match(process.stdout.readline().rstrip("\n"))
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=WAIT_SECONDS)
+        stopped_in = time.monotonic() - started
+    finally:
+        if process.poll() is None:  # pragma: no cover - only when an assertion failed early
+            process.kill()
+            process.communicate(timeout=WAIT_SECONDS)
+    assert process.returncode == 130, stderr
+    assert stdout.startswith("stopped at once by a second SIGINT: ")
+    assert stopped_in < 30  # far sooner than the 60 s grace
+    left = jobs_of(any_db, [job.id])[job.id]
+    assert (left.state, left.attempts) == ("leased", 1)
+    # nobody renews the abandoned lease: once it runs out the job is claimed again
+    with open_store(any_db) as store:
+        deadline = time.monotonic() + WAIT_SECONDS
+        again = None
+        while again is None:
+            assert time.monotonic() < deadline, "the abandoned lease never expired"
+            again = store.jobs.claim(["stubborn"], owner="rescuer")
+            if again is None:
+                time.sleep(0.05)
+    assert (again.id, again.attempts) == (job.id, 2)

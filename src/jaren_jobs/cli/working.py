@@ -29,6 +29,7 @@ from .arguments import EXIT_OK, EXIT_REFUSED, CliError, shown_text
 
 #: a second signal during the drain: stop at once
 EXIT_ABANDONED = 130
+_log = logging.getLogger("jaren_jobs.cli")
 
 
 def _load_handlers(spec: str) -> Mapping[str, Callable[..., Any]]:
@@ -217,6 +218,12 @@ def _burst(worker: Any, concurrency: int, stop: threading.Event, ready: Callable
         for i in range(concurrency)
     ]
     ready()
+    # run_once() drives the worker without start(), whose "started" line this stands for
+    _log.info(
+        "jaren_jobs: worker %r: burst in %d thread(s): running what is due, then stopping",
+        worker.owner,
+        concurrency,
+    )
     for thread in threads:
         thread.start()
     for thread in threads:
