@@ -153,6 +153,10 @@ def test_ls_newest_first_shows_updated_at_and_an_expired_lease(target: str) -> N
         ok(run_cli("--db", target, "ls", "--sort", "newest", "--after", "i3", "--json"))
     )
     assert [job["id"] for job in rest] == newest[4:]
+    shown = one_json(ok(run_cli("--db", target, "show", "p0", "--json")))
+    assert (shown["state"], shown["lease_expired"]) == ("leased", True)
+    fields = ok(run_cli("--db", target, "show", "p0")).splitlines()
+    assert any(line.startswith("state") and line.endswith("(its lease expired)") for line in fields)
     # a position must exist in newest order; the id order takes any id
     assert_one_line_error(
         run_cli("--db", target, "ls", "--sort", "newest", "--after", "zz"), 1, "'zz'"
