@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .admin import cancel_job, requeue_job
 from .backend import JobsSession, Missed, Scope, SettleAnswer, StoreBackend
 from .checkpoints import CheckpointStore
 from .codec import check_aware, check_text, ms_from_datetime
@@ -23,7 +24,6 @@ from .core.commands import (
     ClaimRequest,
     Failure,
     PreparedJob,
-    check_id,
     check_lease_seconds,
     check_page,
     check_queue,
@@ -33,7 +33,6 @@ from .core.commands import (
     prepare_job,
     require_lease,
 )
-from .core.fence import FenceRow, moved_or_refused
 from .core.policy import backoff_seconds, is_lease_lost, lease_ms
 from .core.settle import SNOOZE, Completion, SettleBatch, Settlement, Snoozing
 from .errors import (
@@ -44,7 +43,7 @@ from .errors import (
     UnknownJob,
 )
 from .history import error_records, prepare_failure_with, prepare_snoozing
-from .hub import CancelRequested, EngineHub
+from .hub import EngineHub
 from .records import ClaimedJob, Counts, DueCounts, Job, JobError, Lease, NewJob
 from .runtime import ResolvedRuntime, check_positive_int
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
@@ -419,78 +418,15 @@ class JobEngine:
         second forced cancel while the mark stands answers ``False`` (already
         asked); done, dead or unknown is :class:`JobSettled`.
         """
-        what = "cancel()"
-        job_id = check_id(id, f"{what}: id")
-        if not isinstance(force, bool):
-            raise TypeError(f"{what}: force must be a bool, got {type(force).__name__}")
-        if force and lease is not None:
-            raise ValueError(
-                f"{what}: force=True cancels without a lease; pass either lease= (the "
-                "holder's own cancel) or force=True, not both"
-            )
-        current = None if lease is None else self._require_lease(lease, what)
-        if current is not None and current.job_id != job_id:
-            raise LeaseRequired(
-                f"{what}: the lease given belongs to job {current.job_id!r}, not {job_id!r}; "
-                "pass the lease of the job being cancelled",
-                job_id=job_id,
-                lease_job_id=current.job_id,
-            )
-        sig = check_signal_arg(signal, what)
-        dl = check_deadline_arg(deadline, what)
-        refuse_if_cancelled(sig, dl, self._runtime.now(), what)
-
-        if force:
-            return self._cancel_forced(job_id, what, sig)
-        if current is None:
-            moved = moved_or_refused(
-                self._session.cancel_queued(job_id, what, sig),
-                job_id,
-                what,
-                unchanged="cancelled",
-                leased="is claimed — cancelling a claimed job takes the lease its attempt holds "
-                "(cancel(id, lease=...)), so no stranger settles another's work; or wait for "
-                "it to settle",
-                settled="already settled",
-            )
-            if moved:
-                self._session.after_commit(self._hub.settled)
-            return moved
-        leased = self._session.cancel_leased(current, what, sig)
-        if isinstance(leased, Missed):
-            self._settled(leased, current, what)
-            return False  # this attempt already settled it
-        reason = JobSettled(
-            f"job {job_id!r} was cancelled; this attempt no longer speaks for it",
-            job_id=job_id,
-            cancelled=True,
-        )
-        self._session.after_commit(lambda: self._hub.abort_local(job_id, reason))
-        self._session.after_commit(self._hub.settled)
-        return True
-
-    def _cancel_forced(self, job_id: str, what: str, sig: SignalLike | None) -> bool:
-        answer = self._session.cancel_forced(job_id, what, sig)
-        if answer == "cancelled":
-            self._session.after_commit(self._hub.settled)
-            return True
-        if answer == "marked":
-            reason = CancelRequested(
-                f"job {job_id!r} was cancelled by cancel(id, force=True): wind up; the job "
-                "ends cancelled unless this attempt completes first",
-                job_id=job_id,
-            )
-            self._session.after_commit(lambda: self._hub.abort_local(job_id, reason))
-            return True
-        if isinstance(answer, FenceRow) and answer.state == "leased":
-            return False  # marked already: this call asked nothing new
-        return moved_or_refused(
-            answer,
-            job_id,
-            what,
-            unchanged="cancelled",
-            leased="is leased",  # not reached: a live lease is marked
-            settled="already settled",
+        return cancel_job(
+            self._session,
+            self._hub,
+            self._runtime,
+            id,
+            lease=lease,
+            signal=signal,
+            deadline=deadline,
+            force=force,
         )
 
     def requeue(
@@ -516,38 +452,15 @@ class JobEngine:
         instead of resuming: the way out of a ``RunMismatch``. A refusal
         deletes nothing.
         """
-        what = "requeue()"
-        job_id = check_id(id, f"{what}: id")
-        if not isinstance(drop_checkpoints, bool):
-            raise TypeError(
-                f"{what}: drop_checkpoints must be a bool, got {type(drop_checkpoints).__name__}"
-            )
-        if not isinstance(reset_attempts, bool):
-            raise TypeError(
-                f"{what}: reset_attempts must be a bool, got {type(reset_attempts).__name__}"
-            )
-        sig = check_signal_arg(signal, what)
-        dl = check_deadline_arg(deadline, what)
-        refuse_if_cancelled(sig, dl, self._runtime.now(), what)
-
-        answer = self._session.requeue(
-            job_id,
+        return requeue_job(
+            self._session,
+            self._hub,
+            self._runtime,
+            id,
+            signal=signal,
+            deadline=deadline,
             drop_checkpoints=drop_checkpoints,
             reset_attempts=reset_attempts,
-            what=what,
-            signal=sig,
-        )
-        if answer is True:
-            self._session.after_commit(self._hub.wake)
-            return True
-        return moved_or_refused(
-            answer,
-            job_id,
-            what,
-            unchanged="pending",
-            leased="holds a live lease — requeue is not a steal; cancel the attempt with its "
-            "lease, or wait for the lease to expire",
-            settled="a completed job is not re-run; enqueue new work under a new id",
         )
 
     def sweep(

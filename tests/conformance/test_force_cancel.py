@@ -26,6 +26,7 @@ from jaren_jobs import (
     OperationCancelled,
     Outcome,
     Store,
+    testing,
 )
 from jaren_jobs.hub import CancelRequested
 from tests.conftest import FakeClock
@@ -186,6 +187,24 @@ def test_a_failure_or_snooze_of_a_marked_job_cancels_it(store: Store) -> None:
     assert store.jobs.cancel("snoozing", force=True) is True
     assert store.jobs.snooze(claimed.lease, 0) is True
     assert state_of(store, "snoozing") == "cancelled"
+    assert store.jobs.claim(["k"], owner="w2") is None
+
+
+@pytest.mark.requires("sync-api")  # the worker's hand-back runs inside a write of its own
+def test_a_hand_back_of_a_marked_job_cancels_it(store: Store) -> None:
+    # a worker that stops hands back the jobs it held but never started: a
+    # marked one must never run again
+    store.jobs.enqueue("k", id="held")
+    claimed = claim_one(store)
+    assert store.jobs.cancel("held", force=True) is True
+    now = testing.now_ms(store.jobs)
+    released = testing.write(
+        store.jobs, lambda: testing.release_within(store.jobs, [claimed.lease], now, "t"), "t"
+    )
+    assert released == 1
+    job = store.jobs.get("held")
+    assert job is not None
+    assert (job.state, job.attempts) == ("cancelled", 0)
     assert store.jobs.claim(["k"], owner="w2") is None
 
 

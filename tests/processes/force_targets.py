@@ -18,8 +18,15 @@ def hold_until_cancelled(
     (wall clock) and why, and the attempt's outcome.
 
     ``started`` is set once the handler runs (and, with ``listened``, once this store's
-    listener is connected, so a NOTIFY sent after it cannot be missed).
+    listener is connected, so a NOTIFY sent after it cannot be missed). Without
+    ``listened`` the store never subscribes to forced-cancel notifications: only the
+    renewal can tell the attempt.
     """
+    if not listened and target.startswith("postgresql"):
+        from jaren_jobs.backends.postgres.store import PostgresBackend
+
+        PostgresBackend.wake_on_cancel_requests = lambda self, wake: None  # type: ignore[method-assign]
+
     report: dict[str, Any] = {"error": None}
     ended = threading.Event()
     outcomes: list[str] = []

@@ -61,6 +61,7 @@ def test_a_holder_in_another_process_learns_at_its_renewal_on_sqlite(tmp_path: P
 def test_a_holder_in_another_process_learns_at_its_renewal_on_postgres(
     pg_schema: Schema,
 ) -> None:
+    # the child does not subscribe to the cancel channel: the renewal alone tells it
     report = _cancel_across(pg_schema.url, 1.0, listened=False)
     assert report["took"] < 1.0
 

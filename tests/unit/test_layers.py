@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"core"},
     {"gate", "rows", "backend", "cursor"},
     {"backends"},
-    {"pages", "hub", "waiting", "history"},
+    {"pages", "hub", "waiting", "history", "admin"},
     {"engine", "checkpoints", "batcher", "aio"},
     # schedules and tick enqueueing: over the engine, given to workers
     {"periodic"},

@@ -64,8 +64,11 @@ class JobContext:
     * ``checkpoints``: the attempt's :class:`~jaren_jobs.CheckpointStore`,
       always using the attempt's *current* lease;
     * ``signal``: aborted when the worker stops, when the job is cancelled
-      through ``cancel(id, lease=...)``, or when the lease is lost — wind up
-      promptly when it fires (``ctx.signal.wait(t)`` blocks until it does).
+      through ``cancel(id, lease=...)`` or stopped by ``cancel(id,
+      force=True)`` (reason :class:`~jaren_jobs.hub.CancelRequested`: raise
+      and the job ends cancelled; return and it is done), or when the lease
+      is lost — wind up promptly when it fires (``ctx.signal.wait(t)``
+      blocks until it does).
     """
 
     __slots__ = ("_attempt", "_checkpoints", "_engine", "job", "owner", "signal")

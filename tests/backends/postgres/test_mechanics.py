@@ -47,11 +47,11 @@ def test_every_migration_from_empty_gives_the_current_schema(pg: PostgresUrl) ->
         "id", "kind", "payload", "state", "priority", "run_at", "attempts", "max_attempts",
         "lease_until", "lease_owner", "lease_generation", "lease_token", "settled_generation",
         "claim_key", "last_error", "result", "created_at", "updated_at", "seq",
-        "queue", "unique_key",
+        "queue", "unique_key", "cancel_requested_at",
     ]  # fmt: skip
     # times are bigint epoch ms, payloads JSON text (byte-exact)
     kinds = dict(columns)
-    assert kinds["run_at"] == kinds["created_at"] == "bigint"
+    assert kinds["run_at"] == kinds["created_at"] == kinds["cancel_requested_at"] == "bigint"
     assert kinds["payload"] == kinds["result"] == "text"
     indexes = {row[0] for row in pg.query("SELECT indexname FROM pg_indexes WHERE schemaname = ?",
                                           (pg.schema,))}  # fmt: skip

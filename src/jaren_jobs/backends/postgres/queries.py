@@ -340,7 +340,8 @@ SETTLE_DEAD = f"""UPDATE {JOBS} SET state = {_DEAD_UNLESS_MARKED}, last_error = 
     updated_at = %(now)s
   WHERE id = %(id)s AND {FENCE}"""
 
-RELEASE_LEASES = f"""UPDATE {JOBS} AS j SET state = 'pending', lease_until = NULL,
+# a hand-back of a job a forced cancel marked cancels it: it must never run again
+RELEASE_LEASES = f"""UPDATE {JOBS} AS j SET state = {_PENDING_UNLESS_MARKED}, lease_until = NULL,
     lease_token = NULL, lease_owner = NULL, attempts = j.attempts - 1,
     settled_generation = NULL, updated_at = %(now)s
   FROM unnest(%(ids)s::text[], %(tokens)s::text[]) AS h(id, token)

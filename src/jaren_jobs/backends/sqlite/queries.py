@@ -424,35 +424,37 @@ def settle_done_rows(rows: int) -> str:
   RETURNING id"""
 
 
-# A release hands back a lease whose attempt never started (a worker that
-# prefetched more than it could run before stopping): the job is pending
-# again at once, without waiting out the lease, and the claim's attempt is
-# undone, since none was spent. The generation stays, so the released lease
-# stays superseded: it can settle nothing, and the next claim moves on.
-# run_at is kept: the job keeps its place in claim order.
-RELEASE_LEASE = f"""UPDATE {JOBS} SET state = 'pending', lease_until = NULL, lease_token = NULL,
-    lease_owner = NULL, attempts = attempts - 1, settled_generation = NULL, updated_at = :now
-  WHERE id = :id AND {FENCE}"""
-
-
-@lru_cache(maxsize=16)
-def release_rows(rows: int) -> str:
-    """RELEASE_LEASE for ``rows`` leases: ``?1`` now, then (id, token) each, pairs distinct."""
-    return f"""UPDATE OR FAIL {JOBS} SET state = 'pending', lease_until = NULL,
-    lease_token = NULL, lease_owner = NULL, attempts = attempts - 1,
-    settled_generation = NULL, updated_at = ?1
-  FROM (VALUES {_values(rows, 2, 2)}) AS held
-  WHERE {JOBS}.id = held.column1 AND +state = 'leased' AND lease_token = held.column2
-    AND lease_until > ?1"""
-
-
-# A failure or a snooze of a job marked by cancel(id, force=True) ends it
+# A failure, snooze or hand-back of a job marked by cancel(id, force=True) ends it
 # cancelled: the operator asked for it to stop, so it is never retried (a
 # completion is not touched: done stands)
 _UNLESS_MARKED = "CASE WHEN cancel_requested_at IS NULL THEN '{}' ELSE 'cancelled' END"
 _PENDING_UNLESS_MARKED = _UNLESS_MARKED.format("pending")
 _FAILED_UNLESS_MARKED = _UNLESS_MARKED.format("failed")
 _DEAD_UNLESS_MARKED = _UNLESS_MARKED.format("dead")
+
+# A release hands back a lease whose attempt never started (a worker that
+# prefetched more than it could run before stopping): the job is pending
+# again at once, without waiting out the lease, and the claim's attempt is
+# undone, since none was spent. The generation stays, so the released lease
+# stays superseded: it can settle nothing, and the next claim moves on.
+# run_at is kept: the job keeps its place in claim order. A job a forced
+# cancel marked is cancelled instead: it must never run again.
+RELEASE_LEASE = f"""UPDATE {JOBS} SET state = {_PENDING_UNLESS_MARKED}, lease_until = NULL,
+    lease_token = NULL, lease_owner = NULL, attempts = attempts - 1, settled_generation = NULL,
+    updated_at = :now
+  WHERE id = :id AND {FENCE}"""
+
+
+@lru_cache(maxsize=16)
+def release_rows(rows: int) -> str:
+    """RELEASE_LEASE for ``rows`` leases: ``?1`` now, then (id, token) each, pairs distinct."""
+    return f"""UPDATE OR FAIL {JOBS} SET state = {_PENDING_UNLESS_MARKED}, lease_until = NULL,
+    lease_token = NULL, lease_owner = NULL, attempts = attempts - 1,
+    settled_generation = NULL, updated_at = ?1
+  FROM (VALUES {_values(rows, 2, 2)}) AS held
+  WHERE {JOBS}.id = held.column1 AND +state = 'leased' AND lease_token = held.column2
+    AND lease_until > ?1"""
+
 
 # A snooze (SPEC §12) is a settlement that spends no attempt: the job is
 # pending again at :run_at with the claim's attempt given back, its lease

@@ -1,0 +1,171 @@
+"""Administration: ``cancel`` (with a lease, or forced) and ``requeue``, checked and answered.
+
+The engine's ``cancel`` and ``requeue`` are these functions over its session:
+each checks its arguments, makes ONE session call, and names the answer (a
+live lease is :class:`~jaren_jobs.LeaseRequired`, anything else that did not
+move is :class:`~jaren_jobs.JobSettled`). After the commit, a cancel aborts
+this process's attempt of the job through the hub, and wakes ``wait()``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from .backend import JobsSession, Missed
+from .core import fence
+from .core.commands import check_id, require_lease
+from .core.fence import FenceRow, moved_or_refused
+from .errors import JobSettled, LeaseRequired
+from .hub import CancelRequested, EngineHub
+from .records import Lease
+from .runtime import ResolvedRuntime
+from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
+
+__all__ = ["cancel_job", "requeue_job"]
+
+
+def cancel_job(
+    session: JobsSession,
+    hub: EngineHub,
+    runtime: ResolvedRuntime,
+    id: object,
+    *,
+    lease: Lease | None,
+    signal: SignalLike | None,
+    deadline: datetime | None,
+    force: object,
+) -> bool:
+    """``store.jobs.cancel`` (see :meth:`jaren_jobs.engine.JobEngine.cancel`)."""
+    what = "cancel()"
+    job_id = check_id(id, f"{what}: id")
+    if not isinstance(force, bool):
+        raise TypeError(f"{what}: force must be a bool, got {type(force).__name__}")
+    if force and lease is not None:
+        raise ValueError(
+            f"{what}: force=True cancels without a lease; pass either lease= (the "
+            "holder's own cancel) or force=True, not both"
+        )
+    current = None if lease is None else require_lease(lease, what)
+    if current is not None and current.job_id != job_id:
+        raise LeaseRequired(
+            f"{what}: the lease given belongs to job {current.job_id!r}, not {job_id!r}; "
+            "pass the lease of the job being cancelled",
+            job_id=job_id,
+            lease_job_id=current.job_id,
+        )
+    sig = check_signal_arg(signal, what)
+    dl = check_deadline_arg(deadline, what)
+    refuse_if_cancelled(sig, dl, runtime.now(), what)
+
+    if force:
+        return _cancel_forced(session, hub, job_id, what, sig)
+    if current is None:
+        moved = moved_or_refused(
+            session.cancel_queued(job_id, what, sig),
+            job_id,
+            what,
+            unchanged="cancelled",
+            leased="is claimed — cancelling a claimed job takes the lease its attempt holds "
+            "(cancel(id, lease=...)), so no stranger settles another's work; stop it with "
+            "cancel(id, force=True), or wait for it to settle",
+            settled="already settled",
+        )
+        if moved:
+            session.after_commit(hub.settled)
+        return moved
+    leased = session.cancel_leased(current, what, sig)
+    if isinstance(leased, Missed):
+        refused = fence.refusal(leased.row, current, runtime.now_ms(), what)
+        if refused is not None:
+            raise refused
+        return False  # this attempt already settled it
+    reason = JobSettled(
+        f"job {job_id!r} was cancelled; this attempt no longer speaks for it",
+        job_id=job_id,
+        cancelled=True,
+    )
+    session.after_commit(lambda: hub.abort_local(job_id, reason))
+    session.after_commit(hub.settled)
+    return True
+
+
+def _cancel_forced(
+    session: JobsSession, hub: EngineHub, job_id: str, what: str, sig: SignalLike | None
+) -> bool:
+    """``cancel(id, force=True)``: cancelled now, marked (the holder is told), or refused."""
+    answer = session.cancel_forced(job_id, what, sig)
+    if answer == "cancelled":
+        # an attempt of this process whose lease ran out no longer speaks for it
+        settled = JobSettled(
+            f"job {job_id!r} was cancelled; this attempt no longer speaks for it",
+            job_id=job_id,
+            cancelled=True,
+        )
+        session.after_commit(lambda: hub.abort_local(job_id, settled))
+        session.after_commit(hub.settled)
+        return True
+    if answer == "marked":
+        reason = CancelRequested(
+            f"job {job_id!r} was cancelled by cancel(id, force=True): wind up; the job "
+            "ends cancelled unless this attempt completes first",
+            job_id=job_id,
+        )
+        session.after_commit(lambda: hub.abort_local(job_id, reason))
+        return True
+    if isinstance(answer, FenceRow) and answer.state == "leased":
+        return False  # marked already: this call asked nothing new
+    return moved_or_refused(
+        answer,
+        job_id,
+        what,
+        unchanged="cancelled",
+        leased="is leased",  # not reached: a live lease is marked
+        settled="already settled",
+    )
+
+
+def requeue_job(
+    session: JobsSession,
+    hub: EngineHub,
+    runtime: ResolvedRuntime,
+    id: object,
+    *,
+    signal: SignalLike | None,
+    deadline: datetime | None,
+    drop_checkpoints: object,
+    reset_attempts: bool,
+) -> bool:
+    """``store.jobs.requeue`` (see :meth:`jaren_jobs.engine.JobEngine.requeue`)."""
+    what = "requeue()"
+    job_id = check_id(id, f"{what}: id")
+    if not isinstance(drop_checkpoints, bool):
+        raise TypeError(
+            f"{what}: drop_checkpoints must be a bool, got {type(drop_checkpoints).__name__}"
+        )
+    if not isinstance(reset_attempts, bool):
+        raise TypeError(
+            f"{what}: reset_attempts must be a bool, got {type(reset_attempts).__name__}"
+        )
+    sig = check_signal_arg(signal, what)
+    dl = check_deadline_arg(deadline, what)
+    refuse_if_cancelled(sig, dl, runtime.now(), what)
+
+    answer = session.requeue(
+        job_id,
+        drop_checkpoints=drop_checkpoints,
+        reset_attempts=reset_attempts,
+        what=what,
+        signal=sig,
+    )
+    if answer is True:
+        session.after_commit(hub.wake)
+        return True
+    return moved_or_refused(
+        answer,
+        job_id,
+        what,
+        unchanged="pending",
+        leased="holds a live lease — requeue is not a steal; cancel the attempt with its "
+        "lease, or wait for the lease to expire",
+        settled="a completed job is not re-run; enqueue new work under a new id",
+    )
