@@ -1185,6 +1185,7 @@ def test_job_to_dict(store: Store, clock: FakeClock) -> None:
     assert data == {
         "queue": "default",
         "unique_key": None,
+        "cancel_requested": False,
         "id": "j",
         "kind": "k",
         "payload": {"a": [1]},
