@@ -202,13 +202,14 @@ def test_counts_prints_a_table_of_every_state_and_the_queued_kinds(prepared: Pre
     assert out.splitlines()[0].split() == ["state", "jobs", "of", "which"]
     rows = table_rows(out)
     states = {row[0]: int(row[1]) for row in rows}
-    # the queued jobs split at now: r4's retry waits out its backoff; p2's lease is live
+    # the queued jobs split at now; p2's lease is live. r4's retry waits out a
+    # backoff of seconds, so (the database is shared by the module) it may have
+    # fallen due by now: either way it is counted once
     detail = {row[0]: row[2] for row in rows if len(row) > 2}
-    assert detail == {
-        "pending": "13 ready now, 0 scheduled later",
-        "failed": "0 ready now, 1 scheduled later",
-        "leased": "0 with an expired lease",
-    }
+    assert set(detail) == {"pending", "failed", "leased"}
+    assert detail["pending"] == "13 ready now, 0 scheduled later"
+    assert detail["failed"] in ("0 ready now, 1 scheduled later", "1 ready now, 0 scheduled later")
+    assert detail["leased"] == "0 with an expired lease"
     assert states == {
         "pending": 13,
         "leased": 1,
@@ -229,13 +230,10 @@ def test_counts_json_is_the_library_counts(prepared: Prepared) -> None:
         counts, due = store.jobs.counts(), store.jobs.due_counts()
     # the library's counts, and the due split under "due"
     assert json.loads(out) == {**counts.to_dict(), "due": due.to_dict()}
-    assert json.loads(out)["due"] == {
-        "pending_ready": 13,
-        "pending_scheduled": 0,
-        "failed_ready": 0,
-        "failed_scheduled": 1,
-        "leased_expired": 0,
-    }
+    due_json = json.loads(out)["due"]
+    assert (due_json["pending_ready"], due_json["pending_scheduled"]) == (13, 0)
+    assert due_json["failed_ready"] + due_json["failed_scheduled"] == 1  # r4, due or not yet
+    assert due_json["leased_expired"] == 0
 
 
 def test_counts_of_an_empty_database_prints_zeroes_and_no_kind_section(tmp_path: Path) -> None:
