@@ -324,6 +324,7 @@ _COROUTINES = frozenset(
     if not name.startswith("_") and inspect.iscoroutinefunction(member)
 )
 
+
 class BridgeJobs:
     """``store.jobs`` / ``tx.jobs`` of the bridge."""
 

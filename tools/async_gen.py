@@ -618,6 +618,7 @@ _SESSION_AWAITED = frozenset(
         "get_job",
         "job_errors",
         "count_jobs",
+        "count_due",
         "claim",
         "renew",
         "cancel_queued",

@@ -91,6 +91,10 @@ class AsyncJobsSession(Protocol):
 
     async def count_jobs(self, what: str, queue: str | None = None) -> Counts: ...
 
+    async def count_due(self, now: int, what: str, queue: str | None = None) -> tuple[int, ...]:
+        """Pending ready/scheduled, failed ready/scheduled, leases run out, at ``now``."""
+        ...
+
     async def claim(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]: ...
 
     async def renew(self, lease: Lease, lease_ms: int, what: str) -> Renewal | Missed: ...
@@ -121,8 +125,15 @@ class AsyncJobsSession(Protocol):
     ) -> bool | FenceRow | None: ...
 
     async def sweep(
-        self, horizon_ms: int, limit: int | None, what: str, signal: SignalLike | None
-    ) -> int: ...
+        self,
+        horizon_ms: int,
+        limit: int | None,
+        what: str,
+        signal: SignalLike | None,
+        states: tuple[str, ...] = (),
+    ) -> int:
+        """Delete settled jobs (of ``states`` only, when given) changed before the horizon."""
+        ...
 
     async def settle(self, batch: SettleBatch, what: str) -> SettleAnswer: ...
 

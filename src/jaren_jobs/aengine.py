@@ -28,6 +28,7 @@ from .core.commands import (
     PreparedJob,
     check_lease_seconds,
     check_queue,
+    check_sweep_states,
     claim_request,
     prepare_complete,
     prepare_job,
@@ -39,7 +40,7 @@ from .engine import EngineHub
 from .errors import DuplicateJob, JobSettled, LeaseLost, UnknownJob
 from .history import error_records, prepare_failure_with, prepare_snoozing
 from .hub import EngineHub
-from .records import ClaimedJob, Counts, Job, JobError, Lease, NewJob
+from .records import ClaimedJob, Counts, DueCounts, Job, JobError, Lease, NewJob
 from .runtime import ResolvedRuntime, check_positive_int
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
 from .waiting import WaitPlan, plan_wait
@@ -199,6 +200,17 @@ class AsyncJobEngine:
         if queue is None:
             return await self._session.count_jobs(what)
         return await self._session.count_jobs(what, check_queue(queue, f"{what}: queue"))
+
+    async def due_counts(self, *, queue: str | None = None) -> DueCounts:
+        """The queued jobs split at the runtime clock's now: ready (``run_at`` passed) or
+        scheduled later, and how many leases have run out (SPEC §14's ``counts``).
+
+        ``queue``: only that queue's jobs (``None``: every queue). An
+        operator's read: one statement over the queued and leased jobs.
+        """
+        what = "due_counts()"
+        checked = None if queue is None else check_queue(queue, f"{what}: queue")
+        return DueCounts(*await self._session.count_due(self._runtime.now_ms(), what, checked))
 
     async def claim(
         self,
@@ -414,18 +426,22 @@ class AsyncJobEngine:
         limit: int | None = None,
         signal: SignalLike | None = None,
         deadline: datetime | None = None,
+        states: Iterable[str] | None = None,
     ) -> int:
         """Delete settled jobs last changed before the horizon, oldest first, with checkpoints.
 
-        One transaction; returns how many jobs were deleted.
+        ``states``: only jobs in these settled states (some of ``done``,
+        ``dead``, ``cancelled``; ``None``: all three), e.g. ``["done"]`` to
+        keep the dead letters. One transaction; returns how many jobs were deleted.
         """
         what = "sweep()"
         horizon = ms_from_datetime(check_aware(settled_before, f"{what}: settled_before"))
         bound = -1 if limit is None else check_positive_int(limit, f"{what}: limit")
+        only = check_sweep_states(states, what)
         sig = check_signal_arg(signal, what)
         dl = check_deadline_arg(deadline, what)
         refuse_if_cancelled(sig, dl, self._runtime.now(), what)
-        return await self._session.sweep(horizon, None if limit is None else bound, what, sig)
+        return await self._session.sweep(horizon, None if limit is None else bound, what, sig, only)
 
 
 async def enqueue_tick(

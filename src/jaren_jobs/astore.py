@@ -27,11 +27,22 @@ from .arunner import AsyncCheckpointStore, GroupCommit, TaskRouted, ThreadRunner
 from .atransaction import AsyncTransactionState
 from .atx import INSIDE, AsyncTransaction, Mark, NativeTransactionBlock, TransactionBlock
 from .aworker import AsyncWorker
+from .core.commands import PageFilters, check_page
 from .cursor import Barrier, Cursor, Streaming
 from .engine import wait_plan
 from .errors import GateRefused
 from .periodic import Periodic
-from .records import ClaimedJob, Counts, Job, JobError, Lease, NewJob, Outcome, StopOutcome
+from .records import (
+    ClaimedJob,
+    Counts,
+    DueCounts,
+    Job,
+    JobError,
+    Lease,
+    NewJob,
+    Outcome,
+    StopOutcome,
+)
 from .runtime import Defaults
 from .signals import SignalLike
 from .store import Jobs, Store, Transaction, current_task, open_store
@@ -196,6 +207,9 @@ class AsyncJobs:
     async def counts(self, *, queue: str | None = None) -> Counts:
         return await self._run(self._jobs.counts, queue=queue)
 
+    async def due_counts(self, *, queue: str | None = None) -> DueCounts:
+        return await self._run(self._jobs.due_counts, queue=queue)
+
     async def claim(
         self,
         kinds: Iterable[str],
@@ -334,6 +348,7 @@ class AsyncJobs:
         limit: int | None = None,
         signal: SignalLike | None = None,
         deadline: datetime | None = None,
+        states: Iterable[str] | None = None,
     ) -> int:
         return await self._run(
             self._jobs.sweep,
@@ -341,6 +356,7 @@ class AsyncJobs:
             limit=limit,
             signal=signal,
             deadline=deadline,
+            states=states,
         )
 
     def page(
@@ -353,13 +369,23 @@ class AsyncJobs:
         signal: SignalLike | None = None,
         deadline: datetime | None = None,
         queue: str | None = None,
+        order: str = "id",
     ) -> AsyncCursor[Job]:
-        """A keyset cursor by id (SPEC §5), pulled with ``async for``.
+        """A keyset cursor (SPEC §5) by id or ``order="newest"``, pulled with ``async for``.
 
         Nothing is read until the first pull; bad filters raise at once.
         """
         if self._engine is not None:
-            native, bind = self._native_page(state, kind, after, limit, signal, deadline, queue)
+            filters = check_page(
+                state=state,
+                kind=kind,
+                after=after,
+                limit=limit,
+                queue=queue,
+                order=order,
+                what="page()",
+            )
+            native, bind = self._native_page(filters, signal, deadline)
             return AsyncCursor(native, self._runner, bind)
         cursor = self._jobs.page(
             state=state,
@@ -369,11 +395,12 @@ class AsyncJobs:
             signal=signal,
             deadline=deadline,
             queue=queue,
+            order=order,
         )
         return AsyncCursor(cursor, self._runner)
 
     def _native_page(
-        self, *filters: Any
+        self, filters: PageFilters, signal: SignalLike | None, deadline: datetime | None
     ) -> tuple[Cursor[Job], Callable[[asyncio.AbstractEventLoop], None]]:
         """The keyset cursor whose pulls' statements await the async pool (its pulls run
         on the store's threads, as every AsyncCursor's do)."""
@@ -383,18 +410,13 @@ class AsyncJobs:
         assert self._engine is not None
         session: Any = session_of(self._engine)
         scope = session.scope
-        state, kind, after, limit, signal, deadline, queue = filters
         return page_jobs_async(
             session.db,
             runtime_of(self._engine),
             None if scope.root else scope._check,
-            state=state,
-            kind=kind,
-            after=after,
-            limit=limit,
+            filters,
             signal=signal,
             deadline=deadline,
-            queue=queue,
         )
 
     def checkpoints_for(self, claimed: ClaimedJob) -> AsyncCheckpointStore:

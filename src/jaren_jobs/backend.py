@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar
 
-from .core.commands import ClaimRequest, PreparedJob
+from .core.commands import ClaimRequest, PageFilters, PreparedJob
 from .core.fence import FenceRow
 from .core.settle import SettleBatch
 from .errors import StorageError
@@ -150,6 +150,10 @@ class JobsSession(Protocol):
 
     def count_jobs(self, what: str, queue: str | None = None) -> Counts: ...
 
+    def count_due(self, now: int, what: str, queue: str | None = None) -> tuple[int, ...]:
+        """Pending ready/scheduled, failed ready/scheduled, leases run out, at ``now``."""
+        ...
+
     def claim(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]: ...
 
     def renew(self, lease: Lease, lease_ms: int, what: str) -> Renewal | Missed: ...
@@ -178,19 +182,18 @@ class JobsSession(Protocol):
     ) -> bool | FenceRow | None: ...
 
     def sweep(
-        self, horizon_ms: int, limit: int | None, what: str, signal: SignalLike | None
-    ) -> int: ...
+        self,
+        horizon_ms: int,
+        limit: int | None,
+        what: str,
+        signal: SignalLike | None,
+        states: tuple[str, ...] = (),
+    ) -> int:
+        """Delete settled jobs (of ``states`` only, when given) changed before the horizon."""
+        ...
 
     def page(
-        self,
-        *,
-        state: object,
-        kind: object,
-        after: object,
-        limit: object,
-        signal: SignalLike | None,
-        deadline: datetime | None,
-        queue: object = None,
+        self, filters: PageFilters, *, signal: SignalLike | None, deadline: datetime | None
     ) -> Cursor[Job]: ...
 
     # ---- settling: one batch, one unit of work (a lone complete() is a batch of one)

@@ -25,7 +25,9 @@ from .core.commands import (
     Failure,
     PreparedJob,
     check_lease_seconds,
+    check_page,
     check_queue,
+    check_sweep_states,
     claim_request,
     prepare_complete,
     prepare_job,
@@ -42,7 +44,7 @@ from .errors import (
 )
 from .history import error_records, prepare_failure_with, prepare_snoozing
 from .hub import EngineHub
-from .records import ClaimedJob, Counts, Job, JobError, Lease, NewJob
+from .records import ClaimedJob, Counts, DueCounts, Job, JobError, Lease, NewJob
 from .runtime import ResolvedRuntime, check_positive_int
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
 from .waiting import WaitPlan, plan_wait
@@ -203,6 +205,17 @@ class JobEngine:
         if queue is None:
             return self._session.count_jobs(what)
         return self._session.count_jobs(what, check_queue(queue, f"{what}: queue"))
+
+    def due_counts(self, *, queue: str | None = None) -> DueCounts:
+        """The queued jobs split at the runtime clock's now: ready (``run_at`` passed) or
+        scheduled later, and how many leases have run out (SPEC §14's ``counts``).
+
+        ``queue``: only that queue's jobs (``None``: every queue). An
+        operator's read: one statement over the queued and leased jobs.
+        """
+        what = "due_counts()"
+        checked = None if queue is None else check_queue(queue, f"{what}: queue")
+        return DueCounts(*self._session.count_due(self._runtime.now_ms(), what, checked))
 
     # ------------------------------------------------------------ claims
 
@@ -457,18 +470,22 @@ class JobEngine:
         limit: int | None = None,
         signal: SignalLike | None = None,
         deadline: datetime | None = None,
+        states: Iterable[str] | None = None,
     ) -> int:
         """Delete settled jobs last changed before the horizon, oldest first, with checkpoints.
 
-        One transaction; returns how many jobs were deleted.
+        ``states``: only jobs in these settled states (some of ``done``,
+        ``dead``, ``cancelled``; ``None``: all three), e.g. ``["done"]`` to
+        keep the dead letters. One transaction; returns how many jobs were deleted.
         """
         what = "sweep()"
         horizon = ms_from_datetime(check_aware(settled_before, f"{what}: settled_before"))
         bound = -1 if limit is None else check_positive_int(limit, f"{what}: limit")
+        only = check_sweep_states(states, what)
         sig = check_signal_arg(signal, what)
         dl = check_deadline_arg(deadline, what)
         refuse_if_cancelled(sig, dl, self._runtime.now(), what)
-        return self._session.sweep(horizon, None if limit is None else bound, what, sig)
+        return self._session.sweep(horizon, None if limit is None else bound, what, sig, only)
 
     # ------------------------------------------------------------ surfaces built elsewhere
 
@@ -482,17 +499,24 @@ class JobEngine:
         signal: SignalLike | None = None,
         deadline: datetime | None = None,
         queue: str | None = None,
+        order: str = "id",
     ) -> Cursor[Job]:
-        """A keyset cursor over jobs by id (see :mod:`jaren_jobs.cursor`); ``queue`` filters."""
-        return self._session.page(
+        """A keyset cursor over jobs (see :mod:`jaren_jobs.cursor`); ``queue`` filters.
+
+        ``order="id"`` (the default) walks by id; ``order="newest"`` walks
+        newest first by ``updated_at`` (ties by id, descending), where
+        ``after`` is the id of the job to continue past (it must exist).
+        """
+        filters = check_page(
             state=state,
             kind=kind,
             after=after,
             limit=limit,
-            signal=signal,
-            deadline=deadline,
             queue=queue,
+            order=order,
+            what="page()",
         )
+        return self._session.page(filters, signal=signal, deadline=deadline)
 
     def checkpoints_for(self, claimed: ClaimedJob) -> CheckpointStore:
         """The checkpoint store bound to this claimed attempt (SPEC §6)."""

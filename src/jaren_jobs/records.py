@@ -18,6 +18,7 @@ __all__ = [
     "ClaimedJob",
     "CorruptJson",
     "Counts",
+    "DueCounts",
     "Job",
     "JobError",
     "JobState",
@@ -263,6 +264,32 @@ class Counts:
             "dead": self.dead,
             "cancelled": self.cancelled,
             "pending_kinds": dict(self.pending_kinds),
+        }
+
+
+@dataclass(frozen=True)
+class DueCounts:
+    """The queued jobs split by the runtime clock's now, for an operator (``due_counts()``).
+
+    ``*_ready``: ``run_at`` has passed, so a worker may claim it now;
+    ``*_scheduled``: due later (a delayed job, or a retry waiting out its
+    backoff). ``leased_expired``: leased jobs whose lease has run out (their
+    holder is gone or late; the next claim rescues them).
+    """
+
+    pending_ready: int = 0
+    pending_scheduled: int = 0
+    failed_ready: int = 0
+    failed_scheduled: int = 0
+    leased_expired: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "pending_ready": self.pending_ready,
+            "pending_scheduled": self.pending_scheduled,
+            "failed_ready": self.failed_ready,
+            "failed_scheduled": self.failed_scheduled,
+            "leased_expired": self.leased_expired,
         }
 
 

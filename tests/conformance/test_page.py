@@ -25,6 +25,7 @@ from jaren_jobs import (
     StorageError,
     Store,
     StoreClosed,
+    UnknownJob,
     drain_page,
 )
 from jaren_jobs.records import STATES
@@ -206,6 +207,58 @@ def test_keyset_continuation_and_limit(store: Store) -> None:
         if not page.has_more:
             break
     assert seen == made
+
+
+def test_newest_order_walks_by_updated_at_then_id_descending_and_continues(
+    store: Store, clock: FakeClock
+) -> None:
+    # j00..j05 enqueued at one instant (ties: by id, descending), then three
+    # changed later, each a second after the other
+    made = fill(store, 6)
+    clock.advance(1)
+    store.jobs.cancel("j01")
+    clock.advance(1)
+    held = store.jobs.claim(["a"], owner="w", lease_seconds=60)  # j00, the lowest a
+    assert held is not None
+    assert held.id == "j00"
+    clock.advance(1)
+    store.jobs.cancel("j03")
+    newest = ["j03", "j00", "j01", "j05", "j04", "j02"]
+    assert ids(store.jobs.page(order="newest")) == newest
+    got = list(store.jobs.page(order="newest"))
+    assert [job.updated_at for job in got] == sorted(
+        (job.updated_at for job in got), reverse=True
+    )
+    assert sorted(ids(got)) == made
+    # continuation past an id, through ties, with a filter, and page after page
+    assert ids(store.jobs.page(order="newest", after="j01")) == newest[3:]
+    assert ids(store.jobs.page(order="newest", after="j05", limit=2)) == ["j04", "j02"]
+    assert ids(store.jobs.page(order="newest", state="cancelled")) == ["j03", "j01"]
+    assert ids(store.jobs.page(order="newest", kind="b", after="j03")) == ["j01", "j05"]
+    seen: list[str] = []
+    after: str | None = None
+    while True:
+        page = drain_page(store.jobs.page(order="newest", after=after), limit=4, after=after)
+        seen += ids(page.items)
+        after = page.continuation
+        if not page.has_more:
+            break
+    assert seen == newest
+    # inside a transaction too (its own uncommitted change comes first)
+    clock.advance(1)
+    with store.transaction() as tx:
+        tx.jobs.cancel("j02")
+        assert ids(tx.jobs.page(order="newest", limit=2)) == ["j02", "j03"]
+    # the id order is unchanged
+    assert ids(store.jobs.page()) == made
+    # in newest order an after id is a position: it must name a job
+    with pytest.raises(UnknownJob, match="j99"), store.jobs.page(order="newest", after="j99") as c:
+        list(c)
+    for bad in ("oldest", ""):
+        with pytest.raises(ValueError, match="order"):
+            store.jobs.page(order=bad)
+    with pytest.raises(TypeError, match="order"):
+        store.jobs.page(order=1)  # type: ignore[arg-type]
 
 
 def test_bad_filters_are_refused(store: Store) -> None:

@@ -199,8 +199,17 @@ def all_jobs(path: Path) -> dict[str, dict[str, Any]]:
 
 def test_counts_prints_a_table_of_every_state_and_the_queued_kinds(prepared: Prepared) -> None:
     out = ok(run_cli("--db", prepared.path, "counts"))
-    assert out.splitlines()[0].split() == ["state", "jobs"]
-    states = {row[0]: int(row[1]) for row in table_rows(out)}
+    assert out.splitlines()[0].split() == ["state", "jobs", "of", "which"]
+    rows = table_rows(out)
+    states = {row[0]: int(row[1]) for row in rows}
+    # the queued jobs split at now; p2's lease is live. r4's retry waits out a
+    # backoff of seconds, so (the database is shared by the module) it may have
+    # fallen due by now: either way it is counted once
+    detail = {row[0]: row[2] for row in rows if len(row) > 2}
+    assert set(detail) == {"pending", "failed", "leased"}
+    assert detail["pending"] == "13 ready now, 0 scheduled later"
+    assert detail["failed"] in ("0 ready now, 1 scheduled later", "1 ready now, 0 scheduled later")
+    assert detail["leased"] == "0 with an expired lease"
     assert states == {
         "pending": 13,
         "leased": 1,
@@ -218,7 +227,13 @@ def test_counts_json_is_the_library_counts(prepared: Prepared) -> None:
     out = ok(run_cli("--db", prepared.path, "counts", "--json"))
     assert len(out.splitlines()) == 1
     with open_store(prepared.path, readonly=True) as store:
-        assert json.loads(out) == store.jobs.counts().to_dict()
+        counts, due = store.jobs.counts(), store.jobs.due_counts()
+    # the library's counts, and the due split under "due"
+    assert json.loads(out) == {**counts.to_dict(), "due": due.to_dict()}
+    due_json = json.loads(out)["due"]
+    assert (due_json["pending_ready"], due_json["pending_scheduled"]) == (13, 0)
+    assert due_json["failed_ready"] + due_json["failed_scheduled"] == 1  # r4, due or not yet
+    assert due_json["leased_expired"] == 0
 
 
 def test_counts_of_an_empty_database_prints_zeroes_and_no_kind_section(tmp_path: Path) -> None:
@@ -236,6 +251,8 @@ def test_ls_json_prints_one_to_dict_per_line_in_id_order(prepared: Prepared) -> 
     out = ok(run_cli("--db", prepared.path, "ls", "--json", "--limit", "100"))
     jobs = json_lines(out)
     assert [job["id"] for job in jobs] == prepared.ids
+    # each line is the job's to_dict() and whether its lease ran out
+    assert [job.pop("lease_expired") for job in jobs] == [False] * len(jobs)
     assert {job["id"]: job for job in jobs} == all_jobs(prepared.path)
     assert all("lease_token" not in job for job in jobs)
 
@@ -266,18 +283,28 @@ def test_ls_filters_by_state_and_kind(
 def test_ls_table_shows_one_row_per_job_and_says_when_nothing_matches(prepared: Prepared) -> None:
     out = ok(run_cli("--db", prepared.path, "ls", "--state", "dead"))
     header = out.splitlines()[0].split()
-    assert header == ["id", "kind", "state", "attempts", "run_at", "last_error"]
+    assert header == [
+        "id",
+        "kind",
+        "state",
+        "attempts",
+        "run_at",
+        "updated_at",
+        "lease_until",
+        "last_error",
+    ]
     rows = table_rows(out)
     assert [row[:4] for row in rows] == [
         ["r2", "resize", "dead", "1/2"],
         ["r3", "resize", "dead", "1/2"],
     ]
     # a long error is cut to one short line in the table (show prints it in full)
-    assert rows[0][5].startswith("RuntimeError: the image service")
-    assert len(rows[0][5]) == 40
-    assert rows[0][5].endswith("…")
+    assert rows[0][7].startswith("RuntimeError: the image service")
+    assert len(rows[0][7]) == 40
+    assert rows[0][7].endswith("…")
     assert "second line" not in out
-    assert rows[1][5] == "RuntimeError: short and final"
+    assert rows[1][7] == "RuntimeError: short and final"
+    assert rows[0][6] == "-"  # no lease
     assert "more:" not in out
 
     empty = ok(run_cli("--db", prepared.path, "ls", "--kind", "no-such-kind"))
@@ -405,6 +432,7 @@ def test_show_json_is_the_jobs_to_dict(prepared: Prepared) -> None:
         assert len(out.splitlines()) == 1
         shown = json.loads(out)
         history = shown.pop("errors")
+        assert shown.pop("lease_expired") is False
         assert shown == read_job(prepared.path, job_id)
         with open_store(prepared.path, readonly=True) as store:
             assert history == [e.to_dict() for e in store.jobs.errors(job_id)]
@@ -433,12 +461,23 @@ def test_cancel_cancels_a_queued_job_once(mixed: Prepared) -> None:
     assert again == "e03 was already cancelled\n"
 
 
-def test_cancel_is_refused_for_a_settled_or_live_leased_job(mixed: Prepared) -> None:
+def test_cancel_is_refused_for_a_settled_job(mixed: Prepared) -> None:
     before = all_jobs(mixed.path)
     assert_one_line_error(run_cli("--db", mixed.path, "cancel", "r0"), 1, "JD2065", "r0")
-    # a claimed job needs its lease: the command line has none
-    assert_one_line_error(run_cli("--db", mixed.path, "cancel", "p2"), 1, "JD2068", "p2")
+    assert_one_line_error(run_cli("--db", mixed.path, "cancel", "r2"), 1, "JD2065", "r2")
     assert all_jobs(mixed.path) == before
+
+
+def test_cancel_of_a_running_job_requests_its_cancellation(mixed: Prepared) -> None:
+    # p2 is leased by a live attempt: the forced cancel marks it (SPEC §13)
+    out = ok(run_cli("--db", mixed.path, "cancel", "p2"))
+    assert out.startswith("cancel requested for running p2: ")
+    job = read_job(mixed.path, "p2")
+    assert job is not None
+    assert (job["state"], job["cancel_requested"]) == ("leased", True)
+    listed = table_rows(ok(run_cli("--db", mixed.path, "ls", "--kind", "report")))
+    assert [row[2] for row in listed] == ["pending", "cancelled", "leased (cancel requested)"]
+    assert ok(run_cli("--db", mixed.path, "cancel", "p2")) == "p2: cancellation already requested\n"
 
 
 def test_requeue_returns_dead_failed_and_cancelled_jobs_to_pending(mixed: Prepared) -> None:
@@ -770,8 +809,21 @@ def test_a_newer_schema_is_refused_in_one_line(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ usage
 
 
+def test_jaren_jobs_alone_prints_a_short_help_and_exits_2(prepared: Prepared) -> None:
+    for args in ((), ("--db", str(prepared.path))):
+        result = run_cli(*args)
+        assert result.returncode == 2
+        assert result.stdout == ""
+        lines = result.stderr.splitlines()
+        assert lines[0].startswith("usage: jaren-jobs")
+        listed = [line.split()[0] for line in lines if line.startswith("  ")]
+        assert listed == ["counts", "ls", "show", "cancel", "requeue", "sweep", "worker", "demo"]
+        assert "--help" in lines[-1]
+        assert "Traceback" not in result.stderr
+        assert len(lines) < 16  # short
+
+
 def test_usage_mistakes_are_one_line_exit_2(prepared: Prepared) -> None:
-    assert_one_line_error(run_cli("--db", prepared.path), 2, "required", "COMMAND")
     assert_one_line_error(run_cli("--db", prepared.path, "frobnicate"), 2, "invalid choice")
     assert_one_line_error(run_cli("--db", prepared.path, "show"), 2, "required", "id")
     assert_one_line_error(run_cli("--db", prepared.path, "show", ""), 2, "non-empty")
@@ -1067,7 +1119,7 @@ def test_worker_finds_the_module_in_the_working_directory_like_the_console_scrip
         stdout, stderr = process.communicate(timeout=SUBPROCESS_TIMEOUT)
     assert process.returncode == 0, stderr
     assert stderr == ""
-    summary = SUMMARY.match(stdout.strip())
+    summary = SUMMARY.match(stdout.strip().splitlines()[-1])
     assert summary is not None, stdout
     assert summary.groups() == ("1", "0", "0", "0", "drained")
     job = read_job(one_pending, "j1")
@@ -1229,7 +1281,7 @@ def test_worker_queues_runs_only_those_queues(user_code: Path, queued: Path) -> 
         process.send_signal(signal.SIGTERM)
         stdout, stderr = process.communicate(timeout=SUBPROCESS_TIMEOUT)
     assert process.returncode == 0, stderr
-    summary = SUMMARY.match(stdout.strip())
+    summary = SUMMARY.match(stdout.strip().splitlines()[-1])
     assert summary is not None, stdout
     assert summary.groups() == ("2", "0", "0", "0", "drained")
     assert (read_job(queued, "d1") or {})["state"] == "pending"

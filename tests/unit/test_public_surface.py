@@ -28,6 +28,8 @@ DOCUMENTED = {
     # jaren_jobs.Snooze, added so a snooze can be made without a worker
     "snooze",
     "wait",
+    # SPEC §14: `jaren-jobs counts` tells ready-now from scheduled-later through it
+    "due_counts",
 }
 
 

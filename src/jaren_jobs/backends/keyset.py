@@ -1,4 +1,4 @@
-"""``page()`` on either backend: a keyset cursor over jobs by id (SPEC §5).
+"""``page()`` on either backend: a keyset cursor over jobs (SPEC §5), by id or newest first.
 
 The cursor is built by :mod:`jaren_jobs.cursor` like every other. Its row
 source seeks the next row past the last one delivered *at each pull*
@@ -10,6 +10,15 @@ pulls. A root page takes a connection of the store per pull (the gate);
 sees its uncommitted rows. What differs per backend — the statement's
 placeholders, how one row is fetched, how a row becomes a ``Job`` — is passed
 in by ``backends/<db>/pages.py``.
+
+Two orders: ``"id"`` (ascending; the seek is ``id > last``) and ``"newest"``
+(``updated_at`` descending, ties by id descending; the seek is
+``(updated_at, id) < (last_at, last)``). In newest order an ``after`` id is
+a position: the first pull reads that job's ``updated_at`` (an id no job has
+is :class:`~jaren_jobs.UnknownJob`), later pulls seek past the last row
+delivered. A job changed between pulls moves to the front, so it is not met
+again by a cursor already past it: newest order is for looking, not for
+visiting every job once (that is the id order).
 """
 
 from __future__ import annotations
@@ -19,40 +28,65 @@ from datetime import datetime
 from typing import Any
 
 from jaren_jobs.backend import Scope
-from jaren_jobs.core.commands import check_page_filters, check_page_queue
+from jaren_jobs.core.commands import PageFilters
 from jaren_jobs.cursor import Admit, Cursor
+from jaren_jobs.errors import UnknownJob
 from jaren_jobs.records import Job
 from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike, check_deadline_arg, check_signal_arg
 
-__all__ = ["Fetch", "page_cursor"]
+__all__ = ["UPDATED_AT", "Fetch", "page_cursor"]
 
 # one row of the statement with these parameters, or None; and how to release it
 Fetch = tuple[Callable[[Mapping[str, Any]], "tuple[Any, ...] | None"], Callable[[], None]]
+#: where ``updated_at`` (epoch ms) sits in a row of either backend's JOB_COLUMNS
+UPDATED_AT = 14
+# "newest" from the start: past every updated_at a job can have (64-bit ms)
+_FROM_THE_TOP = 2**63 - 1
 
 
 class _KeysetRows:
-    """Job rows by id past ``after``; each ``next()`` seeks the next one afresh."""
+    """Job rows past the last one delivered; each ``next()`` seeks the next one afresh."""
 
     def __init__(
         self,
         fetch: Fetch,
         *,
         params: dict[str, Any],
-        after: str,
-        limit: int,
+        filters: PageFilters,
+        position: Callable[[str], int | None] | None,
         check: Callable[[], object] | None,
         now_ms: Callable[[], int],
     ) -> None:
         self._fetch_one, self._release = fetch
         self._now_ms = now_ms
         self._params = params
-        self._last = after
-        self._left = limit
+        self._last = filters.after
+        self._last_at: int | None = None if filters.order == "newest" else 0
+        self._newest = filters.order == "newest"
+        self._left = filters.limit
+        self._position = position
         self._check = check
 
     def __iter__(self) -> _KeysetRows:
         return self
+
+    def _seek(self) -> dict[str, Any]:
+        if not self._newest:
+            return {**self._params, "after": self._last, "limit": 1}
+        if self._last_at is None:
+            if self._last == "" or self._position is None:
+                self._last_at = _FROM_THE_TOP
+            else:
+                at = self._position(self._last)
+                if at is None:
+                    raise UnknownJob(
+                        f"page(): after={self._last!r} names no job; in newest order it is "
+                        "a position (that job's updated_at), so it must exist",
+                        job_id=self._last,
+                    )
+                self._last_at = at
+        return {**self._params, "after": self._last, "after_at": self._last_at, "limit": 1}
 
     def __next__(self) -> tuple[Any, ...]:
         if self._left <= 0:
@@ -60,12 +94,13 @@ class _KeysetRows:
         if self._check is not None:
             self._check()
         # now: a marked lease that ran out reads as cancelled (its effective state)
-        params = {**self._params, "after": self._last, "limit": 1, "now": self._now_ms()}
-        row = self._fetch_one(params)
+        row = self._fetch_one({**self._seek(), "now": self._now_ms()})
         if row is None:
             self._left = 0
             raise StopIteration
         self._last = row[0]
+        if self._newest:
+            self._last_at = int(row[UPDATED_AT])
         self._left -= 1
         return row
 
@@ -76,42 +111,36 @@ class _KeysetRows:
 def page_cursor(
     scope: Scope,
     runtime: ResolvedRuntime,
+    filters: PageFilters,
     *,
     check_open: Callable[[str], None],
-    statement_for: Callable[[bool, bool, bool], str],
+    statement_for: Callable[[PageFilters], str],
+    position_statement: str,
     open_fetch: Callable[[str], Fetch],
     map_row: Callable[[Any], Job],
     wrap: Callable[[Exception], BaseException],
-    state: object,
-    kind: object,
-    after: object,
-    limit: object,
     signal: SignalLike | None,
     deadline: datetime | None,
-    queue: object = None,
 ) -> Cursor[Job]:
-    """A keyset cursor over jobs by id: at most ``limit`` jobs with id > ``after``.
+    """A keyset cursor over jobs: at most ``filters.limit`` past ``filters.after``.
 
-    ``state`` (one of the job states), ``kind`` and ``queue`` filter; a bad filter is
-    ``ValueError`` (a filter of the wrong type is also a ``TypeError``).
+    ``filters`` were checked by the engine (``core.commands.check_page``).
     Construction holds nothing and reads nothing; the first pull opens the
     row source. ``signal`` and ``deadline`` are honoured at every pull
     (``CursorAborted`` / ``DeadlinePassed``).
     """
     what = "page()"
-    state_, kind_, after_, limit_ = check_page_filters(state, kind, after, limit, what)
-    queue_ = check_page_queue(queue, what)
     sig = check_signal_arg(signal, what)
     dl = check_deadline_arg(deadline, what)
     check_open(what)
-    statement = statement_for(state_ is not None, kind_ is not None, queue_ is not None)
+    statement = statement_for(filters)
     params: dict[str, Any] = {}
-    if state_ is not None:
-        params["state"] = state_
-    if kind_ is not None:
-        params["kind"] = kind_
-    if queue_ is not None:
-        params["queue"] = queue_
+    if filters.state is not None:
+        params["state"] = filters.state
+    if filters.kind is not None:
+        params["kind"] = filters.kind
+    if filters.queue is not None:
+        params["queue"] = filters.queue
 
     check: Callable[[], None] | None
     if scope.root:
@@ -127,15 +156,30 @@ def page_cursor(
         def check() -> None:
             scope.read(_nothing, what)
 
-    return Cursor(
-        open_rows=lambda: _KeysetRows(
-            open_fetch(statement),
+    def open_rows() -> _KeysetRows:
+        fetch = open_fetch(statement)
+        position: Callable[[str], int | None] | None = None
+        if filters.order == "newest" and filters.after:
+            # the after-id's updated_at, read in the first pull (same connection)
+            def position(job_id: str) -> int | None:
+                where, release = open_fetch(position_statement)
+                try:
+                    row = where({"after": job_id})
+                finally:
+                    release()
+                return None if row is None else int(row[0])
+
+        return _KeysetRows(
+            fetch,
             params=params,
-            after=after_,
-            limit=limit_,
+            filters=filters,
+            position=position,
             check=check,
             now_ms=runtime.now_ms,
-        ),
+        )
+
+    return Cursor(
+        open_rows=open_rows,
         map_row=map_row,
         wrap=wrap,
         signal=sig,

@@ -1,9 +1,12 @@
 """The ``jaren-jobs`` command line (also ``python -m jaren_jobs``).
 
 Exit status: 0 success; 1 the store refused (unknown id, a settled job, a
-live lease); 2 bad usage or input (a missing database, a file that is not a
+live lease; for a bulk ``requeue``/``cancel``: some job was not done, the rest
+were; for ``worker``: it stopped without draining); 2 bad usage or input (also
+``jaren-jobs`` alone, which prints a short help) (a missing database, a file that is not a
 jaren_jobs database, a bad duration, a number out of range, an argument that
-is not UTF-8, a module that fails to import); 130 interrupted; 141 the reader
+is not UTF-8, a module that fails to import); 130 interrupted (a worker
+stopped at once by a second signal); 141 the reader
 of stdout went away (``jaren-jobs ls | head``). Errors are one line on stderr,
 never a traceback for a user mistake.
 
@@ -44,7 +47,12 @@ __all__ = ["main", "parse_duration"]
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command line; returns the exit status."""
     stream = out if out is not None else sys.stdout
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        # `jaren-jobs` alone (or with only --db): what it does and how to ask
+        sys.stderr.write(short_help(parser))
+        return EXIT_USAGE
     try:
         return _run(args, stream)
     except BrokenPipeError:
@@ -54,6 +62,16 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+
+
+def short_help(parser: argparse.ArgumentParser) -> str:
+    """The usage line and one line per command: what ``jaren-jobs`` alone prints."""
+    lines = [parser.format_usage().rstrip(), "", "commands:"]
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        for choice in getattr(action, "_choices_actions", ()):
+            lines.append(f"  {choice.dest:<9} {choice.help}")
+    lines += ["", "jaren-jobs COMMAND --help tells more; --db names the database."]
+    return "\n".join(lines) + "\n"
 
 
 def _run(args: argparse.Namespace, stream: TextIO) -> int:

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable
 from typing import NamedTuple, NoReturn
 
-from jaren_jobs.records import STATES
+from jaren_jobs.records import SETTLED_STATES, STATES
 from jaren_jobs.runtime import MAX_SECONDS
 
 EXIT_OK = 0
@@ -23,6 +23,7 @@ INT64_MAX = 2**63 - 1
 # bounds for what would otherwise start that many threads or jobs, not fail
 MAX_CONCURRENCY = 1024
 MAX_DEMO_JOBS = 100_000
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class CliError(Exception):
@@ -132,7 +133,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="jaren-jobs",
-        description="Inspect and operate a jaren_jobs queue in a SQLite database.",
+        description="Inspect and operate a jaren_jobs queue in a SQLite database "
+        "or a PostgreSQL one (--db postgresql://...).",
     )
     parser.add_argument(
         "--db",
@@ -144,11 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
     db_after = _Parser(add_help=False)
     db_after.add_argument("--db", metavar="PATH", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    commands.required = True
+    # no command at all: main() prints the short help (see SHORT_HELP)
+    commands.required = False
 
-    def add_command(name: str, help_text: str) -> argparse.ArgumentParser:
+    def add_command(
+        name: str, help_text: str, epilog: str | None = None
+    ) -> argparse.ArgumentParser:
         command: argparse.ArgumentParser = commands.add_parser(
-            name, help=help_text, parents=[db_after]
+            name, help=help_text, description=help_text, epilog=epilog, parents=[db_after]
         )
         return command
 
@@ -156,11 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
     counts.add_argument("--json", action="store_true", help="print one JSON object")
     counts.add_argument("--queue", type=_non_empty, help="only the jobs of this queue")
 
-    ls = add_command("ls", "list jobs by id (keyset paging)")
+    ls = add_command("ls", "list jobs by id or newest first (keyset paging)")
     ls.add_argument("--state", choices=STATES, help="only jobs in this state")
     ls.add_argument("--kind", type=_non_empty, help="only jobs of this kind")
     ls.add_argument("--queue", type=_non_empty, help="only jobs of this queue")
-    ls.add_argument("--after", type=_non_empty, metavar="ID", help="continue after this id")
+    ls.add_argument(
+        "--sort",
+        choices=("id", "newest"),
+        default="id",
+        help="by id (default), or newest first by updated_at",
+    )
+    ls.add_argument("--after", type=_non_empty, metavar="ID", help="continue after this job")
     ls.add_argument("--limit", type=_positive_int(), default=50, help="at most N jobs (50)")
     ls.add_argument("--json", action="store_true", help="JSON Lines, one job per line")
 
@@ -168,11 +179,40 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("id", type=_non_empty)
     show.add_argument("--json", action="store_true", help="print one JSON object")
 
-    cancel = add_command("cancel", "cancel a queued job")
-    cancel.add_argument("id", type=_non_empty)
+    def add_selection(command: argparse.ArgumentParser, verb: str) -> None:
+        command.add_argument(
+            "ids", nargs="*", type=_non_empty, metavar="ID", help=f"the job(s) to {verb}"
+        )
+        command.add_argument(
+            "--state",
+            action="append",
+            choices=STATES,
+            help=f"{verb} every job in this state (repeat for several)",
+        )
+        command.add_argument("--kind", type=_non_empty, help="only jobs of this kind")
+        command.add_argument("--queue", type=_non_empty, help="only jobs of this queue")
+        command.add_argument(
+            "--dry-run", action="store_true", help="say what would change; change nothing"
+        )
+        command.add_argument(
+            "--json", action="store_true", help="print one JSON object: a result per job"
+        )
 
-    requeue = add_command("requeue", "return a failed/dead/cancelled job to pending")
-    requeue.add_argument("id", type=_non_empty)
+    bulk_epilog = (
+        "Give one or more ids, or filters (--state, --kind, --queue; they combine), not both. "
+        "Each job is acted on in its own transaction; a refusal stops nothing. Exit status: 0 "
+        "when every job was done (or already was so), 1 when some job was unknown or refused "
+        "(the rest were still done), 2 for bad usage."
+    )
+    cancel = add_command(
+        "cancel", "cancel jobs; a running one is asked to stop (forced cancel)", bulk_epilog
+    )
+    add_selection(cancel, "cancel")
+
+    requeue = add_command(
+        "requeue", "return failed/dead/cancelled (or lease-expired) jobs to pending", bulk_epilog
+    )
+    add_selection(requeue, "requeue")
     requeue.add_argument(
         "--drop-checkpoints",
         action="store_true",
@@ -192,9 +232,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="e.g. 30s, 15m, 12h, 7d",
     )
+    sweep.add_argument(
+        "--state",
+        action="append",
+        choices=sorted(SETTLED_STATES),
+        help="only jobs in this settled state (repeat for several; default: all three)",
+    )
+    sweep.add_argument(
+        "--dry-run", action="store_true", help="count what would be deleted; delete nothing"
+    )
+    sweep.add_argument("--json", action="store_true", help="print one JSON object")
     sweep.add_argument("--limit", type=_positive_int(), help="at most N jobs")
 
-    worker = add_command("worker", "run a worker until SIGINT/SIGTERM")
+    worker = add_command(
+        "worker",
+        "run a worker until SIGINT/SIGTERM (or, with --burst, until nothing is due)",
+        "Exit status: 0 when it stopped and drained; 1 when it stopped without draining "
+        "(an attempt outlived the grace period, or a --burst run was stopped before it ran "
+        "dry); 130 when a second SIGINT/SIGTERM stopped it at once (the attempts under way "
+        "are left to their leases, which expire, and the jobs are re-claimed).",
+    )
     worker.add_argument(
         "handlers", metavar="MODULE:ATTR", type=_utf8, help="a dict of kind -> handler"
     )
@@ -210,6 +267,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--poll", type=_positive_float, help="poll interval in seconds")
     worker.add_argument("--grace", type=_positive_float, help="stop grace period in seconds")
+    worker.add_argument(
+        "--lease",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="lease length in seconds (renewed while a handler runs; how soon a job left "
+        "behind is re-claimed)",
+    )
+    worker.add_argument(
+        "--burst",
+        action="store_true",
+        help="run what is due now, then stop and exit (a job due later is left for later)",
+    )
+    worker.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="log the jaren_jobs logger tree to stderr at this level "
+        "(default: only Python's last-resort WARNING lines)",
+    )
+    worker.add_argument(
+        "--json", action="store_true", help="the ready line and the final report as JSON"
+    )
 
     demo = add_command("demo", "a self-contained run on a temporary database")
     demo.add_argument(

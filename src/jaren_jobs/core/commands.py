@@ -9,22 +9,26 @@ The sync and async shells, and every backend, share them.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from jaren_jobs.codec import check_identifier, check_text, encode_json, encode_result, ms_from_aware
 from jaren_jobs.core.policy import lease_ms
 from jaren_jobs.errors import LeaseRequired, describe_error
-from jaren_jobs.records import STATES, Lease
+from jaren_jobs.records import SETTLED_STATES, STATES, Lease
 from jaren_jobs.runtime import Defaults, check_positive_int, check_seconds
 
 __all__ = [
+    "PAGE_ORDERS",
     "ClaimRequest",
     "Failure",
+    "PageFilters",
     "PreparedJob",
     "check_id",
     "check_kinds",
     "check_lease_seconds",
+    "check_page",
     "check_queue",
     "check_queues",
     "claim_request",
@@ -337,3 +341,66 @@ def check_page_queue(queue: object, what: str) -> str | None:
     if queue == "":
         raise ValueError(f"{what}: queue must be a non-empty string (or None for every queue)")
     return check_text(queue, f"{what}: queue")
+
+
+def check_sweep_states(states: object, what: str) -> tuple[str, ...]:
+    """``sweep(states=...)``: ``()`` for every settled state, else the chosen ones, sorted."""
+    if states is None:
+        return ()
+    if isinstance(states, str) or not isinstance(states, Iterable):
+        raise TypeError(
+            f"{what}: states must be an iterable of settled states (e.g. ['done']) or None, "
+            f"got {type(states).__name__}"
+        )
+    chosen: set[str] = set()
+    for state in states:
+        if not isinstance(state, str):
+            raise TypeError(f"{what}: states holds a {type(state).__name__}, not a state name")
+        if state not in SETTLED_STATES:
+            raise ValueError(
+                f"{what}: states must name settled states ({', '.join(sorted(SETTLED_STATES))}), "
+                f"got {state!r}"
+            )
+        chosen.add(STATES[STATES.index(state)])  # the plain str, even for a JobState
+    if not chosen:
+        raise ValueError(f"{what}: states names no state; pass None to sweep every settled state")
+    return tuple(sorted(chosen))
+
+
+#: the orders ``page()`` walks in: by id, or newest first by ``updated_at`` (ties by id, descending)
+PAGE_ORDERS = ("id", "newest")
+
+
+@dataclass(frozen=True, slots=True)
+class PageFilters:
+    """``page()``'s checked filters, passed as one value from the engine to the backend's
+    keyset cursor: ``after`` is ``""`` for "from the start" (every id sorts after it)."""
+
+    state: str | None
+    kind: str | None
+    queue: str | None
+    after: str
+    limit: int
+    order: str = "id"
+
+
+def check_page(
+    *,
+    state: object,
+    kind: object,
+    after: object,
+    limit: object,
+    queue: object,
+    order: object,
+    what: str,
+) -> PageFilters:
+    """Every ``page()`` filter checked at once, before any I/O."""
+    state_, kind_, after_, limit_ = check_page_filters(state, kind, after, limit, what)
+    queue_ = check_page_queue(queue, what)
+    if not isinstance(order, str):
+        raise PageFilterTypeError(
+            f"{what}: order must be one of {list(PAGE_ORDERS)}, got {type(order).__name__}"
+        )
+    if order not in PAGE_ORDERS:
+        raise ValueError(f"{what}: order must be one of {list(PAGE_ORDERS)}, got {order!r}")
+    return PageFilters(state_, kind_, queue_, after_, limit_, order)

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from jaren_jobs.agate import hold_as, stop_holding
 from jaren_jobs.backends.keyset import Fetch, page_cursor
+from jaren_jobs.core.commands import PageFilters
 from jaren_jobs.cursor import Cursor
 from jaren_jobs.errors import GateRefused
 from jaren_jobs.records import Job
@@ -93,14 +94,10 @@ def page_jobs_async(
     db: AsyncPgDatabase,
     runtime: ResolvedRuntime,
     check_active: Callable[[str], None] | None,
+    filters: PageFilters,
     *,
-    state: object,
-    kind: object,
-    after: object,
-    limit: object,
     signal: SignalLike | None,
     deadline: datetime | None,
-    queue: object = None,
 ) -> tuple[Cursor[Job], Callable[[asyncio.AbstractEventLoop], None]]:
     """A keyset cursor over jobs by id whose pulls must run off the loop (``AsyncCursor``
     runs them on the store's threads), and what tells it the loop of each pull."""
@@ -108,17 +105,14 @@ def page_jobs_async(
     cursor = page_cursor(
         bridge,  # type: ignore[arg-type]
         runtime,
+        filters,
         check_open=db.check_open,
         statement_for=sql.page_jobs,
+        position_statement=sql.PAGE_POSITION,
         open_fetch=bridge.fetch,
         map_row=job_from_row,
         wrap=translating("page()"),
-        state=state,
-        kind=kind,
-        after=after,
-        limit=limit,
         signal=signal,
         deadline=deadline,
-        queue=queue,
     )
     return cursor, bridge.bind

@@ -259,6 +259,18 @@ class AsyncPostgresSession:
 
         return await self._scope.read_consistent(work, what)
 
+    async def count_due(self, now: int, what: str, queue: str | None = None) -> tuple[int, ...]:
+        params: dict[str, object] = {"now": now}
+        if queue is not None:
+            params["queue"] = queue
+        statement = sql.DUE_COUNTS if queue is None else sql.DUE_COUNTS_QUEUE
+
+        async def work() -> tuple[int, ...]:
+            row = await self._db.one(statement, params, doing=what)
+            return (0,) * 5 if row is None else tuple(int(n) for n in row)
+
+        return await self._scope.read(work, what)
+
     async def claim(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
         return await self._scope.write(lambda: self.claim_within(request, limit, what), what)
 
@@ -416,13 +428,20 @@ class AsyncPostgresSession:
         return await self._scope.write(work, what, signal)
 
     async def sweep(
-        self, horizon_ms: int, limit: int | None, what: str, signal: SignalLike | None
+        self,
+        horizon_ms: int,
+        limit: int | None,
+        what: str,
+        signal: SignalLike | None,
+        states: tuple[str, ...] = (),
     ) -> int:
-        params = {"horizon": horizon_ms, "limit": limit}
+        params: dict[str, object] = {"horizon": horizon_ms, "limit": limit}
+        params.update({f"s{i}": state for i, state in enumerate(states)})
+        statement = sql.sweep_only(len(states))
 
         async def work() -> int:
             await self._db.run(sql.MATERIALISE_ALL, {"now": self._runtime.now_ms()}, doing=what)
-            row = await self._db.one(sql.SWEEP, params, doing=what)
+            row = await self._db.one(statement, params, doing=what)
             return 0 if row is None else int(row[0])
 
         return await self._scope.write(work, what, signal)

@@ -13,6 +13,7 @@ from typing import Any
 
 from jaren_jobs.backend import Scope
 from jaren_jobs.backends.keyset import Fetch, page_cursor
+from jaren_jobs.core.commands import PageFilters
 from jaren_jobs.cursor import Cursor
 from jaren_jobs.records import Job
 from jaren_jobs.rows import job_from_row
@@ -43,29 +44,22 @@ def page_jobs(
     db: PgDatabase,
     scope: Scope,
     runtime: ResolvedRuntime,
+    filters: PageFilters,
     *,
-    state: object,
-    kind: object,
-    after: object,
-    limit: object,
     signal: SignalLike | None,
     deadline: datetime | None,
-    queue: object = None,
 ) -> Cursor[Job]:
-    """A keyset cursor over jobs by id (see :func:`~jaren_jobs.backends.keyset.page_cursor`)."""
+    """A keyset cursor over jobs (see :func:`~jaren_jobs.backends.keyset.page_cursor`)."""
     return page_cursor(
         scope,
         runtime,
+        filters,
         check_open=db.check_open,
         statement_for=sql.page_jobs,
+        position_statement=sql.PAGE_POSITION,
         open_fetch=lambda statement: _statements(db, statement),
         map_row=job_from_row,
         wrap=translating("page()"),
-        state=state,
-        kind=kind,
-        after=after,
-        limit=limit,
         signal=signal,
         deadline=deadline,
-        queue=queue,
     )

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from jaren_jobs.core.commands import PageFilters
+
 JOBS = '"_jaren_jobs"'
 CHECKPOINTS = '"_jaren_job_checkpoints"'
 ERRORS = '"_jaren_job_errors"'
@@ -402,6 +404,19 @@ SWEEP = f"""WITH gone AS (DELETE FROM {JOBS} WHERE id IN ({_SWEEP_SELECTION}) RE
   history AS (DELETE FROM {ERRORS} WHERE job_id IN (SELECT id FROM gone))
 SELECT count(*) FROM gone"""
 
+
+@lru_cache(maxsize=4)
+def sweep_only(count: int) -> str:
+    """:data:`SWEEP` for only ``count`` of the settled states, bound as ``%(s0)s``..
+    (``sweep(states=...)``)."""
+    if count == 0:
+        return SWEEP
+    only = ", ".join(f"%(s{i})s" for i in range(count))
+    return SWEEP.replace(
+        "AND updated_at < %(horizon)s", f"AND state IN ({only}) AND updated_at < %(horizon)s"
+    )
+
+
 COUNT_BY_STATE = f"SELECT {EFFECTIVE_STATE}, count(*) FROM {JOBS} GROUP BY 1"
 COUNT_PENDING_KINDS = f"""SELECT kind, count(*) FROM {JOBS}
   WHERE state IN ('pending', 'failed') GROUP BY kind"""
@@ -411,10 +426,41 @@ COUNT_QUEUE_PENDING_KINDS = f"""SELECT kind, count(*) FROM {JOBS}
   WHERE state IN ('pending', 'failed') AND queue = %(queue)s GROUP BY kind"""
 
 
+def page_jobs(filters: PageFilters) -> str:
+    """A keyset page, filtered by state, kind and/or queue (values are bound), in
+    ``filters.order``: by id, or newest first (``updated_at`` then id, descending)."""
+    return _page_statement(
+        filters.order,
+        filters.state is not None,
+        filters.kind is not None,
+        filters.queue is not None,
+    )
+
+
+# due_counts(): the queued jobs split at now, and the leases that ran out (one
+# snapshot, one statement; an operator's read, not a hot path). A marked lease
+# that ran out is not counted: it reads as cancelled (EFFECTIVE_STATE)
+_DUE_COUNTS = f"""SELECT
+  COALESCE(SUM(CASE WHEN state = 'pending' AND run_at <= %(now)s THEN 1 ELSE 0 END), 0),
+  COALESCE(SUM(CASE WHEN state = 'pending' AND run_at > %(now)s THEN 1 ELSE 0 END), 0),
+  COALESCE(SUM(CASE WHEN state = 'failed' AND run_at <= %(now)s THEN 1 ELSE 0 END), 0),
+  COALESCE(SUM(CASE WHEN state = 'failed' AND run_at > %(now)s THEN 1 ELSE 0 END), 0),
+  COALESCE(SUM(CASE WHEN state = 'leased' AND cancel_requested_at IS NULL
+    AND lease_until <= %(now)s THEN 1 ELSE 0 END), 0)
+  FROM {JOBS} WHERE state IN ('pending', 'failed', 'leased')"""
+DUE_COUNTS = _DUE_COUNTS
+DUE_COUNTS_QUEUE = _DUE_COUNTS + " AND queue = %(queue)s"
+
+
 @lru_cache(maxsize=16)
-def page_jobs(by_state: bool, by_kind: bool, by_queue: bool = False) -> str:
-    """A keyset page by id, filtered by state, kind and/or queue (values are bound)."""
-    where = ["id > %(after)s"]
+def _page_statement(order_by: str, by_state: bool, by_kind: bool, by_queue: bool) -> str:
+    # one statement per shape (the values are bound, never part of the text)
+    if order_by == "newest":
+        where = ["(updated_at < %(after_at)s OR (updated_at = %(after_at)s AND id < %(after)s))"]
+        order = "updated_at DESC, id DESC"
+    else:
+        where = ["id > %(after)s"]
+        order = "id"
     if by_state:
         where.append(f"{EFFECTIVE_STATE} = %(state)s")
     if by_kind:
@@ -422,7 +468,11 @@ def page_jobs(by_state: bool, by_kind: bool, by_queue: bool = False) -> str:
     if by_queue:
         where.append("queue = %(queue)s")
     return f"""SELECT {READ_COLUMNS} FROM {JOBS} WHERE {" AND ".join(where)}
-  ORDER BY id LIMIT %(limit)s"""
+  ORDER BY {order} LIMIT %(limit)s"""
+
+
+# where a newest-first page given an ``after`` id starts: that job's updated_at
+PAGE_POSITION = f"SELECT updated_at FROM {JOBS} WHERE id = %(after)s"
 
 
 # ----------------------------------------------------------------- checkpoints

@@ -12,6 +12,8 @@ from __future__ import annotations
 import sqlite3
 from functools import lru_cache
 
+from jaren_jobs.core.commands import PageFilters
+
 JOBS = '"_jaren_jobs"'
 CHECKPOINTS = '"_jaren_job_checkpoints"'
 ERRORS = '"_jaren_job_errors"'
@@ -533,6 +535,24 @@ SWEEP_CHECKPOINTS = f"DELETE FROM {CHECKPOINTS} WHERE run_id IN ({_SWEEP_SELECTI
 SWEEP_ERRORS = f"DELETE FROM {ERRORS} WHERE job_id IN ({_SWEEP_SELECTION})"
 SWEEP_JOBS = f"DELETE FROM {JOBS} WHERE id IN ({_SWEEP_SELECTION})"
 
+
+@lru_cache(maxsize=4)
+def sweep_only(count: int) -> tuple[str, str, str]:
+    """:data:`SWEEP_CHECKPOINTS`, :data:`SWEEP_ERRORS` and :data:`SWEEP_JOBS` for only
+    ``count`` of the settled states, bound as ``:s0``.. (``sweep(states=...)``)."""
+    if count == 0:
+        return SWEEP_CHECKPOINTS, SWEEP_ERRORS, SWEEP_JOBS
+    only = ", ".join(f":s{i}" for i in range(count))
+    selection = _SWEEP_SELECTION.replace(
+        "AND updated_at < :horizon", f"AND state IN ({only}) AND updated_at < :horizon"
+    )
+    return (
+        f"DELETE FROM {CHECKPOINTS} WHERE run_id IN ({selection})",
+        f"DELETE FROM {ERRORS} WHERE job_id IN ({selection})",
+        f"DELETE FROM {JOBS} WHERE id IN ({selection})",
+    )
+
+
 # the history entry of a failure just written under the fence (same transaction)
 INSERT_ERROR = f"""INSERT OR REPLACE INTO {ERRORS} (job_id, attempt, at, error, traceback)
   VALUES (:id, :attempt, :now, :error, :traceback)"""
@@ -559,13 +579,43 @@ COUNT_QUEUE_PENDING_KINDS = f"""SELECT kind, COUNT(*)
   FROM {JOBS} INDEXED BY "_jaren_jobs_ready_queue"
   WHERE state IN ('pending', 'failed') AND queue = :queue GROUP BY kind"""
 
+# due_counts(): the queued jobs split at now, and the leases that ran out (one
+# snapshot, one statement; an operator's read, not a hot path). A marked lease
+# that ran out is not counted: it reads as cancelled (EFFECTIVE_STATE)
+_DUE_COUNTS = f"""SELECT
+  COALESCE(SUM(CASE WHEN state = 'pending' AND run_at <= :now THEN 1 ELSE 0 END), 0),
+  COALESCE(SUM(CASE WHEN state = 'pending' AND run_at > :now THEN 1 ELSE 0 END), 0),
+  COALESCE(SUM(CASE WHEN state = 'failed' AND run_at <= :now THEN 1 ELSE 0 END), 0),
+  COALESCE(SUM(CASE WHEN state = 'failed' AND run_at > :now THEN 1 ELSE 0 END), 0),
+  COALESCE(SUM(CASE WHEN state = 'leased' AND cancel_requested_at IS NULL
+    AND lease_until <= :now THEN 1 ELSE 0 END), 0)
+  FROM {JOBS} WHERE state IN ('pending', 'failed', 'leased')"""
+DUE_COUNTS = _DUE_COUNTS
+DUE_COUNTS_QUEUE = _DUE_COUNTS + " AND queue = :queue"
+
 # ----------------------------------------------------------------- pages
 
 
+def page_jobs(filters: PageFilters) -> str:
+    """A keyset page, filtered by state, kind and/or queue (values are bound), in
+    ``filters.order``: by id, or newest first (``updated_at`` then id, descending)."""
+    return _page_statement(
+        filters.order,
+        filters.state is not None,
+        filters.kind is not None,
+        filters.queue is not None,
+    )
+
+
 @lru_cache(maxsize=16)
-def page_jobs(by_state: bool, by_kind: bool, by_queue: bool = False) -> str:
-    """A keyset page by id, filtered by state, kind and/or queue (values are bound)."""
-    where = ["id > :after"]
+def _page_statement(order_by: str, by_state: bool, by_kind: bool, by_queue: bool) -> str:
+    # one statement per shape (the values are bound, never part of the text)
+    if order_by == "newest":
+        where = ["(updated_at < :after_at OR (updated_at = :after_at AND id < :after))"]
+        order = "updated_at DESC, id DESC"
+    else:
+        where = ["id > :after"]
+        order = "id"
     if by_state:
         where.append(f"{EFFECTIVE_STATE} = :state")
     if by_kind:
@@ -573,7 +623,11 @@ def page_jobs(by_state: bool, by_kind: bool, by_queue: bool = False) -> str:
     if by_queue:
         where.append("queue = :queue")
     return f"""SELECT {READ_COLUMNS} FROM {JOBS} WHERE {" AND ".join(where)}
-  ORDER BY id LIMIT :limit"""
+  ORDER BY {order} LIMIT :limit"""
+
+
+# where a newest-first page given an ``after`` id starts: that job's updated_at
+PAGE_POSITION = f"SELECT updated_at FROM {JOBS} WHERE id = :after"
 
 
 # ----------------------------------------------------------------- checkpoints

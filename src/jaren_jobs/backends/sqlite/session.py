@@ -23,7 +23,7 @@ from jaren_jobs.backend import (
     SettleAnswer,
     StoreBackend,
 )
-from jaren_jobs.core.commands import ClaimRequest, PreparedJob
+from jaren_jobs.core.commands import ClaimRequest, PageFilters, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
 from jaren_jobs.core.settle import SettleBatch
 from jaren_jobs.errors import DuplicateJob, key_held
@@ -160,6 +160,18 @@ class SqliteSession:
 
         return self._scope.read_consistent(work, what)
 
+    def count_due(self, now: int, what: str, queue: str | None = None) -> tuple[int, ...]:
+        params: dict[str, object] = {"now": now}
+        if queue is not None:
+            params["queue"] = queue
+        statement = sql.DUE_COUNTS if queue is None else sql.DUE_COUNTS_QUEUE
+
+        def work() -> tuple[int, ...]:
+            row = self._db.one(statement, params, doing=what)
+            return (0,) * 5 if row is None else tuple(int(n) for n in row)
+
+        return self._scope.read(work, what)
+
     def claim(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
         if self._nothing_claimable(request.idle_key, what):
             return []
@@ -251,41 +263,36 @@ class SqliteSession:
         return self._scope.write(work, what, signal)
 
     def sweep(
-        self, horizon_ms: int, limit: int | None, what: str, signal: SignalLike | None
+        self,
+        horizon_ms: int,
+        limit: int | None,
+        what: str,
+        signal: SignalLike | None,
+        states: tuple[str, ...] = (),
     ) -> int:
-        params = {"horizon": horizon_ms, "limit": -1 if limit is None else limit}
+        params: dict[str, object] = {"horizon": horizon_ms, "limit": -1 if limit is None else limit}
+        params.update({f"s{i}": state for i, state in enumerate(states)})
+        checkpoints, errors, jobs = sql.sweep_only(len(states))
 
         def work() -> int:
             # marked leases that ran out are cancelled, aged from their expiry
             self._db.run(sql.MATERIALISE_ALL, {"now": self._runtime.now_ms()}, doing=what)
-            self._db.run(sql.SWEEP_CHECKPOINTS, params, doing=what)
-            self._db.run(sql.SWEEP_ERRORS, params, doing=what)
-            return self._db.changes(sql.SWEEP_JOBS, params, doing=what)
+            self._db.run(checkpoints, params, doing=what)
+            self._db.run(errors, params, doing=what)
+            return self._db.changes(jobs, params, doing=what)
 
         return self._scope.write(work, what, signal)
 
     def page(
-        self,
-        *,
-        state: object,
-        kind: object,
-        after: object,
-        limit: object,
-        signal: SignalLike | None,
-        deadline: datetime | None,
-        queue: object = None,
+        self, filters: PageFilters, *, signal: SignalLike | None, deadline: datetime | None
     ) -> Cursor[Job]:
         return page_jobs(
             self._db,
             self._scope,
             self._runtime,
-            state=state,
-            kind=kind,
-            after=after,
-            limit=limit,
+            filters,
             signal=signal,
             deadline=deadline,
-            queue=queue,
         )
 
     # ------------------------------------------------------------ inserts
