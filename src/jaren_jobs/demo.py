@@ -8,6 +8,8 @@ from its checkpoints instead of starting over.
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import tempfile
 import threading
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .dag import Task, TaskContext, create_dag_job_runner
-from .records import NewJob, Outcome
+from .records import STATES, NewJob, Outcome
 from .store import open_store
 
 __all__ = ["run_demo"]
@@ -44,11 +46,12 @@ REPORT = {
 }
 
 
-def run_demo(*, db: str | None, jobs: int, out: TextIO) -> int:
+def run_demo(*, db: str | None, jobs: int, out: TextIO, as_json: bool = False) -> int:
     """Run the demo; returns an exit status (1 if it did not finish in time).
 
     ``db`` names a database to keep (the caller has checked that it holds no
     jobs); without it the demo runs on a temporary file removed at the end.
+    ``as_json`` prints one JSON object at the end instead of the running report.
     """
     # the demo fails attempts and dead-letters jobs on purpose and reports
     # them itself; without this, Python's last-resort handler would print
@@ -58,23 +61,34 @@ def run_demo(*, db: str | None, jobs: int, out: TextIO) -> int:
     library = logging.getLogger("jaren_jobs")
     library.addHandler(quiet)
     try:
-        return _run_demo(db, jobs, out)
+        if not as_json:
+            return _run_demo(db, jobs, out)
+        report: dict[str, Any] = {}
+        status = _run_demo(db, jobs, io.StringIO(), report)
+        out.write(json.dumps(report, sort_keys=True) + "\n")
+        return status
     finally:
         library.removeHandler(quiet)
 
 
-def _run_demo(db: str | None, jobs: int, out: TextIO) -> int:
+def _run_demo(
+    db: str | None, jobs: int, out: TextIO, report: dict[str, Any] | None = None
+) -> int:
     if db:
         # a path is bytes: one that is not UTF-8 is shown escaped, never a traceback
         shown = db.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         out.write(f"demo database: {shown} (kept)\n")
-        return _run_on(Path(db), jobs, out)
+        if report is not None:
+            report["database"] = shown
+        return _run_on(Path(db), jobs, out, report)
     with tempfile.TemporaryDirectory(prefix="jaren-demo-", ignore_cleanup_errors=True) as folder:
         out.write("demo database: a temporary file, removed at exit (--db PATH keeps one)\n")
-        return _run_on(Path(folder) / "demo.db", jobs, out)
+        if report is not None:
+            report["database"] = None
+        return _run_on(Path(folder) / "demo.db", jobs, out, report)
 
 
-def _run_on(path: Path, jobs: int, out: TextIO) -> int:
+def _run_on(path: Path, jobs: int, out: TextIO, report: dict[str, Any] | None) -> int:
     tty = out.isatty()
     runs: Counter[str] = Counter()
     runs_lock = threading.Lock()
@@ -171,17 +185,33 @@ def _run_on(path: Path, jobs: int, out: TextIO) -> int:
             runner.stop()
         if tty:
             out.write("\n")
+        counts = store.jobs.counts()
+        if report is not None:
+            # what the text says, as JSON (``jaren-jobs demo --json``)
+            report.update(
+                finished=finished,
+                jobs=total_jobs,
+                counts={state: getattr(counts, state) for state in STATES},
+                failed_attempts=outcomes["failed"],
+                completed_attempts=outcomes["completed"],
+            )
         if not finished:
             out.write(f"the demo did not finish within {FINISH_WITHIN_SECONDS:.0f} s\n")
             return 1
 
-        counts = store.jobs.counts()
         out.write("\nstate      jobs\n")
         for state in ("pending", "leased", "done", "failed", "dead", "cancelled"):
             out.write(f"{state:<10} {getattr(counts, state)}\n")
-        report = store.jobs.get("report-1")
+        dag = store.jobs.get("report-1")
         with store.jobs.page(state="dead", limit=1) as cursor:
             dead = next(iter(cursor), None)
+        if report is not None:
+            report["dead_letter_example"] = None if dead is None else dead.to_dict()
+            report["dag"] = {
+                "attempts": None if dag is None else dag.attempts,
+                "result": None if dag is None else dag.result,
+                "runs": dict(runs),
+            }
         out.write(
             f"\nretries: {outcomes['failed']} attempts failed and were retried with backoff "
             "or dead-lettered\n"
@@ -191,10 +221,10 @@ def _run_on(path: Path, jobs: int, out: TextIO) -> int:
                 f"dead letters: {counts.dead} jobs used all {dead.max_attempts} attempts; "
                 f"e.g. {dead.id}: {dead.last_error}\n"
             )
-        if report is not None:
+        if dag is not None:
             out.write(
                 f"DAG resume: 'report' failed in 'summarize' on attempt 1 and resumed on "
-                f"attempt {report.attempts}: gather ran {runs['gather']}x, total ran "
-                f"{runs['total']}x, summarize ran {runs['summarize']}x -> {report.result!r}\n"
+                f"attempt {dag.attempts}: gather ran {runs['gather']}x, total ran "
+                f"{runs['total']}x, summarize ran {runs['summarize']}x -> {dag.result!r}\n"
             )
     return 0

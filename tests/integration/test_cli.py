@@ -1192,6 +1192,27 @@ def test_demo_with_db_keeps_the_database_and_refuses_to_reuse_it(tmp_path: Path)
     assert all_jobs(path) == before
 
 
+def test_demo_json_prints_one_object_with_what_the_report_says(tmp_path: Path) -> None:
+    path = tmp_path / "kept.db"
+    out = ok(run_cli("demo", "--jobs", "40", "--db", path, "--json"))
+    assert len(out.splitlines()) == 1  # the object alone: no progress lines
+    report = json.loads(out)
+    assert report["finished"] is True
+    assert report["jobs"] == 41
+    with open_store(path, readonly=True) as store:
+        assert report["counts"] == {s: getattr(store.jobs.counts(), s) for s in STATES}
+    assert report["counts"]["done"] + report["counts"]["dead"] == 41
+    assert report["failed_attempts"] > report["counts"]["dead"] > 0
+    assert report["dead_letter_example"]["state"] == "dead"
+    assert report["dead_letter_example"]["attempts"] == 3
+    assert report["dag"] == {
+        "attempts": 2,
+        "result": "3 numbers, total 12",
+        "runs": {"gather": 1, "total": 1, "summarize": 2},
+    }
+    assert report["database"] == str(path)
+
+
 def test_demo_will_not_write_into_a_database_that_is_not_its_own(
     plain_sqlite: Path, tmp_path: Path
 ) -> None:

@@ -297,4 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=300,
         help=f"how many jobs (300; at most {MAX_DEMO_JOBS})",
     )
+    demo.add_argument(
+        "--json", action="store_true", help="one JSON object at the end, not the running report"
+    )
     return parser

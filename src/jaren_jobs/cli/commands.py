@@ -190,7 +190,7 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     # only an explicit --db: $JAREN_JOBS_DB may name a real queue
     if args.db is not None:
         _check_demo_target(args.db)
-    return run_demo(db=args.db, jobs=args.jobs, out=out)
+    return run_demo(db=args.db, jobs=args.jobs, out=out, as_json=args.json)
 
 
 COMMANDS: dict[str, tuple[Callable[[Store, argparse.Namespace, TextIO], int], bool]] = {
