@@ -71,9 +71,7 @@ def run_demo(*, db: str | None, jobs: int, out: TextIO, as_json: bool = False) -
         library.removeHandler(quiet)
 
 
-def _run_demo(
-    db: str | None, jobs: int, out: TextIO, report: dict[str, Any] | None = None
-) -> int:
+def _run_demo(db: str | None, jobs: int, out: TextIO, report: dict[str, Any] | None = None) -> int:
     if db:
         # a path is bytes: one that is not UTF-8 is shown escaped, never a traceback
         shown = db.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
