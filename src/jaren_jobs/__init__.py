@@ -22,6 +22,7 @@ from .cursor import Barrier, Cursor, drain_page
 from .dag import CompiledDag, Task, TaskContext, compile_document, create_dag_job_runner
 from .engine import JobEngine
 from .errors import (
+    CancelRequested,
     CursorAborted,
     DeadlinePassed,
     DocumentError,
@@ -76,6 +77,7 @@ __all__ = [
     "AsyncTransaction",
     "AsyncWorker",
     "Barrier",
+    "CancelRequested",
     "CancelScope",
     "CheckpointStore",
     "ClaimedJob",

@@ -15,8 +15,8 @@ from .backend import JobsSession, Missed
 from .core import fence
 from .core.commands import check_id, require_lease
 from .core.fence import FenceRow, moved_or_refused
-from .errors import JobSettled, LeaseRequired
-from .hub import CancelRequested, EngineHub
+from .errors import CancelRequested, JobSettled, LeaseRequired
+from .hub import EngineHub
 from .records import Lease
 from .runtime import ResolvedRuntime
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled

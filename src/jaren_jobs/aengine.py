@@ -365,7 +365,7 @@ class AsyncJobEngine:
         stops a running job: a job no live attempt holds (queued, or leased
         with a lease that ran out) is cancelled at once; a live-leased one is
         *marked* and the call answers ``True``: the attempt holding it sees
-        ``ctx.signal`` abort (:class:`~jaren_jobs.hub.CancelRequested`) — at
+        ``ctx.signal`` abort (:class:`~jaren_jobs.CancelRequested`) — at
         once in this process, by its next renewal in another (sooner through
         PostgreSQL's NOTIFY) — and its worker settles it ``cancelled``. An
         attempt that completes first stands (``done``); a failure or snooze

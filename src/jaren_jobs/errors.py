@@ -21,6 +21,7 @@ boundary in its backend (``backends/sqlite/errors.py``) and never escape raw.
     ├── ItemTooLarge         JD2074  one item alone exceeds a page's max_bytes
     ├── DeadlinePassed       JD2075  a cursor's or call's deadline passed
     ├── OperationCancelled   JD2081  handed an aborted signal or a passed deadline
+    │   └── CancelRequested  JD2081  a running job's signal: cancel(id, force=True) asked it to stop
     ├── DuplicateJob         JD2090  enqueue with an id that exists
     ├── StoreClosed          JD2091  the store was closed
     ├── UnknownJob           JD2092  an unknown id where a job must exist (a LookupError)
@@ -34,6 +35,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 __all__ = [
+    "CancelRequested",
     "CursorAborted",
     "DeadlinePassed",
     "DocumentError",
@@ -169,6 +171,15 @@ class OperationCancelled(JobsError):
     """The call was handed an already-aborted signal or a passed deadline."""
 
     code = "JD2081"
+
+
+class CancelRequested(OperationCancelled):
+    """``ctx.signal.reason`` when ``cancel(id, force=True)`` asked the running attempt to stop.
+
+    The job is not settled yet: the attempt winds up, and its worker settles
+    it ``cancelled`` through its own lease — unless the handler completes
+    first, which stands (``done``).
+    """
 
 
 class DuplicateJob(JobsError):

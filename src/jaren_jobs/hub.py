@@ -11,20 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .errors import OperationCancelled
+from .errors import CancelRequested
 from .records import StopOutcome
 from .runtime import Defaults, ResolvedRuntime
 
 __all__ = ["CancelRequested", "EngineHub", "Stoppable"]
-
-
-class CancelRequested(OperationCancelled):
-    """``ctx.signal.reason`` when ``cancel(id, force=True)`` asked the running attempt to stop.
-
-    The job is not settled yet: the attempt winds up, and its worker settles
-    it ``cancelled`` through its own lease — unless the handler completes
-    first, which stands (``done``).
-    """
 
 
 class Stoppable(Protocol):

@@ -19,6 +19,7 @@ import pytest
 from jaren_jobs import (
     AsyncJobContext,
     AsyncStore,
+    CancelRequested,
     ClaimedJob,
     JobContext,
     JobSettled,
@@ -28,7 +29,6 @@ from jaren_jobs import (
     Store,
     testing,
 )
-from jaren_jobs.hub import CancelRequested
 from tests.conftest import FakeClock
 from tests.harness import Harness
 

@@ -12,12 +12,12 @@ from jaren_jobs.checkpoints import CheckpointStore
 from jaren_jobs.core.fence import FenceRow
 from jaren_jobs.engine import JobEngine, runtime_of, session_of, settled_wake_of
 from jaren_jobs.errors import (
+    CancelRequested,
     LeaseLost,
     StorageError,
     StoreClosed,
     describe_error,
 )
-from jaren_jobs.hub import CancelRequested
 from jaren_jobs.records import (
     ClaimedJob,
     CorruptJson,
@@ -65,7 +65,7 @@ class JobContext:
       always using the attempt's *current* lease;
     * ``signal``: aborted when the worker stops, when the job is cancelled
       through ``cancel(id, lease=...)`` or stopped by ``cancel(id,
-      force=True)`` (reason :class:`~jaren_jobs.hub.CancelRequested`: raise
+      force=True)`` (reason :class:`~jaren_jobs.CancelRequested`: raise
       and the job ends cancelled; return and it is done), or when the lease
       is lost — wind up promptly when it fires (``ctx.signal.wait(t)``
       blocks until it does).

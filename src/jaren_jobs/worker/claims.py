@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from jaren_jobs.core.settle import SettleBatch
 from jaren_jobs.errors import (
+    CancelRequested,
     JobsError,
     StoreClosed,
 )
-from jaren_jobs.hub import CancelRequested
 from jaren_jobs.records import (
     ClaimedJob,
 )

@@ -13,10 +13,10 @@ from jaren_jobs.core.fence import renewal_refusal
 from jaren_jobs.core.policy import lease_ms
 from jaren_jobs.engine import runtime_of, session_of
 from jaren_jobs.errors import (
+    CancelRequested,
     JobsError,
     StoreClosed,
 )
-from jaren_jobs.hub import CancelRequested
 
 from .attempt import _Attempt
 
