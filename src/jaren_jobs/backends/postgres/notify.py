@@ -29,8 +29,9 @@ __all__ = ["Listener"]
 
 _log = logging.getLogger("jaren_jobs.postgres")
 
-# how long one wait for notifications lasts: the bound on noticing a stop
-_WAIT_SECONDS = 1.0
+# how long one wait for notifications lasts: the bound on noticing a stop (so a store
+# with a worker closes within it; each wait costs one poll of an idle socket)
+_WAIT_SECONDS = 0.2
 # the pause between reconnection attempts while the server is away
 _RETRY_SECONDS = 0.5
 
