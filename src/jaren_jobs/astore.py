@@ -20,6 +20,7 @@ from contextlib import AbstractAsyncContextManager, suppress
 from datetime import datetime
 from typing import Any, Generic, TypeVar, cast
 
+from .abackend import AsyncJobsSession
 from .acheckpoints import AsyncCheckpoints
 from .aengine import AsyncJobEngine, runtime_of, session_of, settled_wake_of
 from .aengine import wait_plan as native_wait_plan
@@ -131,8 +132,11 @@ class AsyncJobs:
         *,
         guard: Callable[[], None] | None = None,
         enqueues: GroupCommit | None = None,
+        worker_session: AsyncJobsSession | None = None,
     ) -> None:
         self._jobs = jobs
+        # async-native: the root session a worker's renewals are awaited through
+        self._worker_session = worker_session
         self._runner = runner  # where its calls run: the store's threads, or a lane
         self._root = root  # where a worker's own calls run (never a transaction's lane)
         # async-native (PostgreSQL): the awaited engine its calls go to, and what refuses
@@ -460,7 +464,7 @@ class AsyncJobs:
         # test, and the thread worker underneath checks them
         given = locals()
         options = {name: value for name, value in given.items() if name not in _NOT_OPTIONS}
-        return AsyncWorker(self._jobs, self._root, handlers, options)
+        return AsyncWorker(self._jobs, self._root, handlers, options, self._worker_session)
 
 
 _NOT_OPTIONS = frozenset({"self", "handlers"})
@@ -496,7 +500,7 @@ class AsyncStore:
         self._native_stacks: dict[object, list[AsyncTransactionState]] = {}
         # what a native transaction level checks is open (AsyncTransactionState)
         self._backend = self._native if self._native is not None else store._backend
-        engine = None
+        engine = session = None
         if self._native is not None:
             session = self._native.root_session(self._hub.runtime, self._hub.idle_claims)
             engine = AsyncJobEngine(session, self._hub)
@@ -506,12 +510,20 @@ class AsyncStore:
             self._root,
             engine,
             enqueues=None if engine is not None else GroupCommit(store.jobs, store.transaction),
+            worker_session=session,
         )
 
     def _native_tx_jobs(self, state: AsyncTransactionState, guard: Callable[[], None]) -> AsyncJobs:
         # page() and create_worker() of tx.jobs still go through the sync root
         # (see docs/asyncio.md): the worker works at the root anyway
-        return AsyncJobs(self._store.jobs, self.jobs._runner, self._root, state.jobs, guard=guard)
+        return AsyncJobs(
+            self._store.jobs,
+            self.jobs._runner,
+            self._root,
+            state.jobs,
+            guard=guard,
+            worker_session=self.jobs._worker_session,
+        )
 
     @property
     def store(self) -> Store:

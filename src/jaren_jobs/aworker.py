@@ -33,8 +33,9 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .arenewals import LoopRenewals, renew_on_loop, renew_on_thread
 from .arunner import AsyncCheckpointStore, CallerThread, LoopPoster, ThreadRunner
 from .records import ClaimedJob, Lease, Outcome, StopOutcome, WorkerStats
 from .signals import Signal
@@ -42,6 +43,9 @@ from .store import Jobs
 from .worker import JobContext, Worker, WorkerStopped, is_async
 from .worker.attempt import _Attempt, _Ran
 from .worker.pacing import _Batch, averaged
+
+if TYPE_CHECKING:
+    from .abackend import AsyncJobsSession
 
 __all__ = ["AsyncJobContext", "AsyncWorker", "HandlerCancelled"]
 
@@ -469,7 +473,11 @@ class _QueueRun:
             except BaseException as exc:
                 # only a handler's KeyboardInterrupt/SystemExit gets here
                 ran.pop()
-                worker._end(attempt, worker._abandon(attempt, exc))
+                if attempt.lease_lock.locked():  # held by a renewal: see _post
+                    abandon = functools.partial(worker._abandon, attempt, exc)
+                    worker._end(attempt, await self._thread.submit(abandon))
+                else:
+                    worker._end(attempt, worker._abandon(attempt, exc))
                 self._interrupt = exc
                 raise _Interrupted from exc
             finally:
@@ -497,7 +505,12 @@ class _QueueRun:
 
     async def _post(self, ran: _Ran) -> None:
         worker = self._aworker._worker
-        entry = worker._prepare(*ran)
+        if ran[0].lease_lock.locked():
+            # a renewal (a task on this loop, when async-native) holds it across its
+            # write: the settlement waits for the fresh lease off the loop
+            entry = await self._thread.submit(functools.partial(worker._prepare, *ran))
+        else:
+            entry = worker._prepare(*ran)
         full = worker._enter_posted(entry)
         if full is None:
             # a handler that outlived stop(): its settlement is refused, by name
@@ -516,6 +529,7 @@ class AsyncWorker:
         runner: ThreadRunner,
         handlers: Mapping[str, Callable[..., Any]],
         options: Mapping[str, Any],
+        session: AsyncJobsSession | None = None,
     ) -> None:
         if not isinstance(handlers, Mapping):
             raise TypeError(
@@ -541,6 +555,16 @@ class AsyncWorker:
         self._worker._on_grace_end = self._cancel_running
         # a started worker's loops hand their queues of async jobs to the loop
         self._worker._run_queue = self._run_queue  # type: ignore[method-assign]
+        # renewals are a task on the loop (awaited through ``session`` when the store is
+        # async-native), not a thread
+        worker = self._worker
+        self._native = session is not None
+        renew = (
+            renew_on_thread(worker, runner) if session is None else renew_on_loop(worker, session)
+        )
+        worker._renewals = LoopRenewals(
+            worker, self._loop, self._poster.post, renew, worker._renew_every / 4
+        )
 
     # ------------------------------------------------------------ what §7 reads
 

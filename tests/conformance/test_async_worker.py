@@ -254,6 +254,51 @@ def test_a_lease_lost_at_renewal_cancels_the_handlers_task(
     assert (outcomes[0].outcome, outcomes[0].code, outcomes[0].attempt) == ("lost", "JD2067", 1)
 
 
+def test_renewals_are_a_task_on_the_loop_not_a_thread(astore: AsyncStore, store: Store) -> None:
+    renewed_on: list[str] = []
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        loop, twice, ended = asyncio.get_running_loop(), asyncio.Event(), asyncio.Event()
+
+        def on_renewal(lease: Any) -> None:
+            renewed_on.append(threading.current_thread().name)
+            if len(renewed_on) == 2:
+                loop.call_soon_threadsafe(twice.set)
+
+        async def holds(payload: Any, ctx: AsyncJobContext) -> Any:
+            first = ctx.lease
+            await asyncio.wait_for(twice.wait(), WAIT)  # renewed while it awaits
+            seen["threads"] = [thread.name for thread in threading.enumerate()]
+            seen["leases"] = (first, ctx.lease)
+            return "held"
+
+        await astore.jobs.enqueue("k", id="long")
+        worker = astore.jobs.create_worker(
+            {"k": holds},
+            lease_seconds=0.3,
+            poll_seconds=0.05,
+            on_renewal=on_renewal,
+            on_outcome=lambda _: loop.call_soon_threadsafe(ended.set),
+        )
+        seen["name"], seen["loop"] = worker.name, threading.current_thread().name
+        async with worker:
+            await asyncio.wait_for(ended.wait(), WAIT)
+        seen["renewals"] = worker.stats().renewals
+
+    run(main())
+    assert f"{seen['name']}-renewals" not in seen["threads"]  # no renewal thread was started
+    first, last = seen["leases"]
+    assert (last.attempt, last.generation) == (first.attempt, first.generation)
+    assert last != first  # the handler's ctx.lease follows the renewals
+    assert seen["renewals"] >= 2
+    # the renewal ran on the loop (async-native) or on the store's own thread (SQLite)
+    assert all(name == seen["loop"] or name.startswith("jaren_jobs-async") for name in renewed_on)
+    job = store.jobs.get("long")
+    assert job is not None
+    assert (job.state, job.result, job.attempts) == ("done", "held", 1)
+
+
 def test_one_queue_runs_async_and_plain_jobs_each_where_it_belongs(
     astore: AsyncStore, store: Store
 ) -> None:

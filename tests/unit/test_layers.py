@@ -27,6 +27,7 @@ LAYERS: list[set[str]] = [
     {"worker"},
     {"store"},
     {"arunner"},
+    {"arenewals"},
     {"aworker"},
     {"atx"},
     {"astore", "dag", "contrib", "dashboard", "demo", "cli", "testing"},

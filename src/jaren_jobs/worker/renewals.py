@@ -6,9 +6,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from jaren_jobs.backend import Missed
+from jaren_jobs.backend import Missed, Renewal
 from jaren_jobs.core.fence import renewal_refusal
 from jaren_jobs.core.policy import lease_ms
 from jaren_jobs.engine import runtime_of, session_of
@@ -17,6 +17,7 @@ from jaren_jobs.errors import (
     JobsError,
     StoreClosed,
 )
+from jaren_jobs.records import Lease
 
 from .attempt import _Attempt
 
@@ -26,6 +27,20 @@ if TYPE_CHECKING:
 _log = logging.getLogger("jaren_jobs.worker")
 
 _RENEW = "renew()"  # what a renewal's refusals and errors name, as engine.renew()'s do
+
+
+class RenewalScheduler(Protocol):
+    """What a worker asks of its renewal scheduler: this module's thread, or an
+    AsyncWorker's task on its loop (jaren_jobs.arenewals)."""
+
+    @property
+    def thread(self) -> threading.Thread | None: ...
+
+    def start(self) -> None: ...
+
+    def wake(self) -> None: ...
+
+    def stop(self, timeout_seconds: float) -> bool: ...
 
 
 class _Renewals:
@@ -105,6 +120,11 @@ class _Renewals:
 def _renewals_due(self: Worker, now: float) -> list[_Attempt]:
     if self._batches:
         self._take_back_stalled(now)
+    return due_attempts(self, now)
+
+
+def due_attempts(self: Worker, now: float) -> list[_Attempt]:
+    """The running attempts whose renewal has fallen due by ``now``."""
     with self._lock:
         return [
             attempt
@@ -115,9 +135,9 @@ def _renewals_due(self: Worker, now: float) -> list[_Attempt]:
 
 def _renew_attempt(self: Worker, attempt: _Attempt) -> None:
     with attempt.lease_lock:
-        if attempt.ended or attempt.lost is not None:
+        lease = renewable(attempt)
+        if lease is None:
             return
-        lease = attempt.lease
         try:
             # the session's answer, not engine.renew()'s raise: a refusal
             # keeps the fence row it met, which decides the outcome later
@@ -126,36 +146,66 @@ def _renew_attempt(self: Worker, attempt: _Attempt) -> None:
         except StoreClosed:
             return  # stopping (or closed): no more renewals
         except JobsError as exc:
-            # a busy database, a gate timeout: the current lease stays in
-            # force and the next tick tries again
-            _log.warning(
-                "jaren_jobs: worker %r: renewing the lease on job %r failed; retrying: %s",
-                self.owner,
-                attempt.job_id,
-                exc,
-            )
-            attempt.renew_at = time.monotonic() + self._renew_every
+            renewal_failed(self, attempt, exc)
             return
-        if isinstance(answer, Missed):
-            # only the fence's refusals prove the attempt no longer holds
-            # the job: abort its signal; it may never settle
-            now = runtime_of(self._control).now_ms()
-            refused = renewal_refusal(answer.row, lease, now, _RENEW)
-            attempt.lost, attempt.lost_row = refused, answer.row
-            attempt.scope.abort(refused)
-            _log.warning(
-                "jaren_jobs: worker %r lost the lease on job %r: %s",
-                self.owner,
-                attempt.job_id,
-                refused,
-            )
-            return
-        fresh = answer.lease
-        attempt.lease = fresh
-        attempt.renew_at = time.monotonic() + self._renew_every
-        with self._lock:
-            attempt.lease_seq = next(self._lease_seqs)
-            self._counts["renewals"] += 1
+        fresh = renewal_answered(self, attempt, lease, answer)
+    if fresh is not None:
+        renewed(self, attempt, fresh)
+
+
+# The steps of one renewal, shared by the renewal thread above and an AsyncWorker's
+# renewal task (jaren_jobs.arenewals): each runs under the attempt's lease_lock but
+# the last, and the renewal's write between them.
+
+
+def renewable(attempt: _Attempt) -> Lease | None:
+    """The lease to renew (the caller holds ``attempt.lease_lock``); None if it has ended."""
+    if attempt.ended or attempt.lost is not None:
+        return None
+    return attempt.lease
+
+
+def renewal_failed(self: Worker, attempt: _Attempt, exc: JobsError) -> None:
+    """The renewal met a storage error (a busy database, a gate timeout): the current lease
+    stays in force and the next tick tries again."""
+    _log.warning(
+        "jaren_jobs: worker %r: renewing the lease on job %r failed; retrying: %s",
+        self.owner,
+        attempt.job_id,
+        exc,
+    )
+    attempt.renew_at = time.monotonic() + self._renew_every
+
+
+def renewal_answered(
+    self: Worker, attempt: _Attempt, lease: Lease, answer: Renewal | Missed
+) -> Renewal | None:
+    """The renewal's answer applied to the attempt (under its lease_lock): the renewal, or
+    None if a fence refusal proved the lease lost."""
+    if isinstance(answer, Missed):
+        # only the fence's refusals prove the attempt no longer holds
+        # the job: abort its signal; it may never settle
+        now = runtime_of(self._control).now_ms()
+        refused = renewal_refusal(answer.row, lease, now, _RENEW)
+        attempt.lost, attempt.lost_row = refused, answer.row
+        attempt.scope.abort(refused)
+        _log.warning(
+            "jaren_jobs: worker %r lost the lease on job %r: %s",
+            self.owner,
+            attempt.job_id,
+            refused,
+        )
+        return None
+    attempt.lease = answer.lease
+    attempt.renew_at = time.monotonic() + self._renew_every
+    with self._lock:
+        attempt.lease_seq = next(self._lease_seqs)
+        self._counts["renewals"] += 1
+    return answer
+
+
+def renewed(self: Worker, attempt: _Attempt, answer: Renewal) -> None:
+    """After a renewal (lease_lock released): a forced cancel it read back, the observer."""
     if answer.cancel_requested and not attempt.cancel_requested:
         # cancel(id, force=True) in another process marked the job: the
         # renewal read the mark back, so this attempt winds up now
@@ -167,7 +217,7 @@ def _renew_attempt(self: Worker, attempt: _Attempt) -> None:
                 job_id=attempt.job_id,
             )
         )
-    self._notify("on_renewal", self._on_renewal, fresh)
+    self._notify("on_renewal", self._on_renewal, answer.lease)
 
 
 def _renew_soon(self: Worker, job_id: str) -> None:

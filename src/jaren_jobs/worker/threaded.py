@@ -33,7 +33,7 @@ from jaren_jobs.signals import CancelScope
 from . import attempt, claims, outcomes, renewals, settler, ticks, tracking
 from .attempt import Handler, WorkerStopped, _Attempt, _Held
 from .pacing import _HORIZON_SECONDS, _Batch
-from .renewals import _Renewals
+from .renewals import RenewalScheduler, _Renewals
 from .settler import _Entry
 from .tracking import _TrackedScope
 
@@ -113,7 +113,7 @@ class Worker:
         self._claim_request = claim_request_for(
             self._control, self._kinds, owner=owner, lease_seconds=lease_seconds, queues=queues
         )
-        self._renewals = _Renewals(
+        self._renewals: RenewalScheduler = _Renewals(
             f"{self._name}-renewals",
             self._renew_attempt,
             self._renewals_due,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import jaren_jobs
-from jaren_jobs import AsyncStore, GateRefused, StorageError
+from jaren_jobs import AsyncJobContext, AsyncStore, GateRefused, NewJob, Outcome, StorageError
 from tests.harness import PostgresUrl
 from tests.processes.pg_support import PrivateServer, private_pg, schema_on
 
@@ -262,3 +262,146 @@ def test_a_server_restart_under_async_load_is_storage_errors_then_recovery(
     assert any(isinstance(exc, StorageError) for exc in refused)
     for exc in refused:
         assert isinstance(exc, GateRefused) or isinstance(exc.__cause__, psycopg.Error), exc
+
+
+def test_an_async_worker_rides_out_a_server_restart(private_pg: PrivateServer) -> None:
+    """Renewals (a task on the loop, on the async pool), claims and settlements meet a
+    server that went away: storage errors are retried or end the attempt, a lease that ran
+    out is re-claimed, and every job ends done, completed at most once."""
+    outcomes: list[Outcome] = []
+    with schema_on(private_pg.url()) as schema:
+        url = schema.url
+        jaren_jobs.open_store(url).close()  # the tables
+        ids = [f"long-{n}" for n in range(2)] + [f"q-{n:03}" for n in range(100)]
+
+        async def main() -> tuple[int, list[Any]]:
+            loop = asyncio.get_running_loop()
+            some_done, back, renewed = asyncio.Event(), asyncio.Event(), asyncio.Event()
+            async with jaren_jobs.open_async_store(url) as store:
+
+                def observe(outcome: Outcome) -> None:
+                    outcomes.append(outcome)
+                    if sum(o.outcome == "completed" for o in outcomes) == 20:
+                        loop.call_soon_threadsafe(some_done.set)
+
+                async def quick(payload: Any, ctx: AsyncJobContext) -> Any:
+                    await asyncio.sleep(0)
+                    return payload
+
+                async def long(payload: Any, ctx: AsyncJobContext) -> Any:
+                    await back.wait()  # held across the outage: its renewals meet it
+                    return payload
+
+                async def settled(job_id: str) -> Any:
+                    # the first calls after the restart may meet a connection the server
+                    # dropped (a StorageError; the pool reconnects): the caller retries
+                    while True:
+                        try:
+                            job = await store.jobs.wait(job_id, timeout_seconds=WAIT * 3)
+                        except (StorageError, GateRefused):
+                            continue
+                        return job
+
+                await store.jobs.enqueue_many(
+                    [NewJob("long", n, id=f"long-{n}") for n in range(2)]
+                    + [NewJob("quick", n, id=f"q-{n:03}") for n in range(100)]
+                )
+                worker = store.jobs.create_worker(
+                    {"quick": quick, "long": long},
+                    concurrency=4,
+                    lease_seconds=1.5,
+                    poll_seconds=0.1,
+                    on_outcome=observe,
+                    on_renewal=lambda _: loop.call_soon_threadsafe(renewed.set),
+                )
+                async with worker:
+                    await asyncio.wait_for(some_done.wait(), WAIT)
+                    await asyncio.wait_for(renewed.wait(), WAIT)  # renewed before the outage
+                    await asyncio.to_thread(private_pg.stop, "immediate")
+                    await asyncio.to_thread(private_pg.start)
+                    back.set()
+                    jobs = [await settled(job_id) for job_id in ids]
+                return worker.stats().renewals, jobs
+
+        renewals, jobs = run(main)
+    assert [(job.id, job.state) for job in jobs] == [(job_id, "done") for job_id in ids]
+    completed = [o.job_id for o in outcomes if o.outcome == "completed"]
+    assert len(completed) == len(set(completed))  # never completed twice
+    # an attempt whose settlement could not be written while the server was away ends
+    # failed (the job is retried) or lost (its lease ran out): never a second completion
+    assert {o.outcome for o in outcomes} <= {"completed", "failed", "lost"}
+    assert renewals >= 1
+
+
+def test_a_settlement_waits_off_the_loop_for_the_renewal_in_flight(pg: PostgresUrl) -> None:
+    """The renewal task holds the attempt's lease across its awaited write. A handler that
+    returns meanwhile settles with the fresh lease once the renewal lands, and the loop
+    never blocks waiting for it (the renewal it would wait for runs on this very loop)."""
+    outcomes: list[Outcome] = []
+
+    async def blocked_renewals() -> int:
+        with psycopg.connect(pg.server_url, autocommit=True) as admin:
+            row = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE %s",
+                ["%lease_token = %"],
+            ).fetchone()
+        return int(row[0])
+
+    async def main() -> tuple[Any, int]:
+        loop = asyncio.get_running_loop()
+        started, go, returning, ended = (asyncio.Event() for _ in range(4))
+        async with jaren_jobs.open_async_store(pg.url) as store:
+
+            async def held(payload: Any, ctx: AsyncJobContext) -> Any:
+                started.set()
+                await go.wait()
+                returning.set()
+                return "fresh"
+
+            def observe(outcome: Outcome) -> None:
+                outcomes.append(outcome)
+                loop.call_soon_threadsafe(ended.set)
+
+            await store.jobs.enqueue("k", id="r")
+            worker = store.jobs.create_worker(
+                {"k": held}, lease_seconds=1.5, poll_seconds=0.05, on_outcome=observe
+            )
+            async with worker:
+                await asyncio.wait_for(started.wait(), WAIT)
+                with psycopg.connect(pg.url) as blocker:
+                    # the job's row locked: the next renewal waits on the server
+                    blocker.execute('SELECT 1 FROM "_jaren_jobs" WHERE id = %s FOR UPDATE', ["r"])
+                    deadline = time.monotonic() + WAIT
+                    while await blocked_renewals() == 0:
+                        assert time.monotonic() < deadline, "no renewal came"
+                        await asyncio.sleep(0.02)  # the server's state, polled
+                    go.set()  # the handler returns while its renewal is in flight
+                    await asyncio.wait_for(returning.wait(), WAIT)
+                    for _ in range(10):  # the run posts the result (this loop still turns)
+                        await asyncio.sleep(0)
+                    assert not ended.is_set()  # the settlement waits for the renewal
+                # the lock is gone: the renewal lands, then the settlement with its lease
+                await asyncio.wait_for(ended.wait(), WAIT)
+            return await store.jobs.get("r"), worker.stats().renewals
+
+    answer: list[Any] = []
+
+    def loop_thread() -> None:
+        try:
+            answer.append(run(main))
+        except BaseException as exc:  # re-raised below, in the test's thread
+            answer.append(exc)
+
+    # the loop on a thread of its own: a loop blocked on the lease fails the test, not hangs it
+    thread = threading.Thread(target=loop_thread, daemon=True)
+    thread.start()
+    thread.join(WAIT * 3)
+    assert not thread.is_alive(), "the event loop blocked waiting for its own renewal"
+    if isinstance(answer[0], BaseException):
+        raise answer[0]
+    job, renewals = answer[0]
+    assert [(o.outcome, o.attempt) for o in outcomes] == [("completed", 1)]
+    assert job is not None
+    assert (job.state, job.result, job.attempts) == ("done", "fresh", 1)
+    assert renewals >= 1
