@@ -36,7 +36,7 @@ from .core.commands import (
 )
 from .core.policy import backoff_seconds, is_lease_lost, lease_ms
 from .core.settle import SNOOZE, Completion, SettleBatch, Settlement, Snoozing
-from .engine import EngineHub
+from .engine import EngineHub, cancelled_by_mark
 from .errors import DuplicateJob, JobSettled, LeaseLost, UnknownJob
 from .history import error_records, prepare_failure_with, prepare_snoozing
 from .hub import EngineHub
@@ -286,11 +286,14 @@ class AsyncJobEngine:
     async def _settle_one(self, item: Settlement, what: str) -> bool:
         """A lone settlement: a batch of one."""
         answer = await self._session.settle(SettleBatch((item,)), what)
-        settled = self._settled(answer.settled[0], item.lease, what, answer.now)
-        if answer.settled[0] is True:
+        got = answer.settled[0]
+        settled = self._settled(got, item.lease, what, answer.now)
+        if got is True:
             self._session.after_commit(
                 self._hub.wake if isinstance(item, Snoozing) else self._hub.settled
             )
+        elif cancelled_by_mark(got, item.lease):
+            self._session.after_commit(self._hub.settled)
         return settled
 
     async def complete(self, lease: Lease, result: Any = None) -> bool:
@@ -512,9 +515,17 @@ def _woken(engine: AsyncJobEngine, batch: SettleBatch, answer: SettleAnswer) -> 
     written = [
         item for item, got in zip(batch.settlements, answer.settled, strict=True) if got is True
     ]
+    ended = any(
+        (
+            cancelled_by_mark(got, item.lease)
+            for item, got in zip(batch.settlements, answer.settled, strict=True)
+        )
+    )
     if not written:
+        if ended:
+            engine._session.after_commit(engine._hub.settled)
         return
-    if any(not isinstance(item, Snoozing) for item in written):
+    if ended or any(not isinstance(item, Snoozing) for item in written):
         engine._session.after_commit(engine._hub.settled)
     if any(isinstance(item, Snoozing) and item.delay_ms <= 0 for item in written):
         engine._session.after_commit(engine._hub.wake)

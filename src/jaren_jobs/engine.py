@@ -296,11 +296,14 @@ class JobEngine:
     def _settle_one(self, item: Settlement, what: str) -> bool:
         """A lone settlement: a batch of one."""
         answer = self._session.settle(SettleBatch((item,)), what)
-        settled = self._settled(answer.settled[0], item.lease, what, answer.now)
-        if answer.settled[0] is True:
+        got = answer.settled[0]
+        settled = self._settled(got, item.lease, what, answer.now)
+        if got is True:
             self._session.after_commit(
                 self._hub.wake if isinstance(item, Snoozing) else self._hub.settled
             )
+        elif cancelled_by_mark(got, item.lease):
+            self._session.after_commit(self._hub.settled)
         return settled
 
     def complete(self, lease: Lease, result: Any = None) -> bool:
@@ -629,12 +632,29 @@ def _woken(engine: JobEngine, batch: SettleBatch, answer: SettleAnswer) -> None:
     written = [
         item for item, got in zip(batch.settlements, answer.settled, strict=True) if got is True
     ]
+    ended = any(
+        cancelled_by_mark(got, item.lease)
+        for item, got in zip(batch.settlements, answer.settled, strict=True)
+    )
     if not written:
+        if ended:
+            engine._session.after_commit(engine._hub.settled)
         return
-    if any(not isinstance(item, Snoozing) for item in written):
+    if ended or any(not isinstance(item, Snoozing) for item in written):
         engine._session.after_commit(engine._hub.settled)
     if any(isinstance(item, Snoozing) and item.delay_ms <= 0 for item in written):
         engine._session.after_commit(engine._hub.wake)  # claimable again now
+
+
+def cancelled_by_mark(answer: bool | Missed, lease: Lease) -> bool:
+    """Whether a settlement's answer is the ``cancelled`` row it wrote (a failure or snooze
+    of a job ``cancel(id, force=True)`` marked): a write that ended the job all the same."""
+    return (
+        isinstance(answer, Missed)
+        and answer.row is not None
+        and answer.row.state == "cancelled"
+        and fence.settled_by(answer.row, lease)
+    )
 
 
 def wait_plan(engine: JobEngine, id: object, timeout_seconds: object, signal: object) -> WaitPlan:

@@ -26,6 +26,7 @@ from jaren_jobs import (
     LeaseExpired,
     OperationCancelled,
     Outcome,
+    Snooze,
     Store,
     testing,
 )
@@ -293,6 +294,43 @@ def test_a_worker_of_another_store_learns_of_the_mark_at_its_renewal(
         assert worker.stop().drained is True
     assert event.outcome == "cancelled"
     assert isinstance(reasons[0], CancelRequested)
+
+
+@pytest.mark.parametrize("ending", ["raises", "snoozes"])
+def test_a_handler_ending_before_its_worker_hears_of_the_mark_is_cancelled(
+    backend: Harness, runtime: Any, ending: str
+) -> None:
+    # marked from another store, and the handler fails (or snoozes) before the renewal
+    # (30 s away) could tell its worker: the store writes ``cancelled`` and the outcome
+    # says so, from the row the write answered (not "failed, will be retried")
+    outcomes = Outcomes()
+    started, go = threading.Event(), threading.Event()
+    with backend.open(runtime=runtime) as store, backend.open(runtime=runtime) as elsewhere:
+
+        def ends(payload: Any, ctx: JobContext) -> Any:
+            started.set()
+            assert go.wait(WAIT)
+            if ending == "snoozes":
+                raise Snooze(60)
+            raise RuntimeError("gave up on its own")
+
+        worker = store.jobs.create_worker(
+            {"k": ends}, on_outcome=outcomes, poll_seconds=0.05, lease_seconds=30
+        )
+        job = store.jobs.enqueue("k")
+        worker.start()
+        assert started.wait(WAIT)
+        assert elsewhere.jobs.cancel(job.id, force=True) is True
+        go.set()
+        [event] = outcomes.wait_for(1)
+        assert worker.stop().drained is True
+        assert state_of(store, job.id) == "cancelled"
+        errors = store.jobs.errors(job.id)
+    assert (event.outcome, event.attempt) == ("cancelled", 1)
+    assert worker.stats().cancellations == 1
+    assert worker.stats().failures == 0
+    if ending == "raises":  # the failure is in the job's error history all the same
+        assert [(e.attempt, "gave up on its own" in e.error) for e in errors] == [(1, True)]
 
 
 def test_an_async_handlers_task_is_cancelled_by_a_forced_cancel(

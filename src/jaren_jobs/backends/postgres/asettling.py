@@ -9,6 +9,7 @@ settle-batch statements, each awaited on an ``AsyncConnection``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from jaren_jobs.backend import Missed
@@ -24,6 +25,22 @@ from .aconnection import AsyncPgDatabase
 from .settling import _holds, fence_row_of, pg_text
 
 __all__ = ["AsyncPgSettling"]
+_MARKED_AT = 8
+
+
+def ended_cancelled(before: FenceRow | None, error: str | None) -> Missed:
+    """A failure or snooze that a forced-cancel mark made ``cancelled``, answered as the row
+    it wrote (as a repeat by the same attempt is): its caller learns how the job ended."""
+    assert before is not None
+    after = replace(
+        before,
+        state="cancelled",
+        token=None,
+        lease_until=None,
+        settled_generation=before.generation,
+        last_error=error if error is not None else before.last_error,
+    )
+    return Missed(after)
 
 
 class AsyncPgSettling:
@@ -59,6 +76,19 @@ class AsyncPgSettling:
         assert row is not None
         if row[0]:
             return True
+        return Missed(fence_row_of(row[1:]))
+
+    async def _fenced_unless_marked(
+        self, statement: str, params: dict[str, Any], what: str, error: str | None = None
+    ) -> bool | Missed:
+        """A fenced failure or snooze: ``True``; the row it wrote when a mark made the job
+        ``cancelled`` (see :func:`ended_cancelled`); or the fence row it met."""
+        row = await self._db.one(statement, params, doing=what)
+        assert row is not None
+        if row[0]:
+            if row[_MARKED_AT] is None:
+                return True
+            return ended_cancelled(fence_row_of(row[1:]), error)
         return Missed(fence_row_of(row[1:]))
 
     async def complete_within(
@@ -100,7 +130,7 @@ class AsyncPgSettling:
             "now": now,
             "run_at": now + item.delay_ms,
         }
-        return await self._fenced(sql.SNOOZE, params, lease, what)
+        return await self._fenced_unless_marked(sql.SNOOZE, params, what)
 
     async def fail_within(
         self, failure: Failure, now: int, what: str, *, notify: bool = False
@@ -136,7 +166,9 @@ class AsyncPgSettling:
         answer = await self._db.one(statement, params, doing=what)
         assert answer is not None
         if answer[0]:
-            return True
+            if answer[_MARKED_AT] is None:
+                return True
+            return ended_cancelled(fence_row_of(answer[1:]), error)
         fence = fence_row_of(answer[1:])
         if not _holds(fence, current.token, now):
             return Missed(fence)

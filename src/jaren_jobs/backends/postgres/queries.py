@@ -200,7 +200,13 @@ def _fence_on(alias: str, token: str = "%(token)s") -> str:
 # runs after the lock, guarded on the locked row and on the row it updates.
 # The answer: ``(written, <returning>..., fence columns...)``, the fence
 # columns all NULL when there is no such job.
-_CUR = f"cur AS (SELECT {FENCE_COLUMNS} FROM {JOBS} WHERE id = %(id)s FOR UPDATE)"
+# the row as the fenced write meets it (locked), and last whether cancel(id, force=True)
+# marked it: a failure or snooze of a marked job writes ``cancelled`` (fence_row_of reads
+# the fence columns only)
+_CUR = (
+    f"cur AS (SELECT {FENCE_COLUMNS}, cancel_requested_at AS marked_at FROM {JOBS} "
+    "WHERE id = %(id)s FOR UPDATE)"
+)
 _ANSWER = "FROM (SELECT 1) AS one LEFT JOIN cur ON true"
 # the same one-row start that also sends the settlement NOTIFY (SPEC §12's
 # wait() in other processes): folded into a statement the settlement runs

@@ -11,6 +11,7 @@ runs them inside its writes, and group commit inside its own.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from jaren_jobs.backend import Missed
@@ -32,6 +33,26 @@ def fence_row_of(values: Sequence[Any]) -> FenceRow | None:
     if values[0] is None:
         return None
     return FenceRow.from_row(tuple(values[:6]), None if values[6] is None else str(values[6]))
+
+
+# where a fenced write's answer says the row was marked by cancel(id, force=True): after
+# the written flag and the fence row's seven columns
+_MARKED_AT = 8
+
+
+def ended_cancelled(before: FenceRow | None, error: str | None) -> Missed:
+    """A failure or snooze that a forced-cancel mark made ``cancelled``, answered as the row
+    it wrote (as a repeat by the same attempt is): its caller learns how the job ended."""
+    assert before is not None
+    after = replace(
+        before,
+        state="cancelled",
+        token=None,
+        lease_until=None,
+        settled_generation=before.generation,
+        last_error=error if error is not None else before.last_error,
+    )
+    return Missed(after)
 
 
 def _holds(fence: FenceRow | None, token: str, now: int) -> bool:
@@ -82,6 +103,19 @@ class PgSettling:
             return True
         return Missed(fence_row_of(row[1:]))
 
+    def _fenced_unless_marked(
+        self, statement: str, params: dict[str, Any], what: str, error: str | None = None
+    ) -> bool | Missed:
+        """A fenced failure or snooze: ``True``; the row it wrote when a mark made the job
+        ``cancelled`` (see :func:`ended_cancelled`); or the fence row it met."""
+        row = self._db.one(statement, params, doing=what)
+        assert row is not None
+        if row[0]:
+            if row[_MARKED_AT] is None:
+                return True
+            return ended_cancelled(fence_row_of(row[1:]), error)
+        return Missed(fence_row_of(row[1:]))
+
     def complete_within(
         self, lease: Lease, result: str, now: int, what: str, *, notify: bool = False
     ) -> bool | Missed:
@@ -121,7 +155,7 @@ class PgSettling:
             "now": now,
             "run_at": now + item.delay_ms,
         }
-        return self._fenced(sql.SNOOZE, params, lease, what)
+        return self._fenced_unless_marked(sql.SNOOZE, params, what)
 
     def fail_within(
         self, failure: Failure, now: int, what: str, *, notify: bool = False
@@ -157,7 +191,9 @@ class PgSettling:
         answer = self._db.one(statement, params, doing=what)
         assert answer is not None
         if answer[0]:
-            return True
+            if answer[_MARKED_AT] is None:
+                return True
+            return ended_cancelled(fence_row_of(answer[1:]), error)
         fence = fence_row_of(answer[1:])
         if not _holds(fence, current.token, now):
             return Missed(fence)

@@ -465,7 +465,11 @@ SETTLE_SNOOZE = f"""UPDATE {JOBS} SET state = {_PENDING_UNLESS_MARKED}, run_at =
     settled_generation = lease_generation, updated_at = :now
   WHERE id = :id AND {FENCE}"""
 
-READ_ATTEMPTS = f"SELECT attempts, max_attempts FROM {JOBS} WHERE id = :id AND {FENCE}"
+# the held row's counts, and whether cancel(id, force=True) marked it (its failure then
+# writes ``cancelled``)
+READ_ATTEMPTS = (
+    f"SELECT attempts, max_attempts, cancel_requested_at FROM {JOBS} WHERE id = :id AND {FENCE}"
+)
 
 SETTLE_RETRY = f"""UPDATE {JOBS} SET state = {_FAILED_UNLESS_MARKED}, last_error = :error,
     run_at = :run_at, lease_until = NULL, lease_token = NULL, settled_generation = lease_generation,

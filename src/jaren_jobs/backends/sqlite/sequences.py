@@ -206,6 +206,10 @@ class Sequences:
         entry = {"id": current.job_id, "attempt": attempts, "now": now}
         entry |= {"error": failure.message, "traceback": failure.traceback}
         self._db.run(sql.INSERT_ERROR, entry, doing=what)
+        if row[2] is not None:
+            # marked by cancel(id, force=True): the failure wrote ``cancelled``; answered
+            # as the row it wrote (as a repeat is), so the caller learns how the job ended
+            return Missed(self.fence_row_within(current.job_id, what))
         return True
 
     def snooze_within(self, item: Snoozing, now: int, what: str) -> bool | Missed:
@@ -214,7 +218,9 @@ class Sequences:
         run_at = now + item.delay_ms
         params = {"id": lease.job_id, "token": lease.token, "now": now, "run_at": run_at}
         if self._db.changes(sql.SETTLE_SNOOZE, params, doing=what):
-            return True
+            row = self.fence_row_within(lease.job_id, what)
+            # a snooze of a job cancel(id, force=True) marked wrote ``cancelled``: that row
+            return True if row is None or row.state != "cancelled" else Missed(row)
         return Missed(self.fence_row_within(lease.job_id, what))
 
     def _one_within(self, item: Settlement, now: int, what: str) -> bool | Missed:
