@@ -30,6 +30,7 @@ LAYERS: list[set[str]] = [
     {"arenewals"},
     {"aworker"},
     {"atx"},
+    {"ajobs"},
     {"astore", "dag", "contrib", "dashboard", "demo", "cli", "testing"},
     {"__init__", "__main__"},
 ]
