@@ -32,6 +32,7 @@ from jaren_jobs.rows import inserted_job, job_from_row, lease_from_row, stored_t
 from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike
 
+from . import listing
 from . import queries as sql
 from .connection import Database
 from .pages import page_jobs
@@ -122,9 +123,9 @@ class SqliteSession:
 
     def job_errors(self, job_id: str, what: str) -> list[ErrorRow] | None:
         def work() -> list[ErrorRow] | None:
-            if self._db.one(sql.JOB_EXISTS, (job_id,), doing=what) is None:
+            if self._db.one(listing.JOB_EXISTS, (job_id,), doing=what) is None:
                 return None
-            rows = self._db.all(sql.READ_ERRORS, (job_id,), doing=what)
+            rows = self._db.all(listing.READ_ERRORS, (job_id,), doing=what)
             codec = self._db.text_codec
             return [
                 (int(a), int(t), stored_text(e, codec) or "", stored_text(tb, codec))
@@ -138,13 +139,13 @@ class SqliteSession:
             return self._count_queue(queue, what)
 
         def work() -> Counts:
-            by_state = dict(self._db.all(sql.COUNT_BY_STATE, doing=what))
-            leased = self._db.one(sql.COUNT_LEASED, {"now": self._runtime.now_ms()}, doing=what)
+            by_state = dict(self._db.all(listing.COUNT_BY_STATE, doing=what))
+            leased = self._db.one(listing.COUNT_LEASED, {"now": self._runtime.now_ms()}, doing=what)
             held, gone = (0, 0) if leased is None else (int(leased[0]), int(leased[1] or 0))
             # a marked lease that ran out is cancelled (see sql.MARKED_EXPIRED)
             by_state["leased"] = held - gone
             by_state["cancelled"] = int(by_state.get("cancelled", 0)) + gone
-            kinds = dict(self._db.all(sql.COUNT_PENDING_KINDS, doing=what))
+            kinds = dict(self._db.all(listing.COUNT_PENDING_KINDS, doing=what))
             known = {s: int(by_state.get(s, 0)) for s in STATES}
             return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds.items()})
 
@@ -153,8 +154,10 @@ class SqliteSession:
     def _count_queue(self, queue: str, what: str) -> Counts:
         def work() -> Counts:
             params = {"queue": queue, "now": self._runtime.now_ms()}
-            by_state = dict(self._db.all(sql.COUNT_QUEUE_BY_STATE, params, doing=what))
-            kinds = dict(self._db.all(sql.COUNT_QUEUE_PENDING_KINDS, {"queue": queue}, doing=what))
+            by_state = dict(self._db.all(listing.COUNT_QUEUE_BY_STATE, params, doing=what))
+            kinds = dict(
+                self._db.all(listing.COUNT_QUEUE_PENDING_KINDS, {"queue": queue}, doing=what)
+            )
             known = {s: int(by_state.get(s, 0)) for s in STATES}
             return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds.items()})
 
@@ -164,7 +167,7 @@ class SqliteSession:
         params: dict[str, object] = {"now": now}
         if queue is not None:
             params["queue"] = queue
-        statement = sql.DUE_COUNTS if queue is None else sql.DUE_COUNTS_QUEUE
+        statement = listing.DUE_COUNTS if queue is None else listing.DUE_COUNTS_QUEUE
 
         def work() -> tuple[int, ...]:
             row = self._db.one(statement, params, doing=what)
@@ -272,7 +275,7 @@ class SqliteSession:
     ) -> int:
         params: dict[str, object] = {"horizon": horizon_ms, "limit": -1 if limit is None else limit}
         params.update({f"s{i}": state for i, state in enumerate(states)})
-        checkpoints, errors, jobs = sql.sweep_only(len(states))
+        checkpoints, errors, jobs = listing.sweep_only(len(states))
 
         def work() -> int:
             # marked leases that ran out are cancelled, aged from their expiry
