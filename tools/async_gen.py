@@ -697,10 +697,13 @@ def store_backend(self) -> Any:
                 "__all__",
             }
         ),
-        names={"JobEngine": "AsyncJobEngine", "JobsSession": "AsyncJobsSession"},
+        names={
+            "JobEngine": "AsyncJobEngine",
+            "JobAdmin": "AsyncJobAdmin",
+            "JobsSession": "AsyncJobsSession",
+        },
         moved={"AsyncJobsSession": "jaren_jobs.abackend"},
         modules={".admin": ".aadmin"},
-        functions=frozenset({"cancel_job", "requeue_job"}),
         drop=frozenset({"JobEngine.wait", "JobEngine.page", "JobEngine.checkpoints_for"}),
         imports=("from .engine import EngineHub, _moved_or_refused, _utc",),
         docstring=(
@@ -994,11 +997,13 @@ SPECS = (
         source="admin.py",
         target="aadmin.py",
         awaited=_SESSION_AWAITED,
-        names={"JobsSession": "AsyncJobsSession"},
+        names={"JobAdmin": "AsyncJobAdmin", "JobsSession": "AsyncJobsSession"},
         moved={"AsyncJobsSession": "jaren_jobs.abackend"},
         docstring=(
             "The asyncio twin of :mod:`jaren_jobs.admin` for the awaited engine shell:\n"
-            "``cancel`` and ``requeue``, checked and answered, their one session call awaited.\n"
+            ":class:`AsyncJobAdmin`, the base of :class:`~jaren_jobs.aengine.AsyncJobEngine`:\n"
+            "the operator's calls (errors, counts, ``cancel``, ``requeue``, ``sweep``), checked\n"
+            "and answered, their one session call awaited.\n"
         ),
     ),
 )

@@ -18,17 +18,15 @@ from typing import Any
 
 from jaren_jobs.abackend import AsyncJobsSession
 
-from .aadmin import cancel_job, requeue_job
+from .aadmin import AsyncJobAdmin
 from .backend import Missed, SettleAnswer
-from .codec import check_aware, check_text, ms_from_datetime
+from .codec import check_text
 from .core import fence
 from .core.commands import (
     ClaimRequest,
     Failure,
     PreparedJob,
     check_lease_seconds,
-    check_queue,
-    check_sweep_states,
     claim_request,
     prepare_complete,
     prepare_job,
@@ -37,12 +35,11 @@ from .core.commands import (
 from .core.policy import backoff_seconds, is_lease_lost, lease_ms
 from .core.settle import SNOOZE, Completion, SettleBatch, Settlement, Snoozing
 from .engine import EngineHub, cancelled_by_mark
-from .errors import DuplicateJob, JobSettled, LeaseLost, UnknownJob
-from .history import error_records, prepare_failure_with, prepare_snoozing
+from .errors import DuplicateJob, JobSettled, LeaseLost
+from .history import prepare_failure_with, prepare_snoozing
 from .hub import EngineHub
-from .records import ClaimedJob, Counts, DueCounts, Job, JobError, Lease, NewJob
+from .records import ClaimedJob, Job, Lease, NewJob
 from .runtime import ResolvedRuntime, check_positive_int
-from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
 from .waiting import WaitPlan, plan_wait
 
 __all__ = [
@@ -55,11 +52,13 @@ __all__ = [
 ]
 
 
-class AsyncJobEngine:
+class AsyncJobEngine(AsyncJobAdmin):
     """The queue over one store, reached through one session (root or transaction).
 
     Each call checks its arguments (``core.commands``), makes ONE session
-    call, and interprets the answer (``core.fence`` names a refusal).
+    call, and interprets the answer (``core.fence`` names a refusal). The
+    operator's calls (errors, counts, cancel, requeue, sweep) are
+    :class:`~jaren_jobs.admin.JobAdmin`'s.
     """
 
     def __init__(self, session: AsyncJobsSession, hub: EngineHub) -> None:
@@ -172,45 +171,6 @@ class AsyncJobEngine:
             raise TypeError(f"get(): id must be a str, got {type(id).__name__}")
         check_text(id, "get(): id")
         return await self._session.get_job(id, "get()")
-
-    async def errors(self, id: str) -> list[JobError]:
-        """The job's error history (SPEC §13): one entry per failed attempt, oldest first.
-
-        Each :class:`~jaren_jobs.JobError` holds the attempt's number, when it
-        failed, the ``last_error`` text it left and the formatted traceback of
-        the exception that failed it (``None`` for a failure given as text).
-        Kept until the job is swept; an id no job has is
-        :class:`~jaren_jobs.UnknownJob`, as for :meth:`wait`.
-        """
-        what = "errors()"
-        if not isinstance(id, str):
-            raise TypeError(f"{what}: id must be a str, got {type(id).__name__}")
-        check_text(id, f"{what}: id")
-        rows = await self._session.job_errors(id, what)
-        if rows is None:
-            raise UnknownJob(f"{what}: no job has id {id!r} (never enqueued, or swept)", job_id=id)
-        return error_records(rows)
-
-    async def counts(self, *, queue: str | None = None) -> Counts:
-        """Jobs per state, and pending + failed jobs per kind, from one snapshot.
-
-        ``queue``: only that queue's jobs (``None``: every queue).
-        """
-        what = "counts()"
-        if queue is None:
-            return await self._session.count_jobs(what)
-        return await self._session.count_jobs(what, check_queue(queue, f"{what}: queue"))
-
-    async def due_counts(self, *, queue: str | None = None) -> DueCounts:
-        """The queued jobs split at the runtime clock's now: ready (``run_at`` passed) or
-        scheduled later, and how many leases have run out (SPEC §14's ``counts``).
-
-        ``queue``: only that queue's jobs (``None``: every queue). An
-        operator's read: one statement over the queued and leased jobs.
-        """
-        what = "due_counts()"
-        checked = None if queue is None else check_queue(queue, f"{what}: queue")
-        return DueCounts(*await self._session.count_due(self._runtime.now_ms(), what, checked))
 
     async def claim(
         self,
@@ -345,107 +305,6 @@ class AsyncJobEngine:
         """
         return await self._settle_one(prepare_snoozing(lease, delay_seconds), SNOOZE)
 
-    async def cancel(
-        self,
-        id: str,
-        *,
-        lease: Lease | None = None,
-        signal: SignalLike | None = None,
-        deadline: datetime | None = None,
-        force: bool = False,
-    ) -> bool:
-        """Cancel a job.
-
-        Queued (pending/failed): cancelled in one write, no lease needed.
-        Claimed: needs the current lease (:class:`LeaseRequired` otherwise,
-        even when that lease has expired) and is fenced; an in-flight attempt
-        of this process is aborted through its signal. ``True`` when this
-        call cancelled it; ``False`` when it already was cancelled, or the
-        lease's own attempt already settled it. Unknown or settled:
-        :class:`JobSettled`.
-
-        ``force=True`` (SPEC §13; no lease, so not with ``lease=``) also
-        stops a running job: a job no live attempt holds (queued, or leased
-        with a lease that ran out) is cancelled at once; a live-leased one is
-        *marked* and the call answers ``True``: the attempt holding it sees
-        ``ctx.signal`` abort (:class:`~jaren_jobs.CancelRequested`) — at
-        once in this process, by its next renewal in another (sooner through
-        PostgreSQL's NOTIFY) — and its worker settles it ``cancelled``. An
-        attempt that completes first stands (``done``); a failure or snooze
-        of a marked job cancels it (no retry). If the holder never settles,
-        the job is ``cancelled`` when its lease expires, never re-claimed. A
-        second forced cancel while the mark stands answers ``False`` (already
-        asked); done, dead or unknown is :class:`JobSettled`.
-        """
-        return await cancel_job(
-            self._session,
-            self._hub,
-            self._runtime,
-            id,
-            lease=lease,
-            signal=signal,
-            deadline=deadline,
-            force=force,
-        )
-
-    async def requeue(
-        self,
-        id: str,
-        *,
-        signal: SignalLike | None = None,
-        deadline: datetime | None = None,
-        drop_checkpoints: bool = False,
-        reset_attempts: bool = False,
-    ) -> bool:
-        """Return a failed, dead, cancelled or lease-expired job to pending, now.
-
-        Attempt history is kept: the job's ``attempts`` count goes on from
-        where it stood, unless ``reset_attempts=True`` starts it over at 0, so
-        a dead job gets its full ``max_attempts`` again. Either way the lease
-        generation keeps growing, so no lease of an earlier attempt can settle
-        the job again. A live lease is :class:`LeaseRequired` (requeue is not a
-        steal); done or unknown is :class:`JobSettled`; ``False`` when it
-        already is pending (its attempts are then left as they are).
-        ``drop_checkpoints=True`` also deletes the job's checkpoints in the
-        same transaction (a pending job's too), so a DAG run starts over
-        instead of resuming: the way out of a ``RunMismatch``. A refusal
-        deletes nothing.
-        """
-        return await requeue_job(
-            self._session,
-            self._hub,
-            self._runtime,
-            id,
-            signal=signal,
-            deadline=deadline,
-            drop_checkpoints=drop_checkpoints,
-            reset_attempts=reset_attempts,
-        )
-
-    async def sweep(
-        self,
-        *,
-        settled_before: datetime,
-        limit: int | None = None,
-        signal: SignalLike | None = None,
-        deadline: datetime | None = None,
-        states: Iterable[str] | None = None,
-    ) -> int:
-        """Delete settled jobs last changed before the horizon, oldest first, with checkpoints.
-
-        ``states``: only jobs in these settled states (some of ``done``,
-        ``dead``, ``cancelled``; ``None``: all three), e.g. ``["done"]`` to
-        keep the dead letters. One transaction; returns how many jobs were deleted.
-        """
-        what = "sweep()"
-        horizon = ms_from_datetime(check_aware(settled_before, f"{what}: settled_before"))
-        bound = -1 if limit is None else check_positive_int(limit, f"{what}: limit")
-        only = check_sweep_states(states, what)
-        sig = check_signal_arg(signal, what)
-        dl = check_deadline_arg(deadline, what)
-        refuse_if_cancelled(sig, dl, self._runtime.now(), what)
-        return await self._session.sweep(horizon, None if limit is None else bound, what, sig, only)
-
 
 async def enqueue_tick(
     engine: AsyncJobEngine,
@@ -521,10 +380,6 @@ def _woken(engine: AsyncJobEngine, batch: SettleBatch, answer: SettleAnswer) -> 
             for item, got in zip(batch.settlements, answer.settled, strict=True)
         )
     )
-    if not written:
-        if ended:
-            engine._session.after_commit(engine._hub.settled)
-        return
     if ended or any(not isinstance(item, Snoozing) for item in written):
         engine._session.after_commit(engine._hub.settled)
     if any(isinstance(item, Snoozing) and item.delay_ms <= 0 for item in written):
