@@ -41,9 +41,7 @@ def test_due_counts_split_the_queued_jobs_at_the_runtime_clocks_now(
         pending_ready=1, pending_scheduled=2, failed_ready=1, leased_expired=1
     )
     clock.advance(60)
-    assert store.jobs.due_counts() == DueCounts(
-        pending_ready=3, failed_ready=1, leased_expired=1
-    )
+    assert store.jobs.due_counts() == DueCounts(pending_ready=3, failed_ready=1, leased_expired=1)
     # counts() is unchanged: the split is a read of its own
     counts = store.jobs.counts()
     assert (counts.pending, counts.failed, counts.leased) == (3, 1, 1)

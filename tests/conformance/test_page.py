@@ -226,9 +226,7 @@ def test_newest_order_walks_by_updated_at_then_id_descending_and_continues(
     newest = ["j03", "j00", "j01", "j05", "j04", "j02"]
     assert ids(store.jobs.page(order="newest")) == newest
     got = list(store.jobs.page(order="newest"))
-    assert [job.updated_at for job in got] == sorted(
-        (job.updated_at for job in got), reverse=True
-    )
+    assert [job.updated_at for job in got] == sorted((job.updated_at for job in got), reverse=True)
     assert sorted(ids(got)) == made
     # continuation past an id, through ties, with a filter, and page after page
     assert ids(store.jobs.page(order="newest", after="j01")) == newest[3:]
