@@ -12,18 +12,26 @@ thread; the thread worker draining plain no-op handlers). Prints JSON, with
 the load average at the end of the run; ``--jobs N`` sets the size (default
 10,000), ``--repeat N`` runs it N times (a list). Durability FULL, as users
 run it.
+
+``--db`` picks the backend: by default an SQLite file in a temporary folder;
+a ``postgresql://`` URL runs the same workloads on that server, each half in a
+fresh schema (:func:`bench.pg.fresh_schema`, dropped afterwards). The JSON says
+which backend ran (``"backend"``), and so does a line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import jaren_jobs
@@ -147,10 +155,29 @@ def _sync_figures(path: str, jobs: int) -> dict[str, Any]:
     return out
 
 
-def _run(jobs: int) -> dict[str, Any]:
+def _is_postgres(db: str | None) -> bool:
+    return db is not None and db.startswith(("postgresql://", "postgres://"))
+
+
+@contextlib.contextmanager
+def _databases(db: str | None) -> Iterator[tuple[str, str]]:
+    """Two empty databases (the async half's, the sync half's) on the backend ``db`` names."""
+    if _is_postgres(db):
+        from bench.pg import fresh_schema
+
+        assert db is not None
+        with fresh_schema(db, "alag_async") as first, fresh_schema(db, "alag_sync") as second:
+            yield first, second
+        return
     with tempfile.TemporaryDirectory() as folder:
-        figures = asyncio.run(_async_figures(os.path.join(folder, "async.db"), jobs))
-        figures.update(_sync_figures(os.path.join(folder, "sync.db"), jobs))
+        yield os.path.join(folder, "async.db"), os.path.join(folder, "sync.db")
+
+
+def _run(jobs: int, db: str | None) -> dict[str, Any]:
+    with _databases(db) as (async_db, sync_db):
+        figures: dict[str, Any] = {"backend": "postgres" if _is_postgres(db) else "sqlite"}
+        figures.update(asyncio.run(_async_figures(async_db, jobs)))
+        figures.update(_sync_figures(sync_db, jobs))
     sync_enqueue = figures["sync enqueue, one thread"]["jobs_per_s"]
     sync_worker = figures["thread Worker, concurrency 16, no-op jobs"]["jobs_per_s"]
     figures["ratios"] = {
@@ -174,8 +201,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs one after another (the ratios of each)"
     )
+    parser.add_argument(
+        "--db",
+        default=None,
+        help="a postgresql:// URL (each half in a fresh schema); default: SQLite in a temp dir",
+    )
     args = parser.parse_args(argv)
-    runs = [_run(args.jobs) for _ in range(args.repeat)]
+    if args.db is not None and not _is_postgres(args.db):
+        parser.error("--db takes a postgresql:// URL (leave it out for SQLite in a temp dir)")
+    backend = "postgres" if _is_postgres(args.db) else "sqlite (a file in a temp dir)"
+    print(f"bench.asyncio_lag: backend {backend}", file=sys.stderr)
+    runs = [_run(args.jobs, args.db) for _ in range(args.repeat)]
     print(json.dumps(runs[0] if len(runs) == 1 else runs, indent=2))
     return 0
 

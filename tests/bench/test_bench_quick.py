@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,13 +107,14 @@ def test_the_cpu_comparison_runs_and_reports_every_call() -> None:
     assert all(value > 0 for value in figures.values())
 
 
-def test_the_asyncio_bench_reports_loop_lag_and_rates_beside_sync() -> None:
+def _asyncio_bench(*args: str) -> dict[str, Any]:
+    """``python -m bench.asyncio_lag --jobs 200 ARGS``'s figures, checked for their shape."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
     completed = subprocess.run(
-        [sys.executable, "-m", "bench.asyncio_lag", "--jobs", "200"],
+        [sys.executable, "-m", "bench.asyncio_lag", "--jobs", "200", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -121,7 +123,7 @@ def test_the_asyncio_bench_reports_loop_lag_and_rates_beside_sync() -> None:
         check=False,
     )
     assert completed.returncode == 0, completed.stderr
-    figures = json.loads(completed.stdout)
+    figures: dict[str, Any] = json.loads(completed.stdout)
     for name in ("async enqueue, 8 tasks", "AsyncWorker, concurrency 16, no-op async jobs"):
         assert figures[name]["jobs_per_s"] > 0
         assert figures[name]["loop_lag"]["ticks"] > 0
@@ -131,6 +133,19 @@ def test_the_asyncio_bench_reports_loop_lag_and_rates_beside_sync() -> None:
         "async enqueue one task / sync enqueue",
         "AsyncWorker / thread Worker",
     }
+    assert f"backend {figures['backend']}" in completed.stderr
+    return figures
+
+
+def test_the_asyncio_bench_reports_loop_lag_and_rates_beside_sync() -> None:
+    assert _asyncio_bench()["backend"] == "sqlite"
+
+
+def test_the_asyncio_bench_runs_the_same_workloads_on_postgres() -> None:
+    from tests.processes.pg_support import base_url
+
+    url = base_url()  # skips, saying how to start a server, when there is none
+    assert _asyncio_bench("--db", url)["backend"] == "postgres"
 
 
 @pytest.mark.slow

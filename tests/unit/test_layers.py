@@ -28,6 +28,7 @@ LAYERS: list[set[str]] = [
     {"store"},
     {"arunner"},
     {"arenewals"},
+    {"aqueue"},
     {"aworker"},
     {"atx"},
     {"ajobs"},
