@@ -62,7 +62,7 @@ async def _async_figures(path: str, jobs: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with jaren_jobs.open_async_store(path) as store:
         # 2. enqueue at full speed from 8 concurrent "request handlers"
-        stop, lags = asyncio.Event(), []
+        stop, lags = asyncio.Event(), list[float]()
         ticker = asyncio.create_task(_ticker(stop, lags))
         began = time.perf_counter()
 
@@ -104,7 +104,7 @@ async def _async_figures(path: str, jobs: int) -> dict[str, Any]:
         async def noop(payload: Any, ctx: Any) -> None:
             return None
 
-        stop, lags = asyncio.Event(), []
+        stop, lags = asyncio.Event(), list[float]()
         ticker = asyncio.create_task(_ticker(stop, lags))
         worker = store.jobs.create_worker(
             {"noop": noop}, concurrency=16, poll_seconds=0.05, on_outcome=counted
