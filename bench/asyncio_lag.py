@@ -8,7 +8,9 @@ A 1 ms ticker runs on the loop and records how late each tick fires:
 
 Beside them, in the same run: the async enqueue rate and the async worker's
 rate, and the sync API's rates for the same work (one at a time from one
-thread; the thread worker draining plain no-op handlers). Prints JSON, with
+thread; the thread worker draining plain no-op handlers), and the loop's lag
+while that thread worker drains beside it in the same process: the baseline
+for the AsyncWorker's, since a worker's threads share the GIL with the loop. Prints JSON, with
 the load average at the end of the run; ``--jobs N`` sets the size (default
 10,000), ``--repeat N`` runs it N times (a list). Durability FULL, as users
 run it.
@@ -152,7 +154,39 @@ def _sync_figures(path: str, jobs: int) -> dict[str, Any]:
         elapsed = time.perf_counter() - began
         worker.stop()
         out["thread Worker, concurrency 16, no-op jobs"] = {"jobs_per_s": round(jobs / elapsed)}
+        store.jobs.enqueue_many(jaren_jobs.NewJob("noop", {"n": n}) for n in range(jobs))
+        out["thread Worker beside the loop"] = asyncio.run(_thread_worker_lag(store, jobs))
     return out
+
+
+async def _thread_worker_lag(store: jaren_jobs.Store, jobs: int) -> dict[str, Any]:
+    """The baseline for the AsyncWorker's loop lag: the loop's ticker while the *thread*
+    Worker drains in the same process (its threads share the GIL with the loop, and
+    nothing of it runs on the loop)."""
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+    seen = [0]
+    lock = threading.Lock()
+
+    def counted(_: Outcome) -> None:
+        with lock:
+            seen[0] += 1
+            if seen[0] == jobs:
+                loop.call_soon_threadsafe(done.set)
+
+    worker = store.jobs.create_worker(
+        {"noop": lambda payload, ctx: None}, concurrency=16, poll_seconds=0.05, on_outcome=counted
+    )
+    stop, lags = asyncio.Event(), list[float]()
+    ticker = asyncio.create_task(_ticker(stop, lags))
+    began = time.perf_counter()
+    worker.start()
+    await done.wait()
+    elapsed = time.perf_counter() - began
+    stop.set()
+    await ticker
+    await asyncio.to_thread(worker.stop)
+    return {"jobs_per_s": round(jobs / elapsed), "loop_lag": _percentiles(lags)}
 
 
 def _is_postgres(db: str | None) -> bool:

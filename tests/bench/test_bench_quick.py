@@ -124,7 +124,11 @@ def _asyncio_bench(*args: str) -> dict[str, Any]:
     )
     assert completed.returncode == 0, completed.stderr
     figures: dict[str, Any] = json.loads(completed.stdout)
-    for name in ("async enqueue, 8 tasks", "AsyncWorker, concurrency 16, no-op async jobs"):
+    for name in (
+        "async enqueue, 8 tasks",
+        "AsyncWorker, concurrency 16, no-op async jobs",
+        "thread Worker beside the loop",
+    ):
         assert figures[name]["jobs_per_s"] > 0
         assert figures[name]["loop_lag"]["ticks"] > 0
     assert figures["async enqueue, one task"]["jobs_per_s"] > 0
