@@ -10,7 +10,9 @@ Beside them, in the same run: the async enqueue rate and the async worker's
 rate, and the sync API's rates for the same work (one at a time from one
 thread; the thread worker draining plain no-op handlers), and the loop's lag
 while that thread worker drains beside it in the same process: the baseline
-for the AsyncWorker's, since a worker's threads share the GIL with the loop. Prints JSON, with
+for the AsyncWorker's, since a worker's threads share the GIL with the loop;
+and, as the floor under both, the loop's lag beside one thread running pure
+Python. Prints JSON, with
 the load average at the end of the run; ``--jobs N`` sets the size (default
 10,000), ``--repeat N`` runs it N times (a list). Durability FULL, as users
 run it.
@@ -189,6 +191,30 @@ async def _thread_worker_lag(store: jaren_jobs.Store, jobs: int) -> dict[str, An
     return {"jobs_per_s": round(jobs / elapsed), "loop_lag": _percentiles(lags)}
 
 
+async def _busy_thread_lag(seconds: float) -> dict[str, Any]:
+    """The floor under any worker whose threads share the process: the loop's ticker while
+    one thread runs pure Python (CPython hands the GIL to a waiting thread only at the
+    switch interval, 5 ms by default, unless the holder blocks)."""
+    halt = threading.Event()
+
+    def busy() -> None:
+        while not halt.is_set():
+            sum(range(1000))
+
+    stop, lags = asyncio.Event(), list[float]()
+    ticker = asyncio.create_task(_ticker(stop, lags))
+    thread = threading.Thread(target=busy, name="busy-python")
+    thread.start()
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        halt.set()
+        stop.set()
+        await ticker
+        thread.join()
+    return {"seconds": seconds, "loop_lag": _percentiles(lags)}
+
+
 def _is_postgres(db: str | None) -> bool:
     return db is not None and db.startswith(("postgresql://", "postgres://"))
 
@@ -212,6 +238,9 @@ def _run(jobs: int, db: str | None) -> dict[str, Any]:
         figures: dict[str, Any] = {"backend": "postgres" if _is_postgres(db) else "sqlite"}
         figures.update(asyncio.run(_async_figures(async_db, jobs)))
         figures.update(_sync_figures(sync_db, jobs))
+    figures["one busy Python thread beside the loop"] = asyncio.run(
+        _busy_thread_lag(min(2.0, max(0.2, jobs / 5000)))
+    )
     sync_enqueue = figures["sync enqueue, one thread"]["jobs_per_s"]
     sync_worker = figures["thread Worker, concurrency 16, no-op jobs"]["jobs_per_s"]
     figures["ratios"] = {

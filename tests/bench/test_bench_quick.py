@@ -132,6 +132,7 @@ def _asyncio_bench(*args: str) -> dict[str, Any]:
         assert figures[name]["jobs_per_s"] > 0
         assert figures[name]["loop_lag"]["ticks"] > 0
     assert figures["async enqueue, one task"]["jobs_per_s"] > 0
+    assert figures["one busy Python thread beside the loop"]["loop_lag"]["ticks"] > 0
     assert set(figures["ratios"]) == {
         "async enqueue / sync enqueue",
         "async enqueue one task / sync enqueue",
