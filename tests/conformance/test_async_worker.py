@@ -167,6 +167,67 @@ def test_stop_cancels_a_handler_still_running_when_the_grace_period_ends(
     assert again.lease.attempt == 1
 
 
+def test_stop_returns_within_its_bound_past_a_handler_that_ignores_cancellation(
+    astore: AsyncStore, store: Store, clock: FakeClock
+) -> None:
+    outcomes: list[Outcome] = []
+    swallowed: list[bool] = []
+    stop_took: list[float] = []
+
+    async def main() -> None:
+        started, release, ended = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+        async def deaf(payload: Any, ctx: AsyncJobContext) -> Any:
+            started.set()
+            try:
+                while not release.is_set():
+                    try:
+                        await release.wait()
+                    except asyncio.CancelledError:
+                        swallowed.append(True)  # ignored: it goes on waiting
+                return "too late"
+            finally:
+                ended.set()
+
+        await astore.jobs.enqueue("slow", id="deaf")
+        worker = astore.jobs.create_worker(
+            {"slow": deaf},
+            poll_seconds=0.05,
+            lease_seconds=30,
+            renew=False,
+            on_outcome=outcomes.append,
+        )
+        await worker.start()
+        await asyncio.wait_for(started.wait(), WAIT)
+        began = time.monotonic()
+        outcome = await worker.stop(grace_seconds=0.2)
+        stop_took.append(time.monotonic() - began)
+        assert (outcome.drained, outcome.in_flight) == (False, 1)
+        assert not worker.running
+        # still the first attempt's until its lease expires: nobody else may claim it
+        assert await astore.jobs.claim(["slow"], owner="other") is None
+        # the handler ends after stop() returned: barred from settling, it writes nothing
+        release.set()
+        await asyncio.wait_for(ended.wait(), WAIT)
+        for _ in range(20):
+            await asyncio.sleep(0)  # its task's done callbacks run now, if any ran at all
+
+    run(main())
+    assert stop_took[0] < 5.0  # the grace period bounds it, not the handler
+    assert swallowed  # its task was cancelled, and it ignored that
+    late = store.jobs.get("deaf")
+    assert late is not None
+    assert (late.state, late.attempts, late.result) == ("leased", 1, None)
+    assert [o.outcome for o in outcomes if o.outcome == "completed"] == []
+    # once the abandoned lease expires the job is claimed again, and the new attempt settles it
+    clock.advance(31)
+    again = store.jobs.claim(["slow"], owner="other")
+    assert again is not None
+    assert (again.id, again.lease.attempt) == ("deaf", 2)
+    assert store.jobs.complete(again.lease, "second life") is True
+    assert store.jobs.get("deaf").result == "second life"  # type: ignore[union-attr]
+
+
 def test_an_async_generator_handler_is_refused(astore: AsyncStore) -> None:
     async def main() -> None:
         async def not_a_handler(payload: Any, ctx: Any) -> Any:
