@@ -406,10 +406,13 @@ def test_an_async_handler_snoozes_and_is_handed_back_on_stop(
         await asyncio.wait_for(both.wait(), WAIT)
 
     run(main())
-    assert sorted((e.job_id, e.outcome) for e in events) == [
-        ("long", "snoozed"),
-        ("snoozer", "snoozed"),
-    ]
+    attempts = sorted((e.job_id, e.generation, e.outcome) for e in events)
+    assert len({(job_id, generation) for job_id, generation, _ in attempts}) == len(attempts)
+    assert [(j, o) for j, _, o in attempts if j == "snoozer"] == [("snoozer", "snoozed")]
+    # "long" was handed back by the stop. A claim of the other loop that was under way
+    # when stop() began may have taken it again once it was back (SPEC §7: an in-flight
+    # attempt like any other); that attempt is stopped and handed back too
+    assert [o for j, _, o in attempts if j == "long"] in (["snoozed"], ["snoozed", "snoozed"])
     for job_id in ("long", "snoozer"):
         job = store.jobs.get(job_id)
         assert job is not None
