@@ -35,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jaren_jobs
@@ -60,6 +60,31 @@ async def _ticker(stop: asyncio.Event, lags: list[float]) -> None:
         due = time.perf_counter() + period
         await asyncio.sleep(period)
         lags.append(max(0.0, time.perf_counter() - due))
+
+
+def _counting(total: int, done: Callable[[], object]) -> Callable[[Outcome], None]:
+    """An ``on_outcome`` observer that calls ``done()`` at the ``total``-th outcome (from
+    whichever thread reports it)."""
+    seen = [0]
+    lock = threading.Lock()
+
+    def counted(_: Outcome) -> None:
+        with lock:
+            seen[0] += 1
+            if seen[0] == total:
+                done()
+
+    return counted
+
+
+def _thread_worker(store: jaren_jobs.Store, on_outcome: Callable[[Outcome], None]) -> Any:
+    """The thread Worker the sync figures drain with: plain no-op handlers."""
+    return store.jobs.create_worker(
+        {"noop": lambda payload, ctx: None},
+        concurrency=16,
+        poll_seconds=0.05,
+        on_outcome=on_outcome,
+    )
 
 
 async def _async_figures(path: str, jobs: int) -> dict[str, Any]:
@@ -97,13 +122,8 @@ async def _async_figures(path: str, jobs: int) -> dict[str, Any]:
         # 1. an AsyncWorker draining them
         done = asyncio.Event()
         loop = asyncio.get_running_loop()
-        seen = [0]
         total = jobs // shares * shares + alone
-
-        def counted(_: Outcome) -> None:
-            seen[0] += 1
-            if seen[0] == total:
-                loop.call_soon_threadsafe(done.set)
+        counted = _counting(total, lambda: loop.call_soon_threadsafe(done.set))
 
         async def noop(payload: Any, ctx: Any) -> None:
             return None
@@ -135,21 +155,7 @@ def _sync_figures(path: str, jobs: int) -> dict[str, Any]:
         rate = round(jobs / (time.perf_counter() - began))
         out["sync enqueue, one thread"] = {"jobs_per_s": rate}
         done = threading.Event()
-        seen = [0]
-        lock = threading.Lock()
-
-        def counted(_: Outcome) -> None:
-            with lock:
-                seen[0] += 1
-                if seen[0] == jobs:
-                    done.set()
-
-        worker = store.jobs.create_worker(
-            {"noop": lambda payload, ctx: None},
-            concurrency=16,
-            poll_seconds=0.05,
-            on_outcome=counted,
-        )
+        worker = _thread_worker(store, _counting(jobs, done.set))
         began = time.perf_counter()
         worker.start()
         done.wait(600)
@@ -167,18 +173,7 @@ async def _thread_worker_lag(store: jaren_jobs.Store, jobs: int) -> dict[str, An
     nothing of it runs on the loop)."""
     loop = asyncio.get_running_loop()
     done = asyncio.Event()
-    seen = [0]
-    lock = threading.Lock()
-
-    def counted(_: Outcome) -> None:
-        with lock:
-            seen[0] += 1
-            if seen[0] == jobs:
-                loop.call_soon_threadsafe(done.set)
-
-    worker = store.jobs.create_worker(
-        {"noop": lambda payload, ctx: None}, concurrency=16, poll_seconds=0.05, on_outcome=counted
-    )
+    worker = _thread_worker(store, _counting(jobs, lambda: loop.call_soon_threadsafe(done.set)))
     stop, lags = asyncio.Event(), list[float]()
     ticker = asyncio.create_task(_ticker(stop, lags))
     began = time.perf_counter()

@@ -19,8 +19,8 @@ import contextvars
 import functools
 import threading
 import time
-from collections.abc import Coroutine
-from typing import Any, Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, TypeVar
 
 from .arunner import CallerThread, LoopPoster
 from .records import ClaimedJob, Outcome
@@ -29,6 +29,8 @@ from .worker.attempt import _Attempt, _Ran
 from .worker.pacing import _Batch, averaged
 
 __all__: list[str] = []
+
+T = TypeVar("T")
 
 
 class _Cancellable(Protocol):
@@ -300,11 +302,8 @@ class _QueueRun:
             except BaseException as exc:
                 # only a handler's KeyboardInterrupt/SystemExit gets here
                 ran.pop()
-                if attempt.lease_lock.locked():  # held by a renewal: see _post
-                    abandon = functools.partial(worker._abandon, attempt, exc)
-                    worker._end(attempt, await self._thread.submit(abandon))
-                else:
-                    worker._end(attempt, worker._abandon(attempt, exc))
+                abandon = functools.partial(worker._abandon, attempt, exc)
+                worker._end(attempt, await self._unlocked(attempt, abandon))
                 self._interrupt = exc
                 raise _Interrupted from exc
             finally:
@@ -330,14 +329,17 @@ class _QueueRun:
         else:
             worker._post(ran.pop())
 
+    async def _unlocked(self, attempt: _Attempt, step: Callable[[], T]) -> T:
+        """``step()``, which takes ``attempt.lease_lock``: on the loop, unless a renewal
+        holds the lock across its write (a task on this loop, when async-native), in
+        which case it waits for the fresh lease off the loop."""
+        if attempt.lease_lock.locked():
+            return await self._thread.submit(step)
+        return step()
+
     async def _post(self, ran: _Ran) -> None:
         worker = self._aworker._worker
-        if ran[0].lease_lock.locked():
-            # a renewal (a task on this loop, when async-native) holds it across its
-            # write: the settlement waits for the fresh lease off the loop
-            entry = await self._thread.submit(functools.partial(worker._prepare, *ran))
-        else:
-            entry = worker._prepare(*ran)
+        entry = await self._unlocked(ran[0], functools.partial(worker._prepare, *ran))
         full = worker._enter_posted(entry)
         if full is None:
             # a handler that outlived stop(): its settlement is refused, by name
