@@ -149,7 +149,7 @@ def test_the_asyncio_bench_reports_loop_lag_and_rates_beside_sync() -> None:
 def test_the_asyncio_bench_runs_the_same_workloads_on_postgres() -> None:
     from tests.processes.pg_support import base_url
 
-    url = base_url()  # skips, saying how to start a server, when there is none
+    url = base_url()  # skips without a server (fails in CI)
     assert _asyncio_bench("--db", url)["backend"] == "postgres"
 
 
@@ -159,7 +159,7 @@ def test_quick_postgres_run_reports_workloads_one_to_six_beside_raw_psycopg(
 ) -> None:
     from tests.processes.pg_support import base_url
 
-    url = base_url()  # skips, saying how to start a server, when there is none
+    url = base_url()  # skips without a server (fails in CI)
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),

@@ -9,14 +9,14 @@
   for tests that stop the server or change how it listens. The shared server
   is never stopped or reconfigured.
 
-When the variable is unset, every test that needs PostgreSQL skips with a
-message saying how to start a server; in CI it is always set.
+The server is the suite's (:func:`tests.conftest.require_postgres`): the
+one named by the variable, or one started for the session when PostgreSQL is
+installed; without either a test skips, and in CI (``$CI`` set) it fails.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import pwd
 import shutil
@@ -34,31 +34,13 @@ import pytest
 
 URL_VARIABLE = "JAREN_JOBS_TEST_POSTGRES_URL"
 PG_BIN = Path(os.environ.get("JAREN_JOBS_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
-HOW_TO_START = (
-    f"PostgreSQL tests need a server: set {URL_VARIABLE}=postgresql://USER@HOST:PORT/DB "
-    "(e.g. initdb -D /tmp/pg -A trust -U postgres && pg_ctl -D /tmp/pg -o '-p 55432' start, "
-    f"then {URL_VARIABLE}=postgresql://postgres@127.0.0.1:55432/postgres); .ci/run starts one"
-)
-
-
-def backend_missing() -> str | None:
-    """Why ``open_store("postgresql://...")`` cannot work in this tree (None when it can)."""
-    if importlib.util.find_spec("psycopg") is None:
-        return "psycopg is not installed: pip install 'jaren_jobs[postgres]'"
-    if importlib.util.find_spec("jaren_jobs.backends.postgres") is None:
-        # without it a URL would be taken for an SQLite path: skip rather than make files
-        return "this tree has no jaren_jobs.backends.postgres yet (branch pg-core)"
-    return None
 
 
 def base_url() -> str:
-    url = os.environ.get(URL_VARIABLE)
-    if not url:
-        pytest.skip(HOW_TO_START)
-    missing = backend_missing()
-    if missing is not None:
-        pytest.skip(missing)
-    return url
+    """The shared server's URL: skips without one, and fails in CI (as every PostgreSQL test)."""
+    from tests.conftest import require_postgres
+
+    return require_postgres()
 
 
 def with_search_path(url: str, schema: str) -> str:
