@@ -81,8 +81,10 @@ class Schema:
 
 
 @contextlib.contextmanager
-def schema_on(base: str) -> Iterator[Schema]:
+def schema_on(base: str, *, long: bool = False) -> Iterator[Schema]:
     name = f"pgproc_{uuid.uuid4().hex[:12]}"
+    if long:  # a tenant-style name: "jaren_jobs.<schema>" no longer fits a channel's 63 bytes
+        name = f"{name}_tenant_with_a_long_and_descriptive_name"
     with connect(base) as admin:
         admin.execute(f'CREATE SCHEMA "{name}"')
     try:
@@ -103,6 +105,14 @@ def schema_on(base: str) -> Iterator[Schema]:
 @pytest.fixture
 def pg_schema() -> Iterator[Schema]:
     with schema_on(base_url()) as schema:
+        yield schema
+
+
+@pytest.fixture(params=["short", "long"])
+def pg_schema_any_length(request: pytest.FixtureRequest) -> Iterator[Schema]:
+    """A schema whose name fits a channel name, and one that does not (56+ bytes)."""
+    with schema_on(base_url(), long=request.param == "long") as schema:
+        assert (len(schema.name.encode()) >= 56) == (request.param == "long")
         yield schema
 
 

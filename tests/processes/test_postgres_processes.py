@@ -558,6 +558,32 @@ def test_workers_on_other_hosts_drain_one_queue_over_tcp(tmp_path: Path) -> None
     assert all(r["stats"]["completions"] > 0 for r in reports), "one host did all the work"
 
 
+def test_an_enqueue_wakes_an_idle_worker_in_another_process_whatever_the_schema_name(
+    tmp_path: Path, pg_schema_any_length: Schema
+) -> None:
+    # a 30 s poll: only a notification explains a start within a few seconds; the worker
+    # is a spawned process, whose hash() is salted differently from this one's
+    url = pg_schema_any_length.url
+    prepare(url)
+    started = SPAWN.Queue()
+    workers = Workers(tmp_path, url, concurrency=1, lease_seconds=30.0, poll_seconds=30.0)
+    workers.spawn(started)
+    try:
+        workers.wait_ready()
+        with open_store(url) as store:
+            store.jobs.enqueue(KIND, {}, id="warm-up")  # proves the worker idle and listening
+            assert started.get(timeout=40)[0] == "warm-up"
+            wait_until_done(store, 1, 20, "the warm-up")
+            enqueued = time.monotonic()
+            store.jobs.enqueue(KIND, {}, id="woken")
+            job_id, _, at = started.get(timeout=40)
+            assert job_id == "woken"
+            assert at - enqueued < 5.0, f"started {at - enqueued:.2f}s after: no notification"
+    finally:
+        codes = workers.stop_all()
+    assert codes == dict.fromkeys(codes, 0)
+
+
 # ------------------------------------------------------------------ 6. the outbox
 
 

@@ -26,21 +26,10 @@ from jaren_jobs.signals import SignalLike
 from . import queries as sql
 from .aconnection import AsyncPgDatabase
 from .asettling import AsyncPgSettling
+from .channels import cancel_channel, settled_channel
 from .session import _JOB_WIDTH, _UNIQUE_TRIES, _Skipped, _taken, settled_channel
 
-__all__ = ["AsyncPostgresSession", "cancel_channel"]
-
-
-def cancel_channel(channel: str) -> str:
-    """The channel ``cancel(id, force=True)`` of a running job notifies, naming the job.
-
-    Its own channel: only the process holding that job's attempt acts on it
-    (it renews that lease at once), and nothing else wakes for it.
-    """
-    name = f"{channel}.cancel"
-    return name if len(name.encode()) <= 63 else f"{channel[:55]}.cancel"
-
-
+__all__ = ["AsyncPostgresSession", "cancel_channel", "settled_channel"]
 T = TypeVar("T")
 
 

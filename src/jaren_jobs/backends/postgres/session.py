@@ -32,6 +32,7 @@ from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike
 
 from . import queries as sql
+from .channels import cancel_channel, settled_channel
 from .connection import PgDatabase
 from .settling import PgSettling, fence_row_of
 
@@ -39,25 +40,6 @@ if TYPE_CHECKING:
     from jaren_jobs.cursor import Cursor
 
 __all__ = ["PostgresSession", "cancel_channel", "settled_channel"]
-
-
-def settled_channel(channel: str) -> str:
-    """The channel a settlement's NOTIFY goes to (``wait()`` listens), beside the enqueue one.
-
-    Its own channel, so that settlements never wake idle workers to claim.
-    """
-    name = f"{channel}.settled"
-    return name if len(name.encode()) <= 63 else f"{channel[:54]}.settled"
-
-
-def cancel_channel(channel: str) -> str:
-    """The channel ``cancel(id, force=True)`` of a running job notifies, naming the job.
-
-    Its own channel: only the process holding that job's attempt acts on it
-    (it renews that lease at once), and nothing else wakes for it.
-    """
-    name = f"{channel}.cancel"
-    return name if len(name.encode()) <= 63 else f"{channel[:55]}.cancel"
 
 
 T = TypeVar("T")

@@ -21,11 +21,12 @@ from jaren_jobs.errors import GateRefused, StorageError
 from jaren_jobs.gate import Gate
 
 from . import queries as sql
+from .channels import cancel_channel, channel_name, settled_channel
 from .connection import PgDatabase, PgRootScope, PgTxScope
 from .errors import storage_error
 from .notify import Listener
 from .schema import ensure_schema, require_schema
-from .session import PostgresSession, cancel_channel, settled_channel
+from .session import PostgresSession
 
 __all__ = ["PostgresBackend", "PostgresTransaction", "is_postgres_url", "open_postgres"]
 
@@ -38,12 +39,6 @@ _ENDED = (
 def is_postgres_url(target: object) -> bool:
     text = str(target) if not isinstance(target, bytes) else ""
     return text.startswith(("postgresql://", "postgres://"))
-
-
-def channel_name(schema: str) -> str:
-    """The NOTIFY channel of a schema's queue (an identifier of at most 63 bytes)."""
-    name = f"jaren_jobs.{schema}"
-    return name if len(name.encode()) <= 63 else f"jaren_jobs.{abs(hash(schema)) % 10**12}"
 
 
 class PostgresBackend:
