@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import calendar
+import functools
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone, tzinfo
 
@@ -71,6 +72,18 @@ _MINUTE = timedelta(minutes=1)
 _DAY = timedelta(days=1)
 
 
+# keys zoneinfo may load whose meaning is the host's, not a place's
+HOST_DEPENDENT_ZONES = frozenset({"localtime", "posixrules", "Factory"})
+
+
+@functools.lru_cache(maxsize=1)
+def _known_zones() -> frozenset[str]:
+    import zoneinfo  # noqa: PLC0415
+
+    # UTC is always a zone, even on a system without zone files
+    return frozenset(zoneinfo.available_timezones()) | {"UTC"}
+
+
 def load_zone(name: object, what: str = "timezone") -> tzinfo:
     """The IANA zone ``name`` through :mod:`zoneinfo`; ``ValueError`` naming it if unknown."""
     if not isinstance(name, str):
@@ -83,6 +96,14 @@ def load_zone(name: object, what: str = "timezone") -> tzinfo:
     # its platform data, which `import jaren_jobs` (and the CLI worker) need not load
     import zoneinfo  # noqa: PLC0415
 
+    if name in HOST_DEPENDENT_ZONES or name not in _known_zones():
+        # a key whose meaning depends on the host ('localtime' is the host's own zone)
+        # would make hosts in different zones compute different ticks of one schedule
+        raise ValueError(
+            f"{what} {name!r} is not an IANA time zone name: give one such as 'UTC' or "
+            "'Europe/Berlin' (zoneinfo.available_timezones() lists them; host-dependent "
+            "keys such as 'localtime', 'posixrules' and 'Factory' are refused)"
+        )
     try:
         return zoneinfo.ZoneInfo(name)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError) as exc:

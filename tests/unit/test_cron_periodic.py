@@ -135,3 +135,32 @@ def test_importing_the_package_does_not_load_zoneinfo() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    "zone",
+    [
+        "localtime",
+        "posixrules",
+        "Factory",
+        "posix/Europe/Paris",
+        "right/UTC",
+        "../etc/localtime",
+        "/usr/share/zoneinfo/UTC",
+        "Europe/Paris ",
+        "europe/paris",
+        "Europe/../UTC",
+    ],
+)
+def test_a_zone_that_is_not_an_iana_name_is_refused(zone: str) -> None:
+    # a host-dependent key ('localtime' is each host's own zone) would make hosts in
+    # different zones compute different ticks of one schedule (issue 26 item 16)
+    with pytest.raises(ValueError, match="is not an IANA time zone name"):
+        Periodic("p", "k", cron="@daily", timezone=zone)
+
+
+@pytest.mark.parametrize(
+    "zone", ["UTC", "Europe/Paris", "America/Argentina/Buenos_Aires", "Asia/Kolkata", "Etc/GMT+5"]
+)
+def test_iana_names_are_accepted(zone: str) -> None:
+    assert Periodic("p", "k", cron="@daily", timezone=zone).timezone == zone
