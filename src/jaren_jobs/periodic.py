@@ -254,6 +254,8 @@ class Ticker:
         self._now_ms = now_ms
         # epoch ms of each schedule's next due tick; absent until its first check
         self._due: dict[str, int] = {}
+        # the runtime clock's latest reading: every due time above derives from it
+        self._seen_ms: int | None = None
         self._lock = threading.Lock()  # one check at a time (run_once beside the thread)
 
     @property
@@ -277,6 +279,7 @@ class Ticker:
         created: list[Job] = []
         with self._lock:
             now_ms = self._now_ms()
+            self._notice_backward_jump(now_ms)
             now = _from_ms(now_ms)
             for schedule in self._schedules:
                 due = self._due.get(schedule.name)
@@ -289,6 +292,28 @@ class Ticker:
                         created.append(job)
                 self._due[schedule.name] = _epoch_ms(schedule.next_after(now))
         return created
+
+
+    def _notice_backward_jump(self, now_ms: int) -> None:
+        """Forget every due time when the clock moved back (held under ``_lock``).
+
+        Each was derived from a later reading (a clock that jumped ahead, then
+        was corrected): kept, it would hold every schedule back until the
+        clock caught up with it again. Forgotten, the next check is a first
+        check: it enqueues the latest tick at or before now, whose id keeps it
+        from running twice if it was enqueued before.
+        """
+        seen, self._seen_ms = self._seen_ms, now_ms
+        if seen is None or now_ms >= seen:
+            return
+        _log.warning(
+            "jaren_jobs: periodic: the clock moved back %.3fs (from %s to %s); "
+            "recomputing every schedule's next tick from now",
+            (seen - now_ms) / 1000,
+            _from_ms(seen).isoformat(),
+            _from_ms(now_ms).isoformat(),
+        )
+        self._due.clear()
 
 
 def _enqueue_tick(jobs: JobEngine, schedule: Periodic, tick: datetime) -> Job | None:

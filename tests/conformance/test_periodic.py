@@ -284,6 +284,53 @@ def test_async_worker_run_once_enqueues_the_due_tick(
     assert tick_id("aio2", FIRST_MINUTE) in ran
 
 
+def test_a_clock_that_jumps_ahead_and_is_corrected_delays_no_later_tick(
+    store: Store, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # SPEC §12; issue 26 item 6: the ticker kept its next due time from the jump
+    schedule = Periodic("ntp", "ntp", every_seconds=MINUTE)
+    worker = store.jobs.create_worker({"other": noop}, periodic=[schedule])
+    to_minute(clock, FIRST_MINUTE)
+    worker.run_once()
+    # a day's excursion ahead, seen by one check, then corrected back
+    clock.advance(24 * 60 * MINUTE)
+    worker.run_once()
+    to_minute(clock, FIRST_MINUTE + 30)
+    with caplog.at_level("WARNING", logger="jaren_jobs"):
+        worker.run_once()
+    assert any("moved back" in r.getMessage() for r in caplog.records), caplog.text
+    # every minute of the hour after the correction has its tick, each once
+    for minute in range(1, 61):
+        to_minute(clock, FIRST_MINUTE + minute * MINUTE)
+        worker.run_once()
+        worker.run_once()
+    ids = {job.id for job in jobs_of(store, "ntp")}
+    expected = {tick_id("ntp", FIRST_MINUTE + m * MINUTE) for m in range(61)}
+    assert expected <= ids
+    # and nothing else but the one tick the excursion enqueued
+    assert ids - expected == {tick_id("ntp", FIRST_MINUTE + 24 * 60 * MINUTE)}
+    worker.stop()
+
+
+def test_an_async_worker_ticks_on_after_the_clock_is_corrected(
+    astore: AsyncStore, store: Store, clock: FakeClock
+) -> None:
+    async def main() -> None:
+        worker = astore.jobs.create_worker(
+            {"other": noop}, periodic=[Periodic("antp", "antp", every_seconds=MINUTE)]
+        )
+        to_minute(clock, FIRST_MINUTE)
+        await worker.run_once()
+        clock.advance(24 * 60 * MINUTE)
+        await worker.run_once()
+        to_minute(clock, FIRST_MINUTE + MINUTE)
+        await worker.run_once()
+        await worker.stop()
+
+    asyncio.run(asyncio.wait_for(main(), WAIT * 3))
+    assert store.jobs.get(tick_id("antp", FIRST_MINUTE + MINUTE)) is not None
+
+
 # ------------------------------------------------------------ mistakes
 
 
