@@ -41,6 +41,7 @@ from .errors import (
     StorageError,
     StoreClosed,
     TransactionAborted,
+    TransactionEnded,
     UnknownJob,
 )
 from .periodic import Periodic
@@ -125,6 +126,7 @@ __all__ = [
     "TaskContext",
     "Transaction",
     "TransactionAborted",
+    "TransactionEnded",
     "UnknownJob",
     "Worker",
     "WorkerStats",

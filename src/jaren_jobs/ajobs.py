@@ -104,8 +104,12 @@ class AsyncJobs:
         guard: Callable[[], None] | None = None,
         enqueues: GroupCommit | None = None,
         worker_session: AsyncJobsSession | None = None,
+        serial: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]] | None = None,
     ) -> None:
         self._jobs = jobs
+        # a transaction's view: each call runs whole in its level's turn (atx.Turn), so
+        # calls of gathered tasks never interleave on its one connection
+        self._serial = serial
         # async-native: the root session a worker's renewals are awaited through
         self._worker_session = worker_session
         self._runner = runner  # where its calls run: the store's threads, or a lane
@@ -118,6 +122,12 @@ class AsyncJobs:
         self._enqueues = None if engine is not None else enqueues
 
     def _run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
+        serial = self._serial
+        if serial is not None:
+            return cast("Awaitable[T]", serial(lambda: self._dispatch(fn, *args, **kwargs)))
+        return self._dispatch(fn, *args, **kwargs)
+
+    def _dispatch(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
         engine = self._engine
         if engine is not None and getattr(fn, "__self__", None) is self._jobs:
             # the sync engine's call of that name, awaited on the loop instead

@@ -23,7 +23,7 @@ from .aengine import AsyncJobEngine
 from .ajobs import AsyncCursor, AsyncJobs
 from .arunner import GroupCommit, TaskRouted, ThreadRunner
 from .atransaction import AsyncTransactionState
-from .atx import INSIDE, AsyncTransaction, Mark, NativeTransactionBlock, TransactionBlock
+from .atx import INSIDE, AsyncTransaction, Mark, NativeTransactionBlock, TransactionBlock, Turn
 from .errors import GateRefused
 from .records import StopOutcome
 from .runtime import Defaults
@@ -64,7 +64,6 @@ class AsyncStore:
         self._shut = False
         self._hub = store._hub
         self._native = _native_backend(store)
-        self._native_stacks: dict[object, list[AsyncTransactionState]] = {}
         # what a native transaction level checks is open (AsyncTransactionState)
         self._backend = self._native if self._native is not None else store._backend
         engine = session = None
@@ -80,7 +79,9 @@ class AsyncStore:
             worker_session=session,
         )
 
-    def _native_tx_jobs(self, state: AsyncTransactionState, guard: Callable[[], None]) -> AsyncJobs:
+    def _native_tx_jobs(
+        self, state: AsyncTransactionState, guard: Callable[[], None], turn: Turn
+    ) -> AsyncJobs:
         # page() and create_worker() of tx.jobs still go through the sync root
         # (see docs/asyncio.md): the worker works at the root anyway
         return AsyncJobs(
@@ -90,6 +91,7 @@ class AsyncStore:
             state.jobs,
             guard=guard,
             worker_session=self.jobs._worker_session,
+            serial=turn.run,
         )
 
     @property
@@ -145,8 +147,8 @@ class AsyncStore:
             return NativeTransactionBlock(self)
         return TransactionBlock(self)
 
-    def _tx_jobs(self, transaction: Transaction, lane: ThreadRunner) -> AsyncJobs:
-        return AsyncJobs(transaction.jobs, lane, self._root)
+    def _tx_jobs(self, transaction: Transaction, lane: ThreadRunner, turn: Turn) -> AsyncJobs:
+        return AsyncJobs(transaction.jobs, lane, self._root, serial=turn.run)
 
     async def _take_lane(self) -> ThreadRunner:
         # a bounded number of transactions at once, each on its own thread; the rest wait

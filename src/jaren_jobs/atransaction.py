@@ -19,7 +19,7 @@ from jaren_jobs.agate import current_holder
 
 from .backend import AppParams, Rows
 from .engine import EngineHub
-from .errors import StorageError, TransactionAborted
+from .errors import StorageError, TransactionAborted, TransactionEnded
 
 __all__ = ["AsyncTransactionState", "Rows"]
 _USE_ASYNC = "a store's transaction belongs to a thread, and the tasks of a loop share one: run each task's transaction in a thread of its own (asyncio.to_thread)"
@@ -53,8 +53,8 @@ class AsyncTransactionState:
 
     def check_active(self, what: str) -> None:
         if not self._active:
-            raise StorageError(
-                f"{what}: this transaction has already ended; open a new store.transaction()",
+            raise TransactionEnded(
+                f"{what}: this transaction has already ended; nothing was written — open a new store.transaction()",
                 doing=what,
             )
         if current_holder() != self._thread:

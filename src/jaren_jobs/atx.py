@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import itertools
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -25,7 +26,8 @@ from .atransaction import AsyncTransactionState
 from .backend import Rows
 from .backends.fetched import Fetched
 from .engine import EngineHub
-from .errors import JobsError, StorageError
+from .errors import JobsError, StorageError, TransactionEnded
+from .gate import holding_for_context, release_for_context
 from .store import Store, Transaction, current_task
 
 __all__ = [
@@ -35,12 +37,16 @@ __all__ = [
     "NativeOwner",
     "NativeTransactionBlock",
     "TransactionBlock",
+    "Turn",
     "TxOwner",
     "not_this_task",
 ]
 
 T = TypeVar("T")
 JobsT = TypeVar("JobsT")
+# nested blocks' savepoint names, unique per use: ROLLBACK TO names the latest
+# savepoint of its name, so a name shared by siblings undoes the wrong one
+_SAVEPOINTS = itertools.count(1)
 JobsT_co = TypeVar("JobsT_co", covariant=True)
 
 
@@ -54,8 +60,9 @@ class TxOwner(Protocol[JobsT_co]):
 
     def _return_lane(self, lane: ThreadRunner) -> None: ...
 
-    def _tx_jobs(self, transaction: Transaction, lane: ThreadRunner) -> JobsT_co:
-        """The store's ``AsyncJobs`` over ``transaction``, its calls on ``lane``."""
+    def _tx_jobs(self, transaction: Transaction, lane: ThreadRunner, turn: Turn) -> JobsT_co:
+        """The store's ``AsyncJobs`` over ``transaction``, its calls on ``lane``, each
+        whole in ``turn``."""
         ...
 
 
@@ -67,6 +74,137 @@ class _Statements(Protocol):
     async def executemany(self, statement: str, seq_of_parameters: Iterable[Any]) -> Rows: ...
 
     def after_commit(self, callback: Callable[[], None]) -> None: ...
+
+
+class _Hold:
+    """One task's turn at a transaction level, while it lasts (see :class:`Turn`)."""
+
+    __slots__ = ("active", "turn")
+
+    def __init__(self, turn: Turn) -> None:
+        self.turn = turn
+        self.active = True
+
+
+# the turns the calling context holds: copied into the tasks made while one is held,
+# so that a nested block's own tasks reach the levels it holds without waiting on it
+_HOLDS: contextvars.ContextVar[tuple[_Hold, ...]] = contextvars.ContextVar(
+    "jaren_jobs_transaction_turns", default=()
+)
+
+
+class Turn:
+    """One transaction level's turn: its ``tx.jobs`` calls, its SQL and the blocks nested
+    in it run whole, one after another, whichever of the block's tasks makes them.
+
+    Tasks a block makes (``gather``) share its connection: interleaved, one part's
+    savepoint rollback could undo another part's acknowledged write. A call holds
+    the turn while it runs; a nested block holds its parent's turn from entry to
+    exit. A context that holds the turn already (the nested block's own body,
+    and tasks made inside it) goes on without waiting for itself. Once the block
+    has ended, every call is refused (``TransactionEnded``) before it runs.
+    """
+
+    __slots__ = ("_lock", "ended")
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self.ended = False
+
+    def _held_here(self) -> bool:
+        return any(hold.turn is self and hold.active for hold in _HOLDS.get())
+
+    def _check(self, what: str) -> None:
+        if self.ended:
+            raise TransactionEnded(
+                f"{what}: this store.transaction() block has already ended, so nothing was "
+                "written; await the tasks that use its tx inside the block",
+                doing=what,
+            )
+
+    async def run(self, make: Callable[[], Awaitable[T]], what: str = "tx.jobs") -> T:
+        """Await ``make()`` in this turn (at once if this context holds it already)."""
+        self._check(what)
+        if self._held_here():
+            return await make()
+        async with self._lock:
+            self._check(what)
+            hold = _Hold(self)
+            token = _HOLDS.set((*_HOLDS.get(), hold))
+            try:
+                return await make()
+            finally:
+                hold.active = False
+                _HOLDS.reset(token)
+
+    async def take(self, what: str) -> tuple[_Hold, contextvars.Token[tuple[_Hold, ...]]] | None:
+        """Hold the turn until :meth:`give` (a nested block); None if held here already."""
+        self._check(what)
+        if self._held_here():
+            return None
+        await self._lock.acquire()
+        try:
+            self._check(what)
+        except BaseException:
+            self._lock.release()
+            raise
+        hold = _Hold(self)
+        return hold, _HOLDS.set((*_HOLDS.get(), hold))
+
+    def give(self, taken: tuple[_Hold, contextvars.Token[tuple[_Hold, ...]]] | None) -> None:
+        if taken is None:
+            return
+        hold, token = taken
+        hold.active = False
+        with contextlib.suppress(ValueError):  # exited in another context than it entered
+            _HOLDS.reset(token)
+        self._lock.release()
+
+    async def close(self) -> None:
+        """End the level: after the calls in flight, and before its commit or rollback."""
+        if self.ended:
+            return
+        if self._held_here():
+            self.ended = True
+            return
+        async with self._lock:
+            self.ended = True
+
+
+class _Level:
+    """An open transaction level of one store, as the contexts inside it see it."""
+
+    __slots__ = ("mark", "owner", "state", "turn")
+
+    def __init__(self, owner: object, turn: Turn, mark: Mark | None, state: Any) -> None:
+        self.owner = owner
+        self.turn = turn
+        self.mark = mark  # the lane's Mark (sync transactions on a lane)
+        self.state = state  # AsyncTransactionState (async-native)
+
+
+# the levels the calling context is inside, innermost last: a task made inside a block
+# nests its own blocks in the level it was made in, not in a sibling's
+_LEVELS: contextvars.ContextVar[tuple[_Level, ...]] = contextvars.ContextVar(
+    "jaren_jobs_transaction_levels", default=()
+)
+
+
+def _current_level(owner: object) -> _Level | None:
+    for level in reversed(_LEVELS.get()):
+        if level.owner is owner and not level.turn.ended:
+            return level
+    return None
+
+
+def _enter_level(level: _Level) -> contextvars.Token[tuple[_Level, ...]]:
+    return _LEVELS.set((*_LEVELS.get(), level))
+
+
+def _leave_level(token: contextvars.Token[tuple[_Level, ...]] | None) -> None:
+    if token is not None:
+        with contextlib.suppress(ValueError):  # exited in another context than it entered
+            _LEVELS.reset(token)
 
 
 class AsyncTransaction(Generic[JobsT]):
@@ -97,20 +235,27 @@ class AsyncTransaction(Generic[JobsT]):
 
 
 class _OnLane:
-    """A sync transaction's statements, run on its lane."""
+    """A sync transaction's statements, run on its lane, each whole in its level's turn."""
 
-    def __init__(self, transaction: Transaction, lane: ThreadRunner) -> None:
+    def __init__(self, transaction: Transaction, lane: ThreadRunner, turn: Turn) -> None:
         self._transaction = transaction
         self._lane = lane
+        self._turn = turn
 
     async def execute(self, statement: str, parameters: Any) -> Rows:
-        return await self._lane.run(
-            lambda: Fetched.of(self._transaction.execute(statement, parameters))
+        return await self._turn.run(
+            lambda: self._lane.run(
+                lambda: Fetched.of(self._transaction.execute(statement, parameters))
+            ),
+            "tx.execute()",
         )
 
     async def executemany(self, statement: str, seq_of_parameters: Iterable[Any]) -> Rows:
-        return await self._lane.run(
-            lambda: Fetched.of(self._transaction.executemany(statement, seq_of_parameters))
+        return await self._turn.run(
+            lambda: self._lane.run(
+                lambda: Fetched.of(self._transaction.executemany(statement, seq_of_parameters))
+            ),
+            "tx.executemany()",
         )
 
     def after_commit(self, callback: Callable[[], None]) -> None:
@@ -180,7 +325,12 @@ INSIDE: contextvars.ContextVar[tuple[Mark, ...]] = contextvars.ContextVar(
 
 
 class TransactionBlock(Generic[JobsT]):
-    """What ``AsyncStore.transaction()`` returns: ``async with`` it (on one task)."""
+    """What ``AsyncStore.transaction()`` returns: ``async with`` it (on one task).
+
+    Inside a block of the same store (in its task, or a task made inside it) it is
+    a savepoint on the block's lane, holding the enclosing level's turn from
+    entry to exit: gathered tasks' nested blocks run one after another.
+    """
 
     def __init__(self, store: TxOwner[JobsT]) -> None:
         self._store = store
@@ -188,15 +338,23 @@ class TransactionBlock(Generic[JobsT]):
         self._block: AbstractContextManager[Transaction] | None = None
         self._owned_lane = False
         self._token: contextvars.Token[tuple[Mark, ...]] | None = None
+        self._parent: _Level | None = None
+        self._parent_turn: tuple[_Hold, contextvars.Token[tuple[_Hold, ...]]] | None = None
+        self._level: _Level | None = None
+        self._level_token: contextvars.Token[tuple[_Level, ...]] | None = None
+        self._gate_token: contextvars.Token[tuple[object, ...]] | None = None
 
     async def __aenter__(self) -> AsyncTransaction[JobsT]:
         store = self._store
-        task = current_task()
-        held = store._lanes_by_task.get(task)
-        if held is not None:
-            # nested in the same task: a savepoint on the lane that holds the transaction
-            mark = held
+        parent = _current_level(store)
+        if parent is not None:
+            # nested: a savepoint on the lane that holds the transaction, in its turn
+            assert parent.mark is not None
+            self._parent = parent
+            self._parent_turn = await parent.turn.take("store.transaction()")
+            mark = parent.mark
         else:
+            task = current_task()
             mark = Mark(store, await store._take_lane(), task)
             self._owned_lane = True
             store._lanes_by_task[task] = mark
@@ -231,8 +389,13 @@ class TransactionBlock(Generic[JobsT]):
         self._block = block
         if self._owned_lane:
             self._token = INSIDE.set((*INSIDE.get(), mark))
+            # a sync call of this store from this context would wait on the lane's gate
+            self._gate_token = holding_for_context(tx._handle.gate)
+        turn = Turn()
+        self._level = _Level(store, turn, mark, None)
+        self._level_token = _enter_level(self._level)
         owned = _OwnedLane(lane, tx, mark)
-        return AsyncTransaction(_OnLane(tx, owned), tx.depth, store._tx_jobs(tx, owned))
+        return AsyncTransaction(_OnLane(tx, owned, turn), tx.depth, store._tx_jobs(tx, owned, turn))
 
     async def __aexit__(
         self,
@@ -242,14 +405,28 @@ class TransactionBlock(Generic[JobsT]):
     ) -> bool:
         assert self._mark is not None
         assert self._block is not None
+        assert self._level is not None
         block = self._block
         try:
+            # the calls still in flight in this level end first; later ones are refused
+            await _to_end(self._level.turn.close)
             # a cancelled task's rollback (CancelledError is a BaseException) runs to its end
             return bool(await self._mark.lane.run_to_end(lambda: block.__exit__(exc_type, exc, tb)))
         finally:
             self._give_back()
 
     def _give_back(self) -> None:
+        if self._level is not None:
+            self._level.turn.ended = True
+        _leave_level(self._level_token)
+        self._level_token = None
+        if self._gate_token is not None:
+            with contextlib.suppress(ValueError):  # exited in another context
+                release_for_context(self._gate_token)
+            self._gate_token = None
+        if self._parent is not None:
+            self._parent.turn.give(self._parent_turn)
+            self._parent, self._parent_turn = None, None
         if self._owned_lane:
             store = self._store
             mark = self._mark
@@ -273,30 +450,40 @@ class NativeOwner(Protocol[JobsT_co]):
     each open block's stack of levels (by holder, see :func:`jaren_jobs.agate.hold_as`)."""
 
     _native: Any  # backends.postgres.astore.AsyncPostgresBackend (imported lazily above)
-    _native_stacks: dict[object, list[AsyncTransactionState]]
 
     @property
     def _hub(self) -> EngineHub: ...
 
-    def _native_tx_jobs(self, state: AsyncTransactionState, guard: Callable[[], None]) -> JobsT_co:
-        """The store's ``AsyncJobs`` over ``state``, refusing a stranger task (``guard``)."""
+    def _native_tx_jobs(
+        self, state: AsyncTransactionState, guard: Callable[[], None], turn: Turn
+    ) -> JobsT_co:
+        """The store's ``AsyncJobs`` over ``state``, refusing a stranger task (``guard``),
+        each call whole in ``turn``."""
         ...
 
 
 class _Native:
-    """A native transaction level's statements: awaited on the connection it holds."""
+    """A native transaction level's statements: awaited on the connection it holds, each
+    whole in its level's turn."""
 
-    def __init__(self, state: AsyncTransactionState, guard: Callable[[], None]) -> None:
+    def __init__(self, state: AsyncTransactionState, guard: Callable[[], None], turn: Turn):
         self._state = state
         self._guard = guard
+        self._turn = turn
 
     async def execute(self, statement: str, parameters: Any) -> Rows:
-        self._guard()
-        return await self._state.execute(statement, parameters)
+        async def run() -> Rows:
+            self._guard()
+            return await self._state.execute(statement, parameters)
+
+        return await self._turn.run(run, "tx.execute()")
 
     async def executemany(self, statement: str, seq_of_parameters: Iterable[Any]) -> Rows:
-        self._guard()
-        return await self._state.executemany(statement, seq_of_parameters)
+        async def run() -> Rows:
+            self._guard()
+            return await self._state.executemany(statement, seq_of_parameters)
+
+        return await self._turn.run(run, "tx.executemany()")
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         self._state.after_commit(callback)
@@ -327,9 +514,10 @@ class NativeTransactionBlock(Generic[JobsT]):
 
     The outermost level takes one connection of the pool for the whole block
     (its holder is the block: the tasks made inside it hold it too) and commits
-    or rolls back; a nested level in the same task is a savepoint. A task
-    cancelled inside the block rolls the transaction back and gives the
-    connection back before the cancellation goes on.
+    or rolls back; a nested level (in the same task, or a task made inside the
+    block) is a savepoint with a name of its own, holding the enclosing level's
+    turn from entry to exit. A task cancelled inside the block rolls the
+    transaction back and gives the connection back before the cancellation goes on.
     """
 
     def __init__(self, store: NativeOwner[JobsT]) -> None:
@@ -338,6 +526,10 @@ class NativeTransactionBlock(Generic[JobsT]):
         self._holding: contextvars.Token[object | None] | None = None
         self._holder: object = None
         self._savepoint = ""
+        self._parent: _Level | None = None
+        self._parent_turn: tuple[_Hold, contextvars.Token[tuple[_Hold, ...]]] | None = None
+        self._level: _Level | None = None
+        self._level_token: contextvars.Token[tuple[_Level, ...]] | None = None
 
     def _guard_for(self, holder: object) -> Callable[[], None]:
         def guard() -> None:
@@ -352,16 +544,23 @@ class NativeTransactionBlock(Generic[JobsT]):
         store = self._store
         backend = store._native
         backend.check_open(what)
-        stack = store._native_stacks.get(current_holder())
-        if stack:
-            # nested in the same block: a savepoint on the connection it holds
-            parent = stack[-1]
-            parent.check_active(what)
-            handle = parent._handle
-            self._savepoint = f"jaren_jobs_tx_{len(stack)}"
-            state = AsyncTransactionState(store, handle, store._hub, len(stack), parent._outermost)
-            await handle.savepoint(self._savepoint, what)
-            stack.append(state)
+        parent = _current_level(store)
+        if parent is not None:
+            # nested: a savepoint on the connection the block holds, in its turn
+            taken = await parent.turn.take(what)
+            try:
+                outer: AsyncTransactionState = parent.state
+                outer.check_active(what)
+                handle = outer._handle
+                self._savepoint = f"jaren_jobs_tx_{next(_SAVEPOINTS)}"
+                state = AsyncTransactionState(
+                    store, handle, store._hub, outer.depth + 1, outer._outermost
+                )
+                await handle.savepoint(self._savepoint, what)
+            except BaseException:
+                parent.turn.give(taken)
+                raise
+            self._parent, self._parent_turn = parent, taken
             self._holder = current_holder()
         else:
             holder = object()
@@ -373,11 +572,13 @@ class NativeTransactionBlock(Generic[JobsT]):
                 stop_holding(self._holding)
                 raise
             state = AsyncTransactionState(store, handle, store._hub, 0)
-            store._native_stacks[holder] = [state]
         self._state = state
+        turn = Turn()
+        self._level = _Level(store, turn, None, state)
+        self._level_token = _enter_level(self._level)
         guard = self._guard_for(self._holder)
         return AsyncTransaction(
-            _Native(state, guard), state.depth, store._native_tx_jobs(state, guard)
+            _Native(state, guard, turn), state.depth, store._native_tx_jobs(state, guard, turn)
         )
 
     async def __aexit__(
@@ -388,18 +589,29 @@ class NativeTransactionBlock(Generic[JobsT]):
     ) -> bool:
         state = self._state
         assert state is not None
-        if state.depth:
-            await self._exit_savepoint(state, exc)
-        else:
-            await self._exit_outermost(state, exc)
+        assert self._level is not None
+        try:
+            # the calls still in flight in this level end first; later ones are refused
+            await _to_end(self._level.turn.close)
+            if self._parent is not None:
+                await self._exit_savepoint(state, exc)
+            else:
+                await self._exit_outermost(state, exc)
+        finally:
+            self._level.turn.ended = True
+            _leave_level(self._level_token)
+            self._level_token = None
+            if self._parent is not None:
+                self._parent.turn.give(self._parent_turn)
+                self._parent, self._parent_turn = None, None
         return False
 
     async def _exit_savepoint(
         self, state: AsyncTransactionState, exc: BaseException | None
     ) -> None:
         what = "store.transaction()"
-        stack = self._store._native_stacks[self._holder]
-        stack.pop()
+        assert self._parent is not None
+        outer: AsyncTransactionState = self._parent.state
         handle = state._handle
         name = self._savepoint
         if exc is not None:
@@ -418,7 +630,7 @@ class NativeTransactionBlock(Generic[JobsT]):
         if state.rolled_back():
             raise state._aborted(what)  # the savepoint went with the whole transaction
         for callback in callbacks:
-            stack[-1].after_commit(callback)
+            outer.after_commit(callback)
         await handle.release_savepoint(name, what)
 
     async def _exit_outermost(
@@ -453,7 +665,6 @@ class NativeTransactionBlock(Generic[JobsT]):
                 raise
             await _to_end(handle.release)
         finally:
-            self._store._native_stacks.pop(self._holder, None)
             if self._holding is not None:
                 stop_holding(self._holding)
                 self._holding = None

@@ -310,6 +310,12 @@ class AppTransaction(Protocol):
         ...
 
     @property
+    def gate(self) -> object:
+        """The store's gate, a place of which this transaction holds until it ends (its
+        identity is what a caller needs: see :func:`jaren_jobs.gate.held_by_context`)."""
+        ...
+
+    @property
     def ended_message(self) -> str:
         """How a failed statement's error explains that it ended the transaction."""
         ...

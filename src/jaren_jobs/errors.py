@@ -27,6 +27,7 @@ boundary in its backend (``backends/sqlite/errors.py``) and never escape raw.
     ├── UnknownJob           JD2092  an unknown id where a job must exist (a LookupError)
     ├── TransactionAborted   JD2093  SQLite rolled back the store.transaction() in use
     └── StorageError         JD2099  any other driver failure (``__cause__`` is the driver's error)
+        └── TransactionEnded JD2094  a transaction used after its block ended (nothing written)
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ __all__ = [
     "StorageError",
     "StoreClosed",
     "TransactionAborted",
+    "TransactionEnded",
     "UnknownJob",
     "describe_error",
     "storable_text",
@@ -220,6 +222,18 @@ class StorageError(JobsError):
     """Any other driver failure; ``__cause__`` is the driver's error."""
 
     code = "JD2099"
+
+
+class TransactionEnded(StorageError):
+    """A ``store.transaction()`` (or its ``tx.jobs``) was used after its block ended.
+
+    Nothing the call tried was written: it never ran. Typically a task made
+    inside an ``async with store.transaction()`` block and awaited after it;
+    await such tasks inside the block. A ``StorageError`` too, as earlier
+    releases raised.
+    """
+
+    code = "JD2094"
 
 
 def describe_error(error: object) -> str:

@@ -14,6 +14,7 @@ aborts, or when the store closes. A thread that already holds the gate
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import time
 from collections import deque
@@ -23,7 +24,7 @@ from contextlib import contextmanager
 from .errors import GateRefused, StoreClosed
 from .signals import FOREIGN_POLL_SECONDS, SignalLike, subscribe
 
-__all__ = ["Gate"]
+__all__ = ["Gate", "held_by_context", "holding_for_context", "release_for_context"]
 
 _get_ident = threading.get_ident
 
@@ -42,6 +43,27 @@ _ASYNC_HINT = (
     "transaction may hold it: run each task's store calls in a thread of its own, "
     "asyncio.to_thread)"
 )
+
+
+# the gates whose place this context's own transaction holds on another thread (an
+# ``async with store.transaction()`` on SQLite runs on a lane thread of its own):
+# waiting for one of them from this context would wait for itself
+_HELD_BY_CONTEXT: contextvars.ContextVar[tuple[object, ...]] = contextvars.ContextVar(
+    "jaren_jobs_gates_held_by_context", default=()
+)
+
+
+def holding_for_context(gate: object) -> contextvars.Token[tuple[object, ...]]:
+    """Record that this context's transaction holds ``gate`` (undo with ``.reset``)."""
+    return _HELD_BY_CONTEXT.set((*_HELD_BY_CONTEXT.get(), gate))
+
+
+def held_by_context(gate: object) -> bool:
+    return gate in _HELD_BY_CONTEXT.get()
+
+
+def release_for_context(token: contextvars.Token[tuple[object, ...]]) -> None:
+    _HELD_BY_CONTEXT.reset(token)
 
 
 def _in_event_loop() -> bool:
@@ -101,6 +123,15 @@ class Gate:
                     + _ASYNC_HINT
                     * _in_event_loop(),
                     reason="reentrant",
+                )
+            if self in _HELD_BY_CONTEXT.get():
+                # this task's own async transaction holds the gate: on the loop's
+                # thread, waiting would freeze the whole event loop until it gives up
+                raise GateRefused(
+                    f"{what}: this task's own async store.transaction() holds the store; a "
+                    "synchronous call here would wait for it (and freeze the event loop): "
+                    "await tx.jobs (or the AsyncStore's calls) inside the block instead",
+                    reason="task",
                 )
             if signal is not None and signal.aborted:
                 raise GateRefused(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -14,7 +15,7 @@ from .backend import AppParams, AppTransaction, Rows, StoreBackend
 from .backends.sqlite.connection import Connection, open_database
 from .backends.sqlite.store import SqliteBackend
 from .engine import EngineHub, JobEngine, session_of
-from .errors import GateRefused, JobsError, StorageError, TransactionAborted
+from .errors import GateRefused, JobsError, StorageError, TransactionAborted, TransactionEnded
 from .gate import Gate
 from .periodic import Periodic
 from .records import Lease, Outcome, StopOutcome
@@ -39,6 +40,8 @@ DEFAULT_POOL_SIZE = 4
 # more than this is a typo, not a pool: each one is a server process
 _MAX_POOL_SIZE = 1000
 
+# nested blocks' savepoint names, unique per use in this process
+_SAVEPOINTS = itertools.count(1)
 _USE_ASYNC = (
     "a store's transaction belongs to a thread, and the tasks of a loop share one: "
     "run each task's transaction in a thread of its own (asyncio.to_thread)"
@@ -136,8 +139,9 @@ class Transaction:
 
     def check_active(self, what: str) -> None:
         if not self._active:
-            raise StorageError(
-                f"{what}: this transaction has already ended; open a new store.transaction()",
+            raise TransactionEnded(
+                f"{what}: this transaction has already ended; nothing was written — open a "
+                "new store.transaction()",
                 doing=what,
             )
         if threading.get_ident() != self._thread:
@@ -387,7 +391,8 @@ class Store:
         parent = stack[-1]
         parent.check_active(what)
         handle = parent._handle
-        name = f"jaren_jobs_tx_{len(stack)}"
+        # unique per use, never by depth: two blocks at one depth must not share a name
+        name = f"jaren_jobs_tx_{next(_SAVEPOINTS)}"
         tx = Transaction(self, handle, self._hub, len(stack), parent._outermost)
         handle.savepoint(name, what)
         stack.append(tx)

@@ -13,6 +13,7 @@ The application's own connection is not taken by the async store.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 import weakref
@@ -28,11 +29,13 @@ from jaren_jobs.backends.ascopes import AsyncTxScope as AsyncPgTxScope
 from jaren_jobs.errors import StorageError, StoreClosed
 from jaren_jobs.signals import SignalLike
 
+from . import queries as sql
 from .connection import STATEMENT_TIMEOUT_MS, connect_settings
 from .errors import storage_error
 
 __all__ = ["AsyncPgDatabase", "AsyncPgRootScope", "AsyncPgTxScope"]
 T = TypeVar("T")
+_SAVEPOINTS = itertools.count(1)
 Params = Sequence[Any] | Mapping[str, Any]
 
 
@@ -297,17 +300,18 @@ class AsyncPgDatabase:
         await self.end_read()
 
     async def savepoint(self, fn: Callable[[], Awaitable[T]], *, doing: str) -> T:
-        await self.run('SAVEPOINT "jaren_jobs"', doing=doing)
+        name = f"jaren_jobs_{next(_SAVEPOINTS)}"
+        await self.run(sql.savepoint(name), doing=doing)
         try:
             result = await fn()
         except BaseException:
             try:
-                await self.run('ROLLBACK TO SAVEPOINT "jaren_jobs"', doing=doing)
-                await self.run('RELEASE SAVEPOINT "jaren_jobs"', doing=doing)
+                await self.run(sql.rollback_to_savepoint(name), doing=doing)
+                await self.run(sql.release_savepoint(name), doing=doing)
             except StorageError:
                 pass
             raise
-        await self.run('RELEASE SAVEPOINT "jaren_jobs"', doing=doing)
+        await self.run(sql.release_savepoint(name), doing=doing)
         return result
 
     async def end_read(self) -> None:

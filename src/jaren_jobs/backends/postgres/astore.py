@@ -116,6 +116,10 @@ class AsyncPostgresTransaction:
         self.db = db
         self.channel = channel
 
+    @property
+    def gate(self) -> object:
+        return self.db.gate
+
     def session(
         self, transaction: TransactionState, runtime: Any, idle_claims: Any
     ) -> AsyncJobsSession:

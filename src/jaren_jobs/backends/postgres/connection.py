@@ -17,6 +17,7 @@ never replaces or closes it, and sets its options per transaction instead.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 import weakref
@@ -32,11 +33,15 @@ from jaren_jobs.errors import StorageError, StoreClosed
 from jaren_jobs.gate import Gate
 from jaren_jobs.signals import SignalLike
 
+from . import queries as sql
 from .errors import storage_error
 
 __all__ = ["PgDatabase", "PgRootScope", "PgTxScope"]
 
 T = TypeVar("T")
+# savepoint names, unique per use in this process: a ROLLBACK TO names the most
+# recent savepoint of its name, so a shared name could undo a sibling's write
+_SAVEPOINTS = itertools.count(1)
 Params = Sequence[Any] | Mapping[str, Any]
 
 # a half-open connection must not hang a worker for hours (SPEC §10)
@@ -380,17 +385,18 @@ class PgDatabase:
         self.end_read()
 
     def savepoint(self, fn: Callable[[], T], *, doing: str) -> T:
-        self.run('SAVEPOINT "jaren_jobs"', doing=doing)
+        name = f"jaren_jobs_{next(_SAVEPOINTS)}"
+        self.run(sql.savepoint(name), doing=doing)
         try:
             result = fn()
         except BaseException:
             try:
-                self.run('ROLLBACK TO SAVEPOINT "jaren_jobs"', doing=doing)
-                self.run('RELEASE SAVEPOINT "jaren_jobs"', doing=doing)
+                self.run(sql.rollback_to_savepoint(name), doing=doing)
+                self.run(sql.release_savepoint(name), doing=doing)
             except StorageError:
                 pass  # the transaction itself is over: its owner hears of it
             raise
-        self.run('RELEASE SAVEPOINT "jaren_jobs"', doing=doing)
+        self.run(sql.release_savepoint(name), doing=doing)
         return result
 
     def end_read(self) -> None:

@@ -134,6 +134,10 @@ class PostgresTransaction:
         self.db = db
         self.channel = channel
 
+
+    @property
+    def gate(self) -> object:
+        return self.db.gate
     def session(self, transaction: TransactionState, runtime: Any, idle_claims: Any) -> JobsSession:
         return PostgresSession(self.db, PgTxScope(self.db, transaction), runtime, self.channel)
 
