@@ -105,16 +105,18 @@ class Turn:
     has ended, every call is refused (``TransactionEnded``) before it runs.
     """
 
-    __slots__ = ("_lock", "ended")
+    __slots__ = ("_check_open", "_lock", "ended")
 
-    def __init__(self) -> None:
+    def __init__(self, check_open: Callable[[str], None]) -> None:
         self._lock = asyncio.Lock()
+        self._check_open = check_open  # a closed store says so first, as the sync API does
         self.ended = False
 
     def _held_here(self) -> bool:
         return any(hold.turn is self and hold.active for hold in _HOLDS.get())
 
     def _check(self, what: str) -> None:
+        self._check_open(what)
         if self.ended:
             raise TransactionEnded(
                 f"{what}: this store.transaction() block has already ended, so nothing was "
@@ -391,7 +393,7 @@ class TransactionBlock(Generic[JobsT]):
             self._token = INSIDE.set((*INSIDE.get(), mark))
             # a sync call of this store from this context would wait on the lane's gate
             self._gate_token = holding_for_context(tx._handle.gate)
-        turn = Turn()
+        turn = Turn(store._store._backend.check_open)
         self._level = _Level(store, turn, mark, None)
         self._level_token = _enter_level(self._level)
         owned = _OwnedLane(lane, tx, mark)
@@ -573,7 +575,7 @@ class NativeTransactionBlock(Generic[JobsT]):
                 raise
             state = AsyncTransactionState(store, handle, store._hub, 0)
         self._state = state
-        turn = Turn()
+        turn = Turn(backend.check_open)
         self._level = _Level(store, turn, None, state)
         self._level_token = _enter_level(self._level)
         guard = self._guard_for(self._holder)

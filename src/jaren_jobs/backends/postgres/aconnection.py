@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import select
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -37,6 +38,21 @@ __all__ = ["AsyncPgDatabase", "AsyncPgRootScope", "AsyncPgTxScope"]
 T = TypeVar("T")
 _SAVEPOINTS = itertools.count(1)
 Params = Sequence[Any] | Mapping[str, Any]
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
+TRANSIENT_RETRIES = 8
+
+
+def is_transient(error: StorageError) -> bool:
+    """Whether ``error`` is a serialization failure, a deadlock or a lock timeout."""
+    return error.details.get("sqlstate") in TRANSIENT_SQLSTATES
+
+
+def _readable(conn: Any) -> bool:
+    try:
+        ready, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return True
+    return bool(ready)
 
 
 class AsyncPgDatabase:
@@ -86,6 +102,16 @@ class AsyncPgDatabase:
     def _usable(self, conn: psycopg.AsyncConnection[Any]) -> bool:
         return not self.owns or not (conn.closed or conn.broken)
 
+    def _closed_while_idle(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """Whether the server ended this idle connection of ours (``idle_session_timeout``,
+        a restart, ``pg_terminate_backend``): its socket has something to read
+        although no statement is in flight — the server's goodbye, or the end of the
+        stream. One non-blocking poll, no round trip; such a connection is replaced,
+        never used, so no call fails for a connection it did not use."""
+        if not self.owns:
+            return False
+        return _readable(conn)
+
     async def _discard(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """A broken connection of ours leaves the pool for good."""
         with self._lock:
@@ -104,7 +130,7 @@ class AsyncPgDatabase:
                 with self._lock:
                     self._open.append(conn)
                 return conn
-            if self._usable(conn):
+            if self._usable(conn) and (not self._closed_while_idle(conn)):
                 return conn
             await self._discard(conn)
 
@@ -236,7 +262,11 @@ class AsyncPgDatabase:
                 f"{doing}: the connection has an open transaction that jaren_jobs did not start; commit it first",
                 doing=doing,
             )
-        begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if read_only else "BEGIN"
+        begin = (
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+            if read_only
+            else "BEGIN ISOLATION LEVEL READ COMMITTED"
+        )
         options = []
         if not self.owns:
             sync = "on" if self.durability == "full" else "off"
@@ -248,6 +278,8 @@ class AsyncPgDatabase:
                 await conn.execute(begin)
             elif read_only:
                 await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            else:
+                await conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
             for option in options:
                 await conn.execute(option)
         except psycopg.Error as exc:
@@ -280,14 +312,29 @@ class AsyncPgDatabase:
     async def transaction(
         self, fn: Callable[[], Awaitable[T]], *, doing: str, read_only: bool = False
     ) -> T:
-        await self.begin(doing=doing, read_only=read_only)
-        try:
-            result = await fn()
-        except BaseException:
-            await self.rollback_quietly()
-            raise
-        await self.commit(doing=doing)
-        return result
+        """``fn`` in a transaction of the library's own, committed; rolled back on error.
+
+        A serialization failure, a deadlock or a lock timeout is a wait, not a
+        failure: the whole unit of work runs again (it wrote nothing), a bounded
+        number of times. A connection the server closed while it sat idle is
+        replaced before the first statement (``_idle_connection``).
+        """
+        retries = 0
+        while True:
+            await self.begin(doing=doing, read_only=read_only)
+            try:
+                result = await fn()
+                await self.commit(doing=doing)
+            except StorageError as exc:
+                await self.rollback_quietly()
+                if is_transient(exc) and retries < TRANSIENT_RETRIES:
+                    retries += 1
+                    continue
+                raise
+            except BaseException:
+                await self.rollback_quietly()
+                raise
+            return result
 
     async def snapshot(self, fn: Callable[[], Awaitable[T]], *, doing: str) -> T:
         return await self.transaction(fn, doing=doing, read_only=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import select
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -59,6 +60,24 @@ CONNECT_DEFAULTS: dict[str, Any] = {
     "keepalives_count": 3,
     "tcp_user_timeout": 30_000,
 }
+
+
+# SQLSTATEs that are a wait, not a failure: the unit of work wrote nothing and runs again
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
+TRANSIENT_RETRIES = 8
+
+
+def is_transient(error: StorageError) -> bool:
+    """Whether ``error`` is a serialization failure, a deadlock or a lock timeout."""
+    return error.details.get("sqlstate") in TRANSIENT_SQLSTATES
+
+
+def _readable(conn: Any) -> bool:
+    try:
+        ready, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return True  # no socket to poll: not a connection to use
+    return bool(ready)
 
 
 def connect_settings(conninfo: str) -> dict[str, Any]:
@@ -144,6 +163,16 @@ class PgDatabase:
     def _usable(self, conn: psycopg.Connection[Any]) -> bool:
         return not self.owns or not (conn.closed or conn.broken)
 
+    def _closed_while_idle(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether the server ended this idle connection of ours (``idle_session_timeout``,
+        a restart, ``pg_terminate_backend``): its socket has something to read
+        although no statement is in flight — the server's goodbye, or the end of the
+        stream. One non-blocking poll, no round trip; such a connection is replaced,
+        never used, so no call fails for a connection it did not use."""
+        if not self.owns:
+            return False  # the application's connection: its owner's to look after
+        return _readable(conn)
+
     def _discard(self, conn: psycopg.Connection[Any]) -> None:
         """A broken connection of ours leaves the pool for good."""
         with self._lock:
@@ -162,7 +191,7 @@ class PgDatabase:
                 with self._lock:
                     self._open.append(conn)
                 return conn
-            if self._usable(conn):
+            if self._usable(conn) and not self._closed_while_idle(conn):
                 return conn
             self._discard(conn)
 
@@ -320,7 +349,13 @@ class PgDatabase:
                 "start; commit it first",
                 doing=doing,
             )
-        begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if read_only else "BEGIN"
+        # the isolation always named: a server's or role's default (SERIALIZABLE, say)
+        # would turn the fence's ordinary waits into serialization failures
+        begin = (
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+            if read_only
+            else "BEGIN ISOLATION LEVEL READ COMMITTED"
+        )
         options = []
         if not self.owns:
             # the application's connection keeps its own settings: ours are per
@@ -335,6 +370,8 @@ class PgDatabase:
                 conn.execute(begin)
             elif read_only:
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            else:
+                conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
             for option in options:
                 conn.execute(option)
         except psycopg.Error as exc:
@@ -365,14 +402,29 @@ class PgDatabase:
             pass  # a broken connection rolled back with its session
 
     def transaction(self, fn: Callable[[], T], *, doing: str, read_only: bool = False) -> T:
-        self.begin(doing=doing, read_only=read_only)
-        try:
-            result = fn()
-        except BaseException:
-            self.rollback_quietly()
-            raise
-        self.commit(doing=doing)
-        return result
+        """``fn`` in a transaction of the library's own, committed; rolled back on error.
+
+        A serialization failure, a deadlock or a lock timeout is a wait, not a
+        failure: the whole unit of work runs again (it wrote nothing), a bounded
+        number of times. A connection the server closed while it sat idle is
+        replaced before the first statement (``_idle_connection``).
+        """
+        retries = 0
+        while True:
+            self.begin(doing=doing, read_only=read_only)
+            try:
+                result = fn()
+                self.commit(doing=doing)
+            except StorageError as exc:
+                self.rollback_quietly()
+                if is_transient(exc) and retries < TRANSIENT_RETRIES:
+                    retries += 1
+                    continue
+                raise
+            except BaseException:
+                self.rollback_quietly()
+                raise
+            return result
 
     def snapshot(self, fn: Callable[[], T], *, doing: str) -> T:
         return self.transaction(fn, doing=doing, read_only=True)

@@ -17,7 +17,13 @@ def storage_error(exc: BaseException, doing: str) -> StorageError:
     sqlstate = getattr(exc, "sqlstate", None)
     text = str(exc).strip() or name
     hint = ""
-    if isinstance(exc, psycopg.OperationalError):
+    if sqlstate in {"40001", "40P01"}:
+        hint = " — a conflict with a concurrent transaction; the store retries its own work"
+    elif sqlstate == "55P03":
+        hint = " — a lock wait ran past lock_timeout; the store retries its own work"
+    elif isinstance(exc, psycopg.OperationalError) and (
+        sqlstate is None or sqlstate.startswith(("08", "57P"))
+    ):
         hint = (
             " — the connection to PostgreSQL failed or was lost; a store opened from a URL "
             "reconnects on its next call"
