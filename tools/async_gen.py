@@ -577,6 +577,8 @@ def __init__(
     self.opened_in = os.getpid()
     self.text_codec = "utf-8"
     self.listener: Any = None
+    self.schema: str | None = None
+    self._texts: dict[str, str] = {}
     self._lock = threading.Lock()
     self._idle: list[psycopg.Connection[Any]] = []
     self._held: dict[object, psycopg.Connection[Any]] = {}

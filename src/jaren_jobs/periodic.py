@@ -293,7 +293,6 @@ class Ticker:
                 self._due[schedule.name] = _epoch_ms(schedule.next_after(now))
         return created
 
-
     def _notice_backward_jump(self, now_ms: int) -> None:
         """Forget every due time when the clock moved back (held under ``_lock``).
 

@@ -37,6 +37,7 @@ from .errors import storage_error
 __all__ = ["AsyncPgDatabase", "AsyncPgRootScope", "AsyncPgTxScope"]
 T = TypeVar("T")
 _SAVEPOINTS = itertools.count(1)
+_TEXTS_KEPT = 512
 Params = Sequence[Any] | Mapping[str, Any]
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
 TRANSIENT_RETRIES = 8
@@ -71,6 +72,8 @@ class AsyncPgDatabase:
         self.opened_in = os.getpid()
         self.text_codec = "utf-8"
         self.listener: Any = None
+        self.schema: str | None = None
+        self._texts: dict[str, str] = {}
         self._lock = threading.Lock()
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         self._held: dict[object, psycopg.AsyncConnection[Any]] = {}
@@ -212,12 +215,23 @@ class AsyncPgDatabase:
             f"this store was opened in process {self.opened_in}, before os.fork(); a child cannot use it — open a new store in the child"
         )
 
+    def _qualified(self, statement: str) -> str:
+        schema = self.schema
+        if schema is None:
+            return statement
+        text = self._texts.get(statement)
+        if text is None:
+            if len(self._texts) > _TEXTS_KEPT:
+                self._texts.clear()
+            text = self._texts[statement] = sql.qualified(statement, schema)
+        return text
+
     async def run(
         self, statement: str, params: Params | None = None, *, doing: str
     ) -> psycopg.AsyncCursor[Any]:
         self.check_open(doing)
         try:
-            return await self.connection.execute(statement, params)
+            return await self.connection.execute(self._qualified(statement), params)
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
         except UnicodeEncodeError as exc:

@@ -31,6 +31,7 @@ def open_async_postgres(sync: PostgresBackend) -> AsyncPostgresBackend | None:
     adb = AsyncPgDatabase(
         conninfo=db.conninfo, durability=db.durability, readonly=db.readonly, gate=gate
     )
+    adb.schema = db.schema  # the sync store resolved it: the same tables, always
     channel = sync.channel
     if channel is not None and not db.readonly:
         adb.listener = AsyncListener(

@@ -43,6 +43,7 @@ T = TypeVar("T")
 # savepoint names, unique per use in this process: a ROLLBACK TO names the most
 # recent savepoint of its name, so a shared name could undo a sibling's write
 _SAVEPOINTS = itertools.count(1)
+_TEXTS_KEPT = 512
 Params = Sequence[Any] | Mapping[str, Any]
 
 # a half-open connection must not hang a worker for hours (SPEC §10)
@@ -120,6 +121,10 @@ class PgDatabase:
         self.opened_in = os.getpid()
         self.text_codec = "utf-8"
         self.listener: Any = None  # notify.Listener, for a store opened from a URL
+        # the schema resolved at open, which every statement of the library names
+        # (None until then); and each statement's text qualified with it, made once
+        self.schema: str | None = None
+        self._texts: dict[str, str] = {}
         self._lock = threading.Lock()
         # the connections no call holds (the last given back is the next handed out:
         # a quiet store keeps using one), those held, by thread, and every one open
@@ -298,12 +303,23 @@ class PgDatabase:
 
     # ------------------------------------------------------------ statements
 
+    def _qualified(self, statement: str) -> str:
+        schema = self.schema
+        if schema is None:
+            return statement
+        text = self._texts.get(statement)
+        if text is None:
+            if len(self._texts) > _TEXTS_KEPT:
+                self._texts.clear()  # texts made from counts (sweep sizes) stay bounded
+            text = self._texts[statement] = sql.qualified(statement, schema)
+        return text
+
     def run(
         self, statement: str, params: Params | None = None, *, doing: str
     ) -> psycopg.Cursor[Any]:
         self.check_open(doing)
         try:
-            return self.connection.execute(statement, params)
+            return self.connection.execute(self._qualified(statement), params)
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
         except UnicodeEncodeError as exc:  # every caller checks its text; this is the backstop

@@ -1,7 +1,9 @@
 """Every SQL statement jaren_jobs runs on PostgreSQL, named, in one place.
 
-Tables are unqualified: they live in the first schema of the connection's
-``search_path``. User input is always a bound parameter (psycopg's
+The texts here name the tables unqualified; the store runs each one with
+every table qualified by the schema it resolved at open (:func:`qualified`,
+applied by ``PgDatabase.run``), so a schema that appears on ``search_path``
+later never moves it. User input is always a bound parameter (psycopg's
 ``%(name)s``), never text; the few statements whose text depends on a
 *count* (how many kinds a claim names) are built here from that count alone.
 """
@@ -47,12 +49,33 @@ READ_SCHEMA_VERSION = f"SELECT value FROM {META} WHERE key = 'schema_version'"
 WRITE_SCHEMA_VERSION = f"""INSERT INTO {META} (key, value) VALUES ('schema_version', %(v)s)
   ON CONFLICT (key) DO UPDATE SET value = excluded.value"""
 # one lock per schema: processes opening different schemas never wait on each other
-MIGRATION_LOCK = (
-    "SELECT pg_advisory_xact_lock(hashtextextended('jaren_jobs:' || current_schema(), 0))"
-)
-CURRENT_SCHEMA = "SELECT current_schema()"
-TABLE_EXISTS = """SELECT 1 FROM information_schema.tables
-  WHERE table_schema = current_schema() AND table_name = %(name)s"""
+MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('jaren_jobs:' || %(schema)s, 0))"
+# The schema a store keeps for good: the first schema on search_path that holds the
+# tables already, else the first one (where they will be created). A schema that
+# appears earlier on the path later (a role-named one, with "$user" first) then
+# strands no queued job: a new store finds the tables where they are.
+RESOLVE_SCHEMA = """SELECT coalesce(
+  (SELECT p.name FROM unnest(current_schemas(false)) WITH ORDINALITY AS p(name, n)
+    WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_class c
+      JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
+      WHERE ns.nspname = p.name AND c.relname = '_jaren_meta')
+    ORDER BY p.n LIMIT 1),
+  current_schema())"""
+TABLE_EXISTS = """SELECT 1 FROM pg_catalog.pg_class c
+  JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
+  WHERE ns.nspname = %(schema)s AND c.relname = %(name)s"""
+
+TABLES = (JOBS, CHECKPOINTS, ERRORS, META)
+
+
+def qualified(statement: str, schema: str) -> str:
+    """``statement`` with every table of the library named in ``schema`` (an identifier
+    from the server, quoted here: no text of a caller's)."""
+    quoted = '"' + schema.replace('"', '""') + '"'
+    for table in TABLES:
+        statement = statement.replace(table, f"{quoted}.{table}")
+    return statement
+
 
 # ----------------------------------------------------------------- jobs
 

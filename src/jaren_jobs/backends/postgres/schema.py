@@ -3,7 +3,8 @@
 ``migrations/NNNN_*.sql`` are applied in order, each in the transaction that
 records it, under a transaction-scoped advisory lock keyed by the schema: many
 processes opening a fresh database at once create it once (the others wait,
-then find it done). The tables live in the first schema of ``search_path``.
+then find it done). The tables live in the schema the store resolved at open
+(``queries.RESOLVE_SCHEMA``), which every statement names.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def _version(db: PgDatabase, doing: str) -> int:
-    if db.one(sql.TABLE_EXISTS, {"name": "_jaren_meta"}, doing=doing) is None:
+    found = db.one(sql.TABLE_EXISTS, {"schema": db.schema, "name": "_jaren_meta"}, doing=doing)
+    if found is None:
         return 0
     row = db.one(sql.READ_SCHEMA_VERSION, doing=doing)
     return 0 if row is None else int(row[0])
@@ -63,7 +65,7 @@ def ensure_schema(db: PgDatabase) -> None:
         )
 
     def migrate() -> None:
-        db.run(sql.MIGRATION_LOCK, doing=doing)
+        db.run(sql.MIGRATION_LOCK, {"schema": db.schema}, doing=doing)
         db.run(sql.CREATE_META, doing=doing)
         found = _version(db, doing)  # another process may have done it meanwhile
         for number, _, text in MIGRATIONS:

@@ -134,10 +134,10 @@ class PostgresTransaction:
         self.db = db
         self.channel = channel
 
-
     @property
     def gate(self) -> object:
         return self.db.gate
+
     def session(self, transaction: TransactionState, runtime: Any, idle_claims: Any) -> JobsSession:
         return PostgresSession(self.db, PgTxScope(self.db, transaction), runtime, self.channel)
 
@@ -236,12 +236,8 @@ def open_postgres(
     try:
         db.take("opening")
         try:
-            if readonly:
-                require_schema(db)
-            else:
-                ensure_schema(db)
             schema_row = db.transaction(
-                lambda: db.one(sql.CURRENT_SCHEMA, doing="opening"),
+                lambda: db.one(sql.RESOLVE_SCHEMA, doing="opening"),
                 doing="opening",
                 read_only=True,
             )
@@ -250,6 +246,11 @@ def open_postgres(
                 raise StorageError(
                     "opening: the connection's search_path names no schema to keep the tables in"
                 )
+            db.schema = str(schema)  # from here on, every statement names it
+            if readonly:
+                require_schema(db)
+            else:
+                ensure_schema(db)
             channel = channel_name(str(schema))
             if url is not None and not readonly:
                 # started by the first worker (Store.jobs.create_worker), not before

@@ -126,10 +126,10 @@ class SqliteTransaction:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-
     @property
     def gate(self) -> object:
         return self.db.gate
+
     def session(
         self, transaction: TransactionState, runtime: Any, idle_claims: IdleClaims
     ) -> JobsSession:
