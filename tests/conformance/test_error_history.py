@@ -211,3 +211,39 @@ def test_a_lease_naming_another_attempt_records_the_rows_attempt(store: Store) -
     failed = store.jobs.get(job.id)
     assert failed is not None
     assert (failed.state, failed.last_error) == ("failed", "by hand")
+
+
+def test_every_failure_is_kept_when_attempt_numbers_repeat_under_a_frozen_clock(
+    store: Store,
+) -> None:
+    # issue 26 item 14: keyed by (job, attempt, instant), three failures of attempt 1
+    # after requeue(reset_attempts=True) at one instant were one entry, and the two
+    # backends kept different ones (the first on PostgreSQL, the last on SQLite)
+    job = store.jobs.enqueue("k", max_attempts=1)
+    for n in range(3):
+        claimed = store.jobs.claim(["k"], owner="w")
+        assert claimed is not None
+        assert claimed.lease.attempt == 1
+        assert store.jobs.fail(claimed.lease, f"failure {n}", retry=False)
+        assert store.jobs.requeue(job.id, reset_attempts=True)
+    entries = store.jobs.errors(job.id)
+    assert [(e.attempt, e.error) for e in entries] == [
+        (1, "failure 0"),
+        (1, "failure 1"),
+        (1, "failure 2"),
+    ]
+    assert len({e.at for e in entries}) == 1  # one instant: the clock never moved
+
+
+def test_two_failures_sharing_an_instant_are_both_kept(store: Store) -> None:
+    job = store.jobs.enqueue("k", max_attempts=5)
+    for n in range(2):
+        claimed = store.jobs.claim(["k"], owner="w")
+        assert claimed is not None
+        # fail then requeue at once: the retry is due at once too
+        assert store.jobs.fail(claimed.lease, RuntimeError(f"boom {n}"), retry=False)
+        assert store.jobs.requeue(job.id)
+    assert [e.error for e in store.jobs.errors(job.id)] == [
+        "RuntimeError: boom 0",
+        "RuntimeError: boom 1",
+    ]

@@ -268,6 +268,7 @@ def test_the_one_round_trip_writes_use_the_primary_key(pg: PostgresUrl) -> None:
                 "retry": True,
                 "run_at": 1,
                 "attempts": 1,
+                "generation": 1,
                 "settled": "c",
                 "traceback": None,
             },
@@ -275,7 +276,15 @@ def test_the_one_round_trip_writes_use_the_primary_key(pg: PostgresUrl) -> None:
         "snooze": (sql.SNOOZE, {**fence, "run_at": 1}),
         "fail": (
             sql.FAIL,
-            {**fence, "error": "e", "retry": True, "run_at": 1, "attempts": 1, "traceback": None},
+            {
+                **fence,
+                "error": "e",
+                "retry": True,
+                "run_at": 1,
+                "attempts": 1,
+                "generation": 1,
+                "traceback": None,
+            },
         ),
         "checkpoint": (
             sql.CHECKPOINT_SAVE,

@@ -10,7 +10,7 @@ import pytest
 import jaren_jobs
 from jaren_jobs import Runtime
 from jaren_jobs.backends.postgres import queries as sql
-from jaren_jobs.backends.postgres.schema import MIGRATIONS
+from jaren_jobs.backends.postgres.schema import MIGRATIONS, SCHEMA_VERSION
 from tests.conftest import FakeClock, require_postgres
 from tests.harness import PostgresUrl
 
@@ -37,7 +37,9 @@ def test_schema_3_live_lease_upgrades_in_place_and_can_be_force_cancelled(
         conn.execute(sql.CREATE_META)
         conn.execute(sql.WRITE_SCHEMA_VERSION, {"v": "3"})
     with jaren_jobs.open_store(pg.url, runtime=runtime) as store:
-        assert pg.query("SELECT value FROM _jaren_meta WHERE key = 'schema_version'") == [("4",)]
+        assert pg.query("SELECT value FROM _jaren_meta WHERE key = 'schema_version'") == [
+            (str(SCHEMA_VERSION),)
+        ]
         store.jobs.enqueue("k", id="j")
         claimed = store.jobs.claim(["k"], owner="w", lease_seconds=10)
         assert claimed is not None
@@ -47,3 +49,35 @@ def test_schema_3_live_lease_upgrades_in_place_and_can_be_force_cancelled(
         job = store.jobs.get("j")
         assert job is not None
         assert (job.state, job.cancel_requested) == ("cancelled", True)
+
+
+def test_schema_4_error_history_is_rekeyed_keeping_every_entry_in_order(
+    pg: PostgresUrl, runtime: Runtime
+) -> None:
+    # migrations 1-4 alone, with two entries as schema 4 keyed them (attempt, instant)
+    with psycopg.connect(pg.url) as conn:
+        for _, _, text in MIGRATIONS[:4]:
+            conn.execute(text)
+        conn.execute(sql.CREATE_META)
+        conn.execute(sql.WRITE_SCHEMA_VERSION, {"v": "4"})
+    with jaren_jobs.open_store(pg.url, runtime=runtime) as store:
+        job = store.jobs.enqueue("k", max_attempts=5)
+    pg.execute("DELETE FROM _jaren_job_errors")
+    pg.execute("UPDATE _jaren_meta SET value = '4'")
+    pg.execute("ALTER TABLE _jaren_job_errors DROP COLUMN generation")
+    pg.execute("ALTER TABLE _jaren_job_errors ADD PRIMARY KEY (job_id, attempt, at)")
+    pg.execute(
+        "INSERT INTO _jaren_job_errors (job_id, attempt, at, error, traceback) VALUES "
+        "(?, 2, 2000, 'second', NULL), (?, 1, 1000, 'first', 'tb')",
+        (job.id, job.id),
+    )
+    with jaren_jobs.open_store(pg.url, runtime=runtime) as store:
+        claimed = store.jobs.claim(["k"], owner="w")
+        assert claimed is not None
+        assert store.jobs.fail(claimed.lease, "third")
+        history = store.jobs.errors(job.id)
+    assert [(e.attempt, e.error, e.traceback) for e in history] == [
+        (1, "first", "tb"),
+        (2, "second", None),
+        (1, "third", None),
+    ]

@@ -504,7 +504,7 @@ def test_round_1_live_rows_upgrade_in_place_to_queues_and_unique_keys(
 
     build_round_1(db_path)
     with open_store(db_path, runtime=runtime) as store:
-        assert query(db_path, 'SELECT value FROM "_jaren_meta"') == [("6",)]
+        assert query(db_path, 'SELECT value FROM "_jaren_meta"') == [(str(sql.SCHEMA_VERSION),)]
         # 5: the error history table, empty after the upgrade
         assert query(db_path, 'SELECT count(*) FROM "_jaren_job_errors"') == [(0,)]
         indexes = {
@@ -542,7 +542,7 @@ def test_schema_5_is_upgraded_in_place_with_the_cancel_mark(
     before = query(db_path, 'SELECT * FROM "_jaren_jobs" ORDER BY id')
 
     with open_store(db_path, runtime=runtime) as store:
-        assert query(db_path, 'SELECT value FROM "_jaren_meta"') == [("6",)]
+        assert query(db_path, 'SELECT value FROM "_jaren_meta"') == [(str(sql.SCHEMA_VERSION),)]
         after = query(db_path, 'SELECT * FROM "_jaren_jobs" ORDER BY id')
         assert [row[:-1] for row in after] == before  # every row kept, the column added last
         assert [row[-1] for row in after] == [None, None]

@@ -157,6 +157,7 @@ class AsyncPgSettling:
             "retry": bool(failure.retry),
             "run_at": run_at,
             "attempts": current.attempt,
+            "generation": current.generation,
             "traceback": traceback,
         }
         statement = sql.FAIL
@@ -184,6 +185,7 @@ class AsyncPgSettling:
                 sql.SETTLE_RETRY, {**fenced, "error": error, "run_at": run_at}, doing=what
             )
         entry = {"id": current.job_id, "attempt": attempts, "now": now, "error": error}
+        entry["generation"] = current.generation
         await self._db.run(sql.INSERT_ERROR, {**entry, "traceback": traceback}, doing=what)
         return True
 

@@ -324,18 +324,21 @@ _FAIL = (
 # the attempt's error history entry (SPEC §13), in the failure's own statement:
 # a row exactly when the failure was written
 _FAIL_HISTORY = f""",
-  history AS (INSERT INTO {ERRORS} (job_id, attempt, at, error, traceback)
-    SELECT %(id)s, %(attempts)s, %(now)s, %(error)s, %(traceback)s FROM written
-    ON CONFLICT (job_id, attempt, at) DO NOTHING)"""
+  history AS (INSERT INTO {ERRORS} (job_id, generation, attempt, at, error, traceback)
+    SELECT %(id)s, %(generation)s, %(attempts)s, %(now)s, %(error)s, %(traceback)s
+    FROM written
+    ON CONFLICT (job_id, generation) DO NOTHING)"""
 FAIL = fenced(_FAIL, guard=" AND j.attempts = %(attempts)s", also=_FAIL_HISTORY)
 FAIL_NOTIFY = fenced(_FAIL, guard=" AND j.attempts = %(attempts)s", notify=True, also=_FAIL_HISTORY)
 # the history entry of the fallback's SETTLE_RETRY / SETTLE_DEAD (same transaction)
-INSERT_ERROR = f"""INSERT INTO {ERRORS} (job_id, attempt, at, error, traceback)
-  VALUES (%(id)s, %(attempt)s, %(now)s, %(error)s, %(traceback)s)
-  ON CONFLICT (job_id, attempt, at) DO NOTHING"""
+INSERT_ERROR = f"""INSERT INTO {ERRORS} (job_id, generation, attempt, at, error, traceback)
+  VALUES (%(id)s, %(generation)s, %(attempt)s, %(now)s, %(error)s, %(traceback)s)
+  ON CONFLICT (job_id, generation) DO NOTHING"""
 JOB_EXISTS = f"SELECT 1 FROM {JOBS} WHERE id = %s"
+# keyed and ordered by the attempt's lease generation, which every claim mints anew:
+# attempt numbers repeat after requeue(reset_attempts=True), and instants repeat
 READ_ERRORS = f"""SELECT attempt, at, error, traceback FROM {ERRORS}
-  WHERE job_id = %s ORDER BY attempt, at"""
+  WHERE job_id = %s ORDER BY generation"""
 
 # A failure or a snooze of a job marked by cancel(id, force=True) ends it
 # cancelled: the operator asked for it to stop, so it is never retried (a

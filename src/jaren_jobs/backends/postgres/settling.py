@@ -182,6 +182,7 @@ class PgSettling:
             "retry": bool(failure.retry),
             "run_at": run_at,
             "attempts": current.attempt,
+            "generation": current.generation,
             "traceback": traceback,
         }
         statement = sql.FAIL
@@ -209,6 +210,7 @@ class PgSettling:
             run_at = retry_at_ms(now, attempts, failure.base, failure.cap, draw)
             self._db.run(sql.SETTLE_RETRY, {**fenced, "error": error, "run_at": run_at}, doing=what)
         entry = {"id": current.job_id, "attempt": attempts, "now": now, "error": error}
+        entry["generation"] = current.generation
         self._db.run(sql.INSERT_ERROR, {**entry, "traceback": traceback}, doing=what)
         return True
 

@@ -90,7 +90,7 @@ PAGE_POSITION = f"SELECT updated_at FROM {JOBS} WHERE id = :after"
 JOB_EXISTS = f"SELECT 1 FROM {JOBS} WHERE id = ?"
 # the texts as their bytes, decoded by the row mapper (as a job's last_error)
 READ_ERRORS = f"""SELECT attempt, at, CAST(error AS BLOB), CAST(traceback AS BLOB) FROM {ERRORS}
-  WHERE job_id = ? ORDER BY attempt, at"""
+  WHERE job_id = ? ORDER BY generation"""
 
 # ----------------------------------------------------------------- sweep
 

@@ -23,8 +23,9 @@ META = '"_jaren_meta"'
 # 3: claim_key, which names the attempt that settled a row; 4: queue and
 # unique_key (SPEC §12), the queue-first ready index, the unique-key index;
 # 5: the error history table (SPEC §13); 6: cancel_requested_at, the mark a
-# forced cancel of a running job leaves (SPEC §13)
-SCHEMA_VERSION = 6
+# forced cancel of a running job leaves (SPEC §13); 7: the error history keyed by
+# the attempt's lease generation
+SCHEMA_VERSION = 7
 
 # the column order every job SELECT/RETURNING uses; engine rows map by index.
 # The free texts (payload, result, last_error) come back as their bytes, which
@@ -71,11 +72,27 @@ CREATE_CHECKPOINTS = f"""CREATE TABLE IF NOT EXISTS {CHECKPOINTS} (
   value TEXT NOT NULL, PRIMARY KEY (run_id, node_id))"""
 
 # one row per failed attempt (SPEC §13), written by the failure's own
-# transaction and deleted with its job by the sweep. The primary key is the
-# order errors() reads them in; WITHOUT ROWID keeps a job's rows together.
-CREATE_ERRORS = f"""CREATE TABLE IF NOT EXISTS {ERRORS} (
-  job_id TEXT NOT NULL, attempt INTEGER NOT NULL, at INTEGER NOT NULL,
-  error TEXT NOT NULL, traceback TEXT, PRIMARY KEY (job_id, attempt, at)) WITHOUT ROWID"""
+# transaction and deleted with its job by the sweep. Keyed by the attempt's lease
+# generation, which every claim mints anew (attempt numbers repeat after
+# requeue(reset_attempts=True), instants repeat under a coarse clock); the primary
+# key is the order errors() reads them in; WITHOUT ROWID keeps a job's rows together.
+ERRORS_DEFINITION = """(
+  job_id TEXT NOT NULL, generation INTEGER NOT NULL, attempt INTEGER NOT NULL,
+  at INTEGER NOT NULL, error TEXT NOT NULL, traceback TEXT,
+  PRIMARY KEY (job_id, generation)) WITHOUT ROWID"""
+CREATE_ERRORS = f"CREATE TABLE IF NOT EXISTS {ERRORS} {ERRORS_DEFINITION}"
+# schema 7: a history table of schema 5 or 6 (keyed by attempt and instant) is
+# rebuilt under the new key; its entries keep their order, numbered below every
+# generation a claim can mint. The history, not a table of live jobs.
+ERRORS_BEFORE_7 = '"_jaren_job_errors_before_7"'
+REKEY_ERRORS = (
+    f"ALTER TABLE {ERRORS} RENAME TO {ERRORS_BEFORE_7}",
+    f"CREATE TABLE {ERRORS} {ERRORS_DEFINITION}",
+    f"""INSERT INTO {ERRORS} (job_id, generation, attempt, at, error, traceback)
+  SELECT job_id, row_number() OVER (PARTITION BY job_id ORDER BY attempt, at) - 1000000000000,
+    attempt, at, error, traceback FROM {ERRORS_BEFORE_7}""",
+    f"DROP TABLE {ERRORS_BEFORE_7}",
+)
 
 CREATE_META = f"""CREATE TABLE IF NOT EXISTS {META} (
   key TEXT PRIMARY KEY, value TEXT NOT NULL)"""
@@ -530,8 +547,9 @@ REQUEUE = f"""UPDATE {JOBS} SET state = 'pending', run_at = :now, lease_until = 
         AND other.{ACTIVE}))"""
 
 # the history entry of a failure just written under the fence (same transaction)
-INSERT_ERROR = f"""INSERT OR REPLACE INTO {ERRORS} (job_id, attempt, at, error, traceback)
-  VALUES (:id, :attempt, :now, :error, :traceback)"""
+INSERT_ERROR = f"""INSERT INTO {ERRORS} (job_id, generation, attempt, at, error, traceback)
+  VALUES (:id, :generation, :attempt, :now, :error, :traceback)
+  ON CONFLICT (job_id, generation) DO NOTHING"""
 
 # ----------------------------------------------------------------- checkpoints
 

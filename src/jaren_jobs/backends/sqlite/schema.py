@@ -71,6 +71,10 @@ def _upgrade(db: Database) -> None:
         return
     for statement in (sql.CREATE_JOBS, sql.CREATE_CHECKPOINTS, sql.CREATE_ERRORS, sql.CREATE_META):
         db.run(statement, doing=what)
+    history = {row[0] for row in db.all(sql.table_columns("_jaren_job_errors"), doing=what)}
+    if "generation" not in history:
+        for statement in sql.REKEY_ERRORS:
+            db.run(statement, doing=what)
     for table, column, definition in sql.ADDED_COLUMNS:
         present = {row[0] for row in db.all(sql.table_columns(table), doing=what)}
         if column not in present:

@@ -204,6 +204,7 @@ class Sequences:
             )
         # the history entry in the failure's own transaction: never one without the other
         entry = {"id": current.job_id, "attempt": attempts, "now": now}
+        entry |= {"generation": current.generation}
         entry |= {"error": failure.message, "traceback": failure.traceback}
         self._db.run(sql.INSERT_ERROR, entry, doing=what)
         if row[2] is not None:
