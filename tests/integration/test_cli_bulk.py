@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import io
 import json
+import signal
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +23,12 @@ from typing import Any
 
 import pytest
 
-from jaren_jobs import open_store
+from jaren_jobs import NewJob, open_store
 from jaren_jobs.cli import bulk, main
 from jaren_jobs.engine import JobEngine
 from tests.integration.test_cli import (
     assert_one_line_error,
+    cli_env,
     clock_runtime,
     json_lines,
     ok,
@@ -181,6 +186,7 @@ def test_bulk_requeue_by_filters_dry_run_then_for_real(target: str) -> None:
         "changed": 3,
         "unchanged": 0,
         "refused": 1,
+        "interrupted": False,
     }
     assert results(report) == {
         "i0": "changed",
@@ -348,3 +354,134 @@ def test_a_bulk_command_walks_its_matches_in_keyset_pages(
     # six matches, two a page: each page continues past the last id of the one before
     assert pages == [(None, 2), ("m1", 2), ("m3", 2), ("m5", 2)]
     assert capsys.readouterr().err == ""
+
+
+# ------------------------------------------------------------------ a dry run is the real run
+
+
+def _json_of(args: list[str]) -> tuple[int, dict[str, Any]]:
+    out = io.StringIO()
+    status = main(args, out=out)
+    return status, one_json(out.getvalue())
+
+
+def _without_dry_flag(report: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in report.items() if k != "dry_run"}
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def empty_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield str(tmp_path / "dry.db")
+        return
+    with schema_on(base_url()) as schema:
+        yield schema.url
+
+
+def test_a_requeue_dry_run_predicts_the_unique_key_refusals_the_real_run_meets(
+    empty_db: str,
+) -> None:
+    # issue 26 item 15: three cancelled jobs sharing a unique key; the real run requeues
+    # the first, and the key it then holds refuses the other two (DuplicateJob)
+    with open_store(empty_db) as store:
+        for job_id in ("a", "b", "c"):
+            store.jobs.enqueue("k", id=job_id, unique_key="report-2026")
+            assert store.jobs.cancel(job_id)
+        store.jobs.enqueue("k", id="d")
+        assert store.jobs.cancel("d")
+    before = jobs_in(empty_db)
+    dry_status, dry = _json_of(
+        ["--db", empty_db, "requeue", "--state", "cancelled", "--dry-run", "--json"]
+    )
+    assert jobs_in(empty_db) == before  # nothing written
+    real_status, real = _json_of(["--db", empty_db, "requeue", "--state", "cancelled", "--json"])
+    assert (dry["dry_run"], real["dry_run"]) == (True, False)
+    assert _without_dry_flag(dry) == _without_dry_flag(real)
+    assert dry_status == real_status == 1
+    assert results(real) == {"a": "changed", "b": "refused", "c": "refused", "d": "changed"}
+    assert (real["changed"], real["refused"]) == (2, 2)
+
+
+def test_a_cancel_dry_run_is_the_real_run_over_every_state(empty_db: str) -> None:
+    t0 = time.time() - HOUR
+    now = [t0]
+    with open_store(empty_db, runtime=clock_runtime(now)) as store:
+        for job_id in ("waiting", "expired", "running", "done", "asked"):
+            store.jobs.enqueue("k", id=job_id)
+        store.jobs.enqueue("k", id="gone")
+        assert store.jobs.cancel("gone")
+        for job_id, lease in (("asked", 3), ("done", 3), ("expired", 0.5), ("running", 3)):
+            claimed = store.jobs.claim(["k"], owner="w", lease_seconds=lease * HOUR)
+            assert claimed is not None
+            assert claimed.id == job_id
+            if job_id == "done":
+                assert store.jobs.complete(claimed.lease)
+        assert store.jobs.cancel("asked", force=True)
+    before = jobs_in(empty_db)
+    ids = ["waiting", "expired", "running", "done", "asked", "gone", "nope"]
+    dry_status, dry = _json_of(["--db", empty_db, "cancel", *ids, "--dry-run", "--json"])
+    assert jobs_in(empty_db) == before
+    real_status, real = _json_of(["--db", empty_db, "cancel", *ids, "--json"])
+    assert _without_dry_flag(dry) == _without_dry_flag(real)
+    assert dry_status == real_status
+    assert results(real) == {
+        "waiting": "changed",
+        "expired": "changed",
+        "running": "changed",  # its cancellation requested
+        "done": "refused",
+        "asked": "unchanged",  # already requested
+        "gone": "unchanged",
+        "nope": "refused",
+    }
+
+
+# ------------------------------------------------------------------ an interrupted bulk run
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_bulk_cancel_reports_exactly_what_it_changed(
+    empty_db: str, signum: int
+) -> None:
+    # issue 26 item 8: interrupted, `cancel --json` printed nothing at all
+    total = 4000
+    with open_store(empty_db) as store:
+        store.jobs.enqueue_many(NewJob("k", id=f"j{n:05d}") for n in range(total))
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jaren_jobs",
+            "--db",
+            empty_db,
+            "cancel",
+            "--state",
+            "pending",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+    )
+    try:
+        pause = threading.Event()
+        end = time.monotonic() + 120
+        with open_store(empty_db, readonly=True) as reader:
+            while reader.jobs.counts().cancelled < 50:  # it is under way: interrupt it
+                assert process.poll() is None, process.communicate()
+                assert time.monotonic() < end, "the bulk run never got going"
+                pause.wait(0.02)
+        process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[signum], stderr
+    assert "interrupted" in stderr
+    report = one_json(stdout)
+    assert report["interrupted"] is True
+    said = {job["id"] for job in report["jobs"] if job["result"] == "changed"}
+    cancelled = {job_id for job_id, job in jobs_in(empty_db).items() if job["state"] == "cancelled"}
+    assert said == cancelled  # exactly what changed: not one more, not one less
+    assert 50 <= len(cancelled) < total
+    assert report["changed"] == len(cancelled)
