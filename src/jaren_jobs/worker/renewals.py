@@ -230,5 +230,25 @@ def _renew_soon(self: Worker, job_id: str) -> None:
         held = [a for a in self._attempts.values() if a.job_id == job_id and not a.ended]
         for attempt in held:
             attempt.renew_at = 0.0
+        ahead = [
+            h
+            for h in self._held.values()
+            if h.job.id == job_id and h.attempt is None and not h.cancelled
+        ]
+    for waiting in ahead:
+        # a job leased ahead and not started: its handler never starts. The notice is
+        # enough here: only cancel(id, force=True) sends it, with the commit of a mark
+        # on a leased row, and while this worker's lease on the job lives no other
+        # attempt's lease can be the one marked (a marked lease that ran out ends the
+        # job cancelled, never claimed again)
+        self._cancel_unstarted(
+            waiting,
+            CancelRequested(
+                f"job {job_id!r} was cancelled by cancel(id, force=True) in another "
+                "process before its handler started: it never runs, and the job ends "
+                "cancelled",
+                job_id=job_id,
+            ),
+        )
     if held:
         self._renewals.wake()
