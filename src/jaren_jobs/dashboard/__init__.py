@@ -36,6 +36,7 @@ def create_app(
     queues: Sequence[str] | None = None,
     bulk_cap: int = 1000,
     trusted_origins: Sequence[str] = (),
+    poll_seconds: float = 5.0,
 ) -> DashboardApp:
     """The dashboard over ``store`` as a WSGI application.
 
@@ -45,7 +46,8 @@ def create_app(
     ``queues``: the queues the overview counts (default: those of the newest
     jobs). ``bulk_cap``: the most jobs one bulk action touches.
     ``trusted_origins``: other origins (``https://ops.example``) whose POSTs
-    are accepted, e.g. behind a proxy that rewrites the host.
+    are accepted, e.g. behind a proxy that rewrites the host. ``poll_seconds``:
+    how often the overview refreshes itself from the JSON API.
     """
     return DashboardApp(
         Dashboard(
@@ -55,6 +57,7 @@ def create_app(
             queues=queues,
             bulk_cap=bulk_cap,
             trusted_origins=trusted_origins,
+            poll_seconds=poll_seconds,
         )
     )
 
@@ -67,6 +70,7 @@ def create_asgi_app(
     queues: Sequence[str] | None = None,
     bulk_cap: int = 1000,
     trusted_origins: Sequence[str] = (),
+    poll_seconds: float = 5.0,
 ) -> DashboardAsgiApp:
     """The dashboard over ``store`` as an ASGI application (same options as :func:`create_app`).
 
@@ -81,5 +85,6 @@ def create_asgi_app(
             queues=queues,
             bulk_cap=bulk_cap,
             trusted_origins=trusted_origins,
+            poll_seconds=poll_seconds,
         )
     )

@@ -53,7 +53,8 @@ SECURITY_HEADERS = [
     ),
     ("X-Frame-Options", "DENY"),
     ("X-Content-Type-Options", "nosniff"),
-    ("Referrer-Policy", "no-referrer"),
+    # not no-referrer: under it Chromium sends "Origin: null" with the pages' own form POSTs
+    ("Referrer-Policy", "same-origin"),
     ("Cache-Control", "no-store"),
 ]
 STATIC = {
@@ -199,6 +200,7 @@ class Dashboard:
         bulk_cap: int = 1000,
         trusted_origins: Sequence[str] = (),
         title: str = "jaren_jobs",
+        poll_seconds: float = 5.0,
     ) -> None:
         if not isinstance(store, Store):
             raise TypeError(f"the dashboard needs a jaren_jobs Store, got {type(store).__name__}")
@@ -214,6 +216,11 @@ class Dashboard:
         self.bulk_cap = bulk_cap
         self.trusted_origins = frozenset(origin.rstrip("/") for origin in trusted_origins)
         self.title = title
+        if isinstance(poll_seconds, bool) or not isinstance(poll_seconds, (int, float)):
+            raise TypeError(f"poll_seconds must be a number, got {type(poll_seconds).__name__}")
+        if not 0.1 <= poll_seconds <= 3600:
+            raise ValueError(f"poll_seconds must be from 0.1 to 3600, got {poll_seconds!r}")
+        self.poll_ms = round(poll_seconds * 1000)
         # signs the CSRF token of each session; a restart starts new sessions
         self._secret = secrets.token_bytes(32)
 
@@ -296,6 +303,7 @@ class Dashboard:
             actions=not self.read_only,
             csrf=None if self.read_only else self.csrf_token(session),
             backend=self.store.backend,
+            poll_ms=self.poll_ms,
         )
 
     def _route(self, request: Request, session: str) -> Response:

@@ -26,6 +26,7 @@ class View:
     actions: bool
     csrf: str | None
     backend: str
+    poll_ms: int = 5000
 
 
 def url(root: str, path: str, query: Mapping[str, str] | None = None) -> str:
@@ -55,7 +56,8 @@ def _layout(view: View, heading: str, body: str, *, page: str) -> str:
         f"<title>{e(heading)} · {e(view.title)}</title>{csrf}"
         f'<link rel="stylesheet" href="{e(url(view.root, "/static/dashboard.css"))}">'
         f'<script defer src="{e(url(view.root, "/static/dashboard.js"))}"></script>'
-        f'</head><body data-root="{e(view.root)}" data-page="{e(page)}">'
+        f'</head><body data-root="{e(view.root)}" data-page="{e(page)}" '
+        f'data-poll-ms="{view.poll_ms}">'
         f"<header><strong>{e(view.title)}</strong><nav>{nav}</nav>"
         f'<span class="mode" data-testid="mode">{e(view.backend)} · {mode}</span></header>'
         f"<main><h1>{e(heading)}</h1>{body}</main></body></html>\n"
@@ -173,7 +175,7 @@ def overview_rows(data: Mapping[str, Any], root: str) -> dict[str, list[list[str
 def overview_page(view: View, data: Mapping[str, Any]) -> str:
     counts = data["counts"]
     cards = "".join(
-        f'<a class="card state-{state}" href="{e(url(view.root, "/jobs", {"state": state}))}">'
+        f'<a class="card card-{state}" href="{e(url(view.root, "/jobs", {"state": state}))}">'
         f'<span class="label">{state}</span>'
         f'<span class="count" data-testid="count-{state}" data-field="counts.{state}">'
         f"{e(counts[state])}</span></a>"

@@ -6,7 +6,7 @@
   var body = document.body;
   if (!body || body.getAttribute("data-page") !== "overview") { return; }
   var root = body.getAttribute("data-root") || "";
-  var PERIOD_MS = 5000;
+  var PERIOD_MS = Math.max(100, Number(body.getAttribute("data-poll-ms")) || 5000);
 
   function setField(name, value) {
     var nodes = document.querySelectorAll('[data-field="' + name + '"]');
