@@ -11,6 +11,7 @@ import pytest
 
 from jaren_jobs import Store
 from jaren_jobs.dashboard import create_app
+from tests.conftest import FakeClock
 
 from .support import XSS, fill, serving
 
@@ -262,3 +263,37 @@ def test_bulk_by_filter_counts_then_confirms(db: Store) -> None:
         )
         assert "requeue: 2 of 2 done" in done.text
         assert db.jobs.get("b-0").state == "pending"
+
+
+def test_overview_throughput_oldest_ready_and_leases(db: Store, clock: FakeClock) -> None:
+    filled = fill(db)
+    with serving(create_app(db)) as base, httpx.Client(base_url=base) as client:
+        first = client.get("/api/overview").json()
+        assert first["counts"]["pending"] == 4
+        assert first["throughput"]["done"] == [0] * 12  # one sample: nothing seen happen yet
+        assert first["oldest_ready"]["age_seconds"] == 0
+        assert [row["queue"] for row in first["queues"]] == ["default", "reports"]
+        (owner,) = first["leases"]["owners"]
+        assert owner["owner"] == "worker-b"
+        assert owner["leases"] == 1
+        assert owner["expired"] == 0
+        assert owner["soonest"] == "2027-01-15T08:00:30.000Z"
+        clock.advance(400)
+        for kind in ("late-a", "late-b", "late-c"):
+            db.jobs.enqueue(kind, None, id=kind)
+            claimed = db.jobs.claim([kind], owner="w")
+            assert claimed is not None
+            if kind == "late-c":
+                db.jobs.fail(claimed.lease, "no", retry=False)
+            else:
+                db.jobs.complete(claimed.lease)
+        second = client.get("/api/overview").json()
+        assert second["throughput"]["done"][-1] == 2
+        assert second["throughput"]["failed"][-1] == 1
+        assert sum(second["throughput"]["done"]) == 2
+        assert second["oldest_ready"]["age_seconds"] == 400
+        assert second["oldest_ready"]["id"] in filled.pending
+        assert second["leases"]["owners"][0]["expired"] == 1  # its 30 s lease ran out
+        clock.advance(2 * 3600)
+        third = client.get("/api/overview").json()
+        assert third["throughput"]["done"] == [0] * 12  # older than the hour

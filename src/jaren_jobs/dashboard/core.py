@@ -34,7 +34,7 @@ from jaren_jobs.records import STATES, Job
 from jaren_jobs.store import Store
 
 from . import pages
-from .overview import overview
+from .overview import Throughput, overview
 
 log = logging.getLogger("jaren_jobs.dashboard")
 
@@ -221,6 +221,7 @@ class Dashboard:
         if not 0.1 <= poll_seconds <= 3600:
             raise ValueError(f"poll_seconds must be from 0.1 to 3600, got {poll_seconds!r}")
         self.poll_ms = round(poll_seconds * 1000)
+        self.throughput = Throughput()
         # signs the CSRF token of each session; a restart starts new sessions
         self._secret = secrets.token_bytes(32)
 
@@ -404,7 +405,9 @@ class Dashboard:
     # ------------------------------------------------------------ reads
 
     def overview(self) -> dict[str, Any]:
-        return overview(self.store, queues=self.queues, periodic=self.periodic)
+        return overview(
+            self.store, queues=self.queues, periodic=self.periodic, throughput=self.throughput
+        )
 
     def _page(self, filters: Filters) -> Any:
         try:

@@ -1,30 +1,32 @@
 """What the overview shows, gathered through the public API only, each read bounded.
 
 ``counts()`` and ``due_counts()`` answer the totals in one statement each. What
-they cannot say (throughput over the last hour, who holds leases, the oldest
-ready job) is read with ``page()`` filtered by state and walked a bounded
-number of rows, so the overview costs the same on a table of a million jobs
-as on one of a hundred; a walk that hit its bound says so (``truncated``).
+they cannot say (who holds leases, the oldest ready job, which queues are live)
+is read with ``page()`` filtered by state and walked a bounded number of rows,
+and only for states ``counts()`` says are not empty; a walk that hit its bound
+says so (``truncated``). Throughput is drawn from ``counts()`` sampled at each
+overview (:class:`Throughput`), never from a walk of the settled jobs.
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
+from collections import deque
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from jaren_jobs.periodic import Periodic
-from jaren_jobs.records import STATES, Job
+from jaren_jobs.records import STATES, DueCounts, Job
 from jaren_jobs.store import Store
 
 #: the chart: one hour in twelve five-minute buckets
 BUCKETS = 12
 BUCKET_SECONDS = 300
 #: how many rows each bounded walk reads at most
-SCAN_CAP = 2000
+SCAN_CAP = 1000
 LEASE_CAP = 200
-#: queues discovered from the newest jobs when the app is given none
-QUEUE_SAMPLE = 500
 MAX_QUEUES = 20
 
 
@@ -38,104 +40,126 @@ def _iso(moment: datetime | None) -> str | None:
     return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def discover_queues(store: Store, configured: Sequence[str] | None) -> list[str]:
-    """The queues to count: the configured ones, else those of the newest jobs (bounded)."""
-    if configured is not None:
-        return list(configured)[:MAX_QUEUES]
-    seen: dict[str, None] = {}
-    with store.jobs.page(order="newest", limit=QUEUE_SAMPLE) as jobs:
-        for index, job in enumerate(jobs):
-            if index >= QUEUE_SAMPLE:
-                break
-            seen.setdefault(job.queue, None)
-    return sorted(seen)[:MAX_QUEUES]
+class Throughput:
+    """Jobs done and dead-lettered per five minutes, from ``counts()`` sampled over time.
 
-
-def throughput(store: Store, now: datetime) -> dict[str, Any]:
-    """Jobs settled done, and jobs failed or dead, per five-minute bucket of the last hour.
-
-    Counted by each job's last change (``updated_at``): a job that failed twice
-    in the hour counts once. Each state's walk reads at most ``SCAN_CAP`` rows,
-    newest first, and stops at the first row older than the hour.
+    No public read finds the jobs settled in the last hour without sorting
+    every settled row (``page(order="newest")`` sorts the filtered table on
+    each statement), so the dashboard remembers the totals it saw at each
+    overview (the page polls every few seconds while it is open) and draws
+    their increases. It knows only what happened while it was watching; a
+    sweep that lowers a total counts as nothing, never as negative work.
     """
-    start = now.timestamp() - BUCKETS * BUCKET_SECONDS
-    series: dict[str, list[int]] = {"done": [0] * BUCKETS, "failed": [0] * BUCKETS}
-    truncated = False
-    for state, name in (("done", "done"), ("failed", "failed"), ("dead", "failed")):
-        read = 0
-        with store.jobs.page(state=state, order="newest", limit=200) as jobs:
-            for job in jobs:
-                at = job.updated_at.timestamp()
-                if at < start:
-                    break
-                read += 1
-                if read > SCAN_CAP:
-                    truncated = True
-                    break
-                index = min(BUCKETS - 1, max(0, int((at - start) // BUCKET_SECONDS)))
-                series[name][index] += 1
-    return {
-        "bucket_seconds": BUCKET_SECONDS,
-        "since": _iso(datetime.fromtimestamp(start, tz=timezone.utc)),
-        "done": series["done"],
-        "failed": series["failed"],
-        "truncated": truncated,
-    }
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._samples: deque[tuple[float, int, int]] = deque()
+        self._started: float | None = None
+
+    def observe(self, at: float, done: int, dead: int) -> dict[str, Any]:
+        start = at - BUCKETS * BUCKET_SECONDS
+        with self._lock:
+            if self._started is None:
+                self._started = at
+            self._samples.append((at, done, dead))
+            # keep one sample older than the hour: the baseline of the first bucket
+            while len(self._samples) > 2 and self._samples[1][0] <= start:
+                self._samples.popleft()
+            samples = list(self._samples)
+            watching_since = self._started
+        series: dict[str, list[int]] = {"done": [0] * BUCKETS, "failed": [0] * BUCKETS}
+        for (_, done_before, dead_before), (when, done_now, dead_now) in itertools.pairwise(
+            samples
+        ):
+            if when < start:
+                continue
+            index = min(BUCKETS - 1, max(0, int((when - start) // BUCKET_SECONDS)))
+            series["done"][index] += max(0, done_now - done_before)
+            series["failed"][index] += max(0, dead_now - dead_before)
+        return {
+            "bucket_seconds": BUCKET_SECONDS,
+            "since": _iso(datetime.fromtimestamp(start, tz=timezone.utc)),
+            "watching_since": _iso(datetime.fromtimestamp(watching_since, tz=timezone.utc)),
+            "done": series["done"],
+            "failed": series["failed"],
+            "truncated": watching_since > start,
+        }
 
 
-def leases(store: Store, now: datetime) -> dict[str, Any]:
-    """The leases held now, by owner (owner, count, soonest and latest expiry); bounded."""
-    owners: dict[str, dict[str, Any]] = {}
-    read = 0
-    truncated = False
-    with store.jobs.page(state="leased", limit=LEASE_CAP + 1) as jobs:
-        for job in jobs:
-            read += 1
-            if read > LEASE_CAP:
-                truncated = True
-                break
-            owner = job.lease_owner or "(unknown)"
-            entry = owners.setdefault(
-                owner, {"owner": owner, "leases": 0, "expired": 0, "soonest": None, "latest": None}
-            )
-            entry["leases"] += 1
-            until = job.lease_until
-            if until is not None:
-                if until <= now:
-                    entry["expired"] += 1
-                if entry["soonest"] is None or until < entry["soonest"]:
-                    entry["soonest"] = until
-                if entry["latest"] is None or until > entry["latest"]:
-                    entry["latest"] = until
-    rows = []
-    for entry in sorted(owners.values(), key=lambda item: str(item["owner"])):
-        rows.append({**entry, "soonest": _iso(entry["soonest"]), "latest": _iso(entry["latest"])})
-    return {"owners": rows, "truncated": truncated}
+def queued_walk(store: Store, now: datetime, due: DueCounts) -> dict[str, Any]:
+    """The oldest ready job and the queues of live jobs, from bounded walks in id order.
 
-
-def oldest_ready(store: Store, now: datetime) -> dict[str, Any]:
-    """The oldest ``run_at`` among ready queued jobs, from a bounded walk in id order.
-
-    No public read orders queued jobs by ``run_at``; the walk reads at most
-    ``SCAN_CAP`` pending and failed jobs, and says when it stopped there.
+    No public read orders queued jobs by ``run_at``: each state with ready jobs
+    is walked by id, at most ``SCAN_CAP`` rows, and a walk stops early once it
+    has seen every ready job ``due_counts()`` reported.
     """
     oldest: Job | None = None
     truncated = False
-    for state in ("pending", "failed"):
-        with store.jobs.page(state=state, limit=500) as jobs:
+    queues: dict[str, None] = {}
+    for state, ready in (("pending", due.pending_ready), ("failed", due.failed_ready)):
+        if ready == 0:
+            continue
+        seen_ready = 0
+        with store.jobs.page(state=state, limit=min(SCAN_CAP, ready) + 1) as jobs:
             for index, job in enumerate(jobs):
                 if index >= SCAN_CAP:
                     truncated = True
                     break
-                if job.run_at <= now and (oldest is None or job.run_at < oldest.run_at):
-                    oldest = job
-    if oldest is None:
-        return {"id": None, "age_seconds": None, "truncated": truncated}
+                queues.setdefault(job.queue, None)
+                if job.run_at <= now:
+                    seen_ready += 1
+                    if oldest is None or job.run_at < oldest.run_at:
+                        oldest = job
+                    if seen_ready >= ready:
+                        break
+    age = None if oldest is None else round((now - oldest.run_at).total_seconds(), 3)
     return {
-        "id": oldest.id,
-        "age_seconds": round((now - oldest.run_at).total_seconds(), 3),
-        "truncated": truncated,
+        "oldest": {
+            "id": None if oldest is None else oldest.id,
+            "age_seconds": age,
+            "truncated": truncated,
+        },
+        "queues": list(queues),
     }
+
+
+def leases(store: Store, now: datetime, leased: int) -> dict[str, Any]:
+    """The leases held now, by owner (owner, count, soonest and latest expiry).
+
+    Read only when ``counts()`` says there are any, and at most ``LEASE_CAP``.
+    """
+    owners: dict[str, dict[str, Any]] = {}
+    read = 0
+    truncated = False
+    queues: dict[str, None] = {}
+    if leased:
+        with store.jobs.page(state="leased", limit=min(LEASE_CAP, leased) + 1) as jobs:
+            for job in jobs:
+                read += 1
+                if read > LEASE_CAP:
+                    truncated = True
+                    break
+                queues.setdefault(job.queue, None)
+                owner = job.lease_owner or "(unknown)"
+                entry = owners.setdefault(
+                    owner,
+                    {"owner": owner, "leases": 0, "expired": 0, "soonest": None, "latest": None},
+                )
+                entry["leases"] += 1
+                until = job.lease_until
+                if until is not None:
+                    if until <= now:
+                        entry["expired"] += 1
+                    if entry["soonest"] is None or until < entry["soonest"]:
+                        entry["soonest"] = until
+                    if entry["latest"] is None or until > entry["latest"]:
+                        entry["latest"] = until
+                if read >= leased:
+                    break  # every lease counts() reported is seen
+    rows = []
+    for entry in sorted(owners.values(), key=lambda item: str(item["owner"])):
+        rows.append({**entry, "soonest": _iso(entry["soonest"]), "latest": _iso(entry["latest"])})
+    return {"owners": rows, "truncated": truncated, "queues": list(queues)}
 
 
 def schedules(periodic: Sequence[Periodic], now: datetime) -> list[dict[str, Any]]:
@@ -157,23 +181,36 @@ def schedules(periodic: Sequence[Periodic], now: datetime) -> list[dict[str, Any
 
 
 def overview(
-    store: Store, *, queues: Sequence[str] | None, periodic: Sequence[Periodic]
+    store: Store,
+    *,
+    queues: Sequence[str] | None,
+    periodic: Sequence[Periodic],
+    throughput: Throughput,
 ) -> dict[str, Any]:
     """Everything the overview page shows, as JSON (what ``/api/overview`` answers)."""
     now = _now(store)
     counts = store.jobs.counts()
+    due = store.jobs.due_counts()
+    walked = queued_walk(store, now, due)
+    held = leases(store, now, counts.leased)
+    if queues is None:
+        # the queues of live jobs; a queue with only settled jobs is left out
+        named = sorted({*walked["queues"], *held.pop("queues"), *(p.queue for p in periodic)})
+    else:
+        held.pop("queues")
+        named = list(queues)
     by_queue = []
-    for queue in discover_queues(store, queues):
+    for queue in named[:MAX_QUEUES]:
         counted = store.jobs.counts(queue=queue).to_dict()
         by_queue.append({"queue": queue, **{state: counted[state] for state in STATES}})
     return {
         "now": _iso(now),
         "counts": counts.to_dict(),
-        "due": store.jobs.due_counts().to_dict(),
+        "due": due.to_dict(),
         "queues": by_queue,
         "kinds": sorted(counts.pending_kinds.items()),
-        "throughput": throughput(store, now),
-        "leases": leases(store, now),
-        "oldest_ready": oldest_ready(store, now),
+        "throughput": throughput.observe(now.timestamp(), counts.done, counts.dead),
+        "leases": held,
+        "oldest_ready": walked["oldest"],
         "periodic": schedules(periodic, now),
     }

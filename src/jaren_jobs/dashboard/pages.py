@@ -121,17 +121,17 @@ def chart(throughput: Mapping[str, Any]) -> str:
                 f'<rect class="bar-{name}" data-bar="{name}-{index}" x="{index * slot + offset}" '
                 f'y="{height - h}" width="18" height="{h}"><title>{value} {name}</title></rect>'
             )
-    more = " (at least: the walk stopped at its bound)" if throughput["truncated"] else ""
+    more = f" (watched since {throughput['watching_since']})" if throughput["truncated"] else ""
     return (
         f'<svg class="chart" data-testid="chart" viewBox="0 0 {width} {height + 16}" '
-        f'role="img" aria-label="jobs done and failed per five minutes, last hour{more}">'
+        f'role="img" aria-label="jobs done and dead-lettered per five minutes, last hour{more}">'
         f'<text x="2" y="12" class="axis" data-field="chart-top">{top}</text>'
         + "".join(bars)
         + f'<line x1="0" y1="{height}" x2="{width}" y2="{height}" class="axis-line"/>'
         f'<text x="2" y="{height + 14}" class="axis">-60 min</text>'
         f'<text x="{width - 30}" y="{height + 14}" class="axis">now</text></svg>'
         '<p class="legend"><span class="key key-done"></span> done '
-        '<span class="key key-failed"></span> failed or dead, by last change'
+        '<span class="key key-failed"></span> dead-lettered, per five minutes'
         f'<span data-field="chart-note">{e(more)}</span></p>'
     )
 
