@@ -33,6 +33,7 @@ PAGES = (
     ("overview (HTML)", "/", ""),
     ("overview (JSON)", "/api/overview", ""),
     ("counts (JSON)", "/api/counts", ""),
+    ("per-queue counts (JSON, 3 queues)", "/api/queues", ""),
     ("jobs, first page", "/jobs", ""),
     ("jobs state=pending", "/jobs", "state=pending"),
     ("jobs state=dead", "/api/jobs", "state=dead"),

@@ -272,7 +272,13 @@ def test_overview_throughput_oldest_ready_and_leases(db: Store, clock: FakeClock
         assert first["counts"]["pending"] == 4
         assert first["throughput"]["done"] == [0] * 12  # one sample: nothing seen happen yet
         assert first["oldest_ready"]["age_seconds"] == 0
-        assert [row["queue"] for row in first["queues"]] == ["default", "reports"]
+        assert first["queue_names"] == ["default", "reports"]
+        queues = client.get("/api/queues").json()
+        assert [(row["queue"], row["pending"], row["done"]) for row in queues["queues"]] == [
+            ("default", 4, 0),
+            ("reports", 0, 2),
+        ]
+        assert client.get("/api/overview").json()["queues"] == queues["queues"]  # kept
         (owner,) = first["leases"]["owners"]
         assert owner["owner"] == "worker-b"
         assert owner["leases"] == 1

@@ -34,7 +34,7 @@ from jaren_jobs.records import STATES, Job
 from jaren_jobs.store import Store
 
 from . import pages
-from .overview import Throughput, overview
+from .overview import QueueCounts, Throughput, overview
 
 log = logging.getLogger("jaren_jobs.dashboard")
 
@@ -222,6 +222,7 @@ class Dashboard:
             raise ValueError(f"poll_seconds must be from 0.1 to 3600, got {poll_seconds!r}")
         self.poll_ms = round(poll_seconds * 1000)
         self.throughput = Throughput()
+        self.queue_counts = QueueCounts()
         # signs the CSRF token of each session; a restart starts new sessions
         self._secret = secrets.token_bytes(32)
 
@@ -372,6 +373,11 @@ class Dashboard:
                 # the overview's tables as the page draws them, for its poller
                 data["rows"] = pages.overview_rows(data, request.root)
             return _json(200, data)
+        if path == "/api/queues":
+            data = self.queues_now()
+            if one(fields, "rows") is not None:
+                data["rows"] = pages.queue_rows(data["queues"], request.root)
+            return _json(200, data)
         if path == "/api/jobs":
             filters = read_filters(fields)
             page = self._page(filters)
@@ -405,9 +411,18 @@ class Dashboard:
     # ------------------------------------------------------------ reads
 
     def overview(self) -> dict[str, Any]:
-        return overview(
+        """The overview's data; the per-queue counts as last counted (``/api/queues``)."""
+        data = overview(
             self.store, queues=self.queues, periodic=self.periodic, throughput=self.throughput
         )
+        data["queues"], data["queues_as_of"] = self.queue_counts.cached()
+        return data
+
+    def queues_now(self) -> dict[str, Any]:
+        """Jobs per state in each queue (counted at most every 30 s)."""
+        names = self.overview()["queue_names"] if self.queues is None else list(self.queues)
+        rows, as_of = self.queue_counts.get(self.store, names)
+        return {"queues": rows, "as_of": as_of}
 
     def _page(self, filters: Filters) -> Any:
         try:

@@ -136,17 +136,26 @@ def chart(throughput: Mapping[str, Any]) -> str:
     )
 
 
+def queue_rows(rows: Sequence[Mapping[str, Any]], root: str) -> list[list[str]]:
+    """The by-queue table's cells, escaped HTML."""
+
+    def link(text: object, query: Mapping[str, str]) -> str:
+        return f'<a href="{e(url(root, "/jobs", query))}">{e(text)}</a>'
+
+    return [
+        [link(row["queue"], {"queue": row["queue"]})]
+        + [link(row[state], {"queue": row["queue"], "state": state}) for state in STATES]
+        for row in rows
+    ]
+
+
 def overview_rows(data: Mapping[str, Any], root: str) -> dict[str, list[list[str]]]:
     """The overview's tables as cells of escaped HTML (also what the poller redraws)."""
 
     def link(text: object, query: Mapping[str, str]) -> str:
         return f'<a href="{e(url(root, "/jobs", query))}">{e(text)}</a>'
 
-    queues = [
-        [link(row["queue"], {"queue": row["queue"]})]
-        + [link(row[state], {"queue": row["queue"], "state": state}) for state in STATES]
-        for row in data["queues"]
-    ]
+    queues = queue_rows(data["queues"], root)
     kinds = [[link(kind, {"kind": kind}), e(count)] for kind, count in data["kinds"]]
     leases = [
         [
@@ -198,7 +207,13 @@ def overview_page(view: View, data: Mapping[str, Any]) -> str:
         f'As of <span data-field="now">{e(data["now"])}</span>.</p></section>'
         f"<h2>Last hour</h2>{chart(data['throughput'])}"
         "<h2>By queue</h2>"
-        + _table(["queue", *STATES], rows["queues"], testid="queues")
+        + _table(
+            ["queue", *STATES],
+            rows["queues"] or [["counting…", *([""] * len(STATES))]],
+            testid="queues",
+        )
+        + f'<p class=hint>counted at most every 30 s; as of <span data-field="queues-as-of">'
+        f"{e(data['queues_as_of'] or 'not yet')}</span></p>"
         + "<h2>Queued by kind</h2><p class=hint>pending and failed jobs</p>"
         + _table(["kind", "queued"], rows["kinds"], testid="kinds")
         + "<h2>Leases held</h2>"

@@ -56,8 +56,25 @@
     setField("oldest", age(data.oldest_ready.age_seconds));
     setField("now", data.now);
     bars(data.throughput);
-    Object.keys(data.rows).forEach(function (name) { table(name, data.rows[name]); });
+    Object.keys(data.rows).forEach(function (name) {
+      // the per-queue counts come from /api/queues until they have been counted once
+      if (name !== "queues" || data.queues_as_of) { table(name, data.rows[name]); }
+    });
   }
+
+  // the per-queue counts: a statement per queue over all its jobs, so counted apart
+  // from the overview, and at most every QUEUES_MS (the server keeps them as long)
+  var QUEUES_MS = 30000;
+  function queues() {
+    fetch(root + "/api/queues?rows=1", { credentials: "same-origin", cache: "no-store" })
+      .then(function (answer) { return answer.ok ? answer.json() : null; })
+      .then(function (data) {
+        if (data) { table("queues", data.rows); setField("queues-as-of", data.as_of); }
+      })
+      .catch(function () { /* the next round tries again */ })
+      .finally(function () { setTimeout(queues, QUEUES_MS); });
+  }
+  queues();
 
   function poll() {
     fetch(root + "/api/overview?rows=1", { credentials: "same-origin", cache: "no-store" })
