@@ -303,3 +303,32 @@ def test_overview_throughput_oldest_ready_and_leases(db: Store, clock: FakeClock
         clock.advance(2 * 3600)
         third = client.get("/api/overview").json()
         assert third["throughput"]["done"] == [0] * 12  # older than the hour
+
+
+def test_run_now_and_the_job_page_flash(db: Store) -> None:
+    filled = fill(db)
+    failed = db.jobs.get(filled.failed)
+    assert failed is not None
+    assert failed.run_at > failed.updated_at  # waiting out its backoff
+    with serving(create_app(db, read_only=False)) as base, httpx.Client(base_url=base) as client:
+        token = _csrf(client)
+        answer = client.post(
+            "/actions/job", data={"csrf_token": token, "id": filled.failed, "action": "run_now"}
+        )
+        assert answer.status_code == 303
+        job = db.jobs.get(filled.failed)
+        assert job is not None
+        assert job.state == "pending"
+        assert job.attempts == 1  # the attempt count is kept
+        shown = client.get(answer.headers["location"])
+        assert 'data-testid="flash">made due now<' in shown.text
+        # a pending job scheduled later cannot be moved forward through the public API
+        refused = client.post(
+            "/actions/job", data={"csrf_token": token, "id": filled.pending[0], "action": "run_now"}
+        )
+        assert refused.status_code == 409
+        assert "run now is for a job waiting out a retry" in refused.text
+        # the flash shows only the dashboard's own words
+        crafted = client.get("/job", params={"id": filled.dead, "done": "your account is closed"})
+        assert crafted.status_code == 200
+        assert "your account is closed" not in crafted.text

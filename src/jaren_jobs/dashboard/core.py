@@ -43,6 +43,18 @@ DEFAULT_LIMIT = 50
 MAX_BODY = 256 * 1024
 MAX_FIELD = 2000  # longer filters and ids than any real one: refused, not searched
 COOKIE = "jaren_jobs_dashboard"
+#: what an action's redirect may show on the job page
+FLASHES = frozenset(
+    {
+        "cancelled",
+        "already cancelled",
+        "cancellation requested (the running attempt is told to stop)",
+        "requeued",
+        "already pending",
+        "requeued with its attempts reset",
+        "made due now",
+    }
+)
 ORDERS = ("id", "newest")
 
 SECURITY_HEADERS = [
@@ -241,8 +253,12 @@ class Dashboard:
         response.headers.extend(SECURITY_HEADERS)
         if fresh:
             path = request.root or "/"
+            secure = "; Secure" if request.scheme == "https" else ""
             response.headers.append(
-                ("Set-Cookie", f"{COOKIE}={session}; Path={path}; HttpOnly; SameSite=Strict")
+                (
+                    "Set-Cookie",
+                    f"{COOKIE}={session}; Path={path}; HttpOnly; SameSite=Strict{secure}",
+                )
             )
         return response
 
@@ -405,6 +421,8 @@ class Dashboard:
                 raise HttpError(400, "which job? give ?id=")
             job = self._job(wanted)
             done = one(fields, "done")
+            if done not in FLASHES:
+                done = None  # only the dashboard's own words: a crafted link says nothing
             return _html(200, pages.job_page(view, job, self._errors(job.id), done))
         raise HttpError(404, f"no page at {_clip(path)}")
 
