@@ -73,9 +73,10 @@ class Throughput:
         for (_, done_before, dead_before), (when, done_now, dead_now) in itertools.pairwise(
             samples
         ):
-            if when < start:
+            # the last bucket ends now: a sample taken now falls in it
+            index = BUCKETS - 1 - int(max(0.0, at - when) // BUCKET_SECONDS)
+            if index < 0:
                 continue
-            index = min(BUCKETS - 1, max(0, int((when - start) // BUCKET_SECONDS)))
             series["done"][index] += max(0, done_now - done_before)
             series["failed"][index] += max(0, dead_now - dead_before)
         return {
