@@ -19,11 +19,13 @@ import secrets
 import statistics
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from jaren_jobs import NewJob, Store, open_store
 from jaren_jobs.dashboard.core import Dashboard, Request
+from jaren_jobs.dashboard.overview import queued_walk
 
 KINDS = ("email", "report", "resize", "sync", "webhook")
 QUEUES = ("default", "bulk", "critical")
@@ -68,6 +70,10 @@ def fill(store: Store, settled: int, pending: int) -> None:
     print(f"filled {settled:,} settled + {pending:,} pending in {took:.0f} s")
 
 
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
 def measure(store: Store) -> list[tuple[str, float, float]]:
     dashboard = Dashboard(store)
     rows = []
@@ -75,6 +81,7 @@ def measure(store: Store) -> list[tuple[str, float, float]]:
         ("  counts()", store.jobs.counts),
         ("  due_counts()", store.jobs.due_counts),
         ("  counts(queue='bulk')", lambda: store.jobs.counts(queue="bulk")),
+        ("  overview's walks", lambda: queued_walk(store, now(), store.jobs.due_counts())),
     )
     for name, call in parts:
         times = []

@@ -25,7 +25,7 @@ from jaren_jobs.store import Store
 BUCKETS = 12
 BUCKET_SECONDS = 300
 #: how many rows each bounded walk reads at most
-SCAN_CAP = 1000
+SCAN_CAP = 200
 LEASE_CAP = 200
 MAX_QUEUES = 20
 #: how long the per-queue counts are reused before they are counted again

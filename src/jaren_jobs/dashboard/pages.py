@@ -251,7 +251,10 @@ def _filter_form(view: View, filters: Filters) -> str:
     )
     orders = "".join(
         f'<option value="{value}"{" selected" if filters.order == value else ""}>{label}</option>'
-        for value, label in (("id", "by id"), ("newest", "newest first"))
+        for value, label in (
+            ("id", "by id"),
+            ("newest", "newest first (sorts: slow on big tables)"),
+        )
     )
     return (
         f'<form class="filters" method="get" action="{e(url(view.root, "/jobs"))}">'
