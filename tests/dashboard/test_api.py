@@ -332,3 +332,52 @@ def test_run_now_and_the_job_page_flash(db: Store) -> None:
         crafted = client.get("/job", params={"id": filled.dead, "done": "your account is closed"})
         assert crafted.status_code == 200
         assert "your account is closed" not in crafted.text
+
+
+def test_hostile_paths_and_bodies(db: Store) -> None:
+    fill(db)
+    with serving(create_app(db, read_only=False)) as base, httpx.Client(base_url=base) as client:
+        for path in (
+            "/static/../core.py",
+            "/static/%2e%2e/core.py",
+            "/static/",
+            "/api/",
+            "/api/jobs/",
+            "/job",
+        ):
+            answer = client.get(path)
+            assert answer.status_code in (400, 404), path
+            assert "Traceback" not in answer.text
+        token = _csrf(client)
+        huge = client.post(
+            "/actions/bulk",
+            content=b"a=" + b"x" * 400_000,
+            headers={"X-CSRF-Token": token, "Content-Type": "application/x-www-form-urlencoded"},
+        )
+        assert huge.status_code == 413
+        for body, kind in (
+            (b"\xff\xfe", "application/x-www-form-urlencoded"),
+            (b"{not json", "application/json"),
+            (b"[1, 2]", "application/json"),
+            (b'{"reset_attempts": {"a": 1}}', "application/json"),
+        ):
+            answer = client.post(
+                "/api/jobs/work-dead/requeue",
+                content=body,
+                headers={"X-CSRF-Token": token, "Content-Type": kind},
+            )
+            assert answer.status_code == 400, body
+            assert answer.json()["error"]
+        many = client.post(
+            "/actions/bulk",
+            data={
+                "csrf_token": token,
+                "mode": "ids",
+                "action": "cancel",
+                "ids": ["nope", "p-0"],
+                "confirm": "yes",
+            },
+        )
+        assert many.status_code == 200
+        assert "cancel: 1 of 2 done" in many.text
+        assert "no job" in many.text
