@@ -216,3 +216,27 @@ def test_read_only_mode_shows_no_actions(db: Store, page: Page) -> None:
         expect(page.locator("form[method=post]")).to_have_count(0)
         expect(page.locator('meta[name="csrf-token"]')).to_have_count(0)
         expect(page.get_by_test_id("mode")).to_contain_text("read-only")
+
+
+def test_mounted_under_a_prefix_the_page_polls_its_own_api(db: Store, page: Page) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    from jaren_jobs.dashboard import create_asgi_app
+
+    from .test_mounts import uvicorn_serving
+
+    fill(db)
+    app = Starlette(
+        routes=[Mount("/ops/jobs", app=create_asgi_app(db, read_only=False, poll_seconds=0.5))]
+    )
+    with uvicorn_serving(app) as base:
+        page.goto(base + "/ops/jobs/")
+        expect(page.get_by_test_id("queues")).to_contain_text("reports")  # fetched by the page
+        db.jobs.enqueue("email", None, id="p-prefixed")
+        expect(page.get_by_test_id("count-pending")).to_have_text("5")
+        page.get_by_role("link", name="Jobs", exact=True).click()
+        expect(page).to_have_url(base + "/ops/jobs/jobs")
+        page.goto(base + "/ops/jobs/job?id=work-dead")
+        page.get_by_test_id("action-requeue").click()
+        expect(page.get_by_test_id("job-state")).to_have_text("pending")
