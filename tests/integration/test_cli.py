@@ -823,7 +823,9 @@ def test_jaren_jobs_alone_prints_a_short_help_and_exits_2(prepared: Prepared) ->
         lines = result.stderr.splitlines()
         assert lines[0].startswith("usage: jaren-jobs")
         listed = [line.split()[0] for line in lines if line.startswith("  ")]
-        assert listed == ["counts", "ls", "show", "cancel", "requeue", "sweep", "worker", "demo"]
+        assert listed == [
+            "counts", "ls", "show", "cancel", "requeue", "sweep", "worker", "demo", "dashboard"
+        ]
         assert "--help" in lines[-1]
         assert "Traceback" not in result.stderr
         assert len(lines) < 16  # short
@@ -847,7 +849,8 @@ def test_the_console_script_is_declared_and_is_the_same_main() -> None:
 
 def test_help_lists_every_subcommand() -> None:
     out = ok(run_cli("--help"))
-    for command in ("counts", "ls", "show", "cancel", "requeue", "sweep", "worker", "demo"):
+    commands = ("counts", "ls", "show", "cancel", "requeue", "sweep", "worker", "demo", "dashboard")
+    for command in commands:
         assert re.search(rf"^\s+{command}\s", out, re.MULTILINE), command
 
 

@@ -40,6 +40,7 @@ from .arguments import (
 )
 from .commands import COMMANDS, cmd_demo
 from .opening import opened
+from .serving import cmd_dashboard
 
 __all__ = ["main", "parse_duration"]
 
@@ -78,6 +79,8 @@ def _run(args: argparse.Namespace, stream: TextIO) -> int:
     try:
         if args.command == "demo":
             return cmd_demo(args, stream)
+        if args.command == "dashboard":
+            return cmd_dashboard(args, stream)
         command, readonly = COMMANDS[args.command]
         db = args.db if args.db is not None else os.environ.get("JAREN_JOBS_DB")
         with opened(db, readonly=readonly) as store:

@@ -300,4 +300,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--json", action="store_true", help="one JSON object at the end, not the running report"
     )
+
+    dashboard = add_command("dashboard", "serve the dashboard in the browser (read-only)")
+    dashboard.add_argument("--host", type=_utf8, default="127.0.0.1", help="(127.0.0.1)")
+    dashboard.add_argument("--port", type=int, default=8787, help="(8787; 0: any free port)")
+    dashboard.add_argument(
+        "--allow-actions", action="store_true", help="cancel and requeue from the browser"
+    )
+    dashboard.add_argument(
+        "--insecure", action="store_true", help="serve another address without credentials"
+    )
     return parser

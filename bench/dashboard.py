@@ -1,0 +1,145 @@
+"""How long the dashboard takes to answer on a big table (issue 30): not a test.
+
+    python -m bench.dashboard                                # SQLite, 1M settled + 100k pending
+    python -m bench.dashboard --settled 100000 --pending 10000
+    python -m bench.dashboard --postgres postgresql://...    # a schema of its own, dropped after
+
+The jobs are enqueued through ``enqueue_many``; the settled ones are then marked
+``done`` (90 %), ``dead`` and ``cancelled`` (5 % each), last changed over the past
+48 hours, by one UPDATE through ``store.transaction()`` (claiming and completing
+a million jobs one by one would take the benchmark's whole budget and measure
+nothing the dashboard does). Each page is answered by the dashboard's core
+(no HTTP in between), five times; the report gives the median and the worst.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import statistics
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from jaren_jobs import NewJob, Store, open_store
+from jaren_jobs.dashboard.core import Dashboard, Request
+from jaren_jobs.dashboard.overview import queued_walk
+
+KINDS = ("email", "report", "resize", "sync", "webhook")
+QUEUES = ("default", "bulk", "critical")
+BATCH = 20_000
+
+PAGES = (
+    ("overview (HTML)", "/", ""),
+    ("overview (JSON)", "/api/overview", ""),
+    ("counts (JSON)", "/api/counts", ""),
+    ("per-queue counts (JSON, 3 queues)", "/api/queues", ""),
+    ("jobs, first page", "/jobs", ""),
+    ("jobs state=pending", "/jobs", "state=pending"),
+    ("jobs state=dead", "/api/jobs", "state=dead"),
+    ("jobs state=leased (none)", "/api/jobs", "state=leased"),
+    ("jobs state=done kind=report", "/api/jobs", "state=done&kind=report"),
+    ("jobs queue=critical state=pending", "/api/jobs", "queue=critical&state=pending"),
+    ("jobs kind=sync newest first", "/jobs", "kind=sync&order=newest"),
+    ("jobs state=done newest first", "/api/jobs", "state=done&order=newest"),
+)
+
+
+def fill(store: Store, settled: int, pending: int) -> None:
+    started = time.perf_counter()
+    for prefix, count in (("s", settled), ("p", pending)):
+        for start in range(0, count, BATCH):
+            store.jobs.enqueue_many(
+                NewJob(KINDS[n % 5], {"n": n}, id=f"{prefix}{n:08d}", queue=QUEUES[n % 3])
+                for n in range(start, min(count, start + BATCH))
+            )
+    now_ms = int(time.time() * 1000)
+    number = "CAST(substr(id, 2) AS BIGINT)"
+    with store.transaction() as tx:
+        tx.execute(
+            'UPDATE "_jaren_jobs" SET '
+            f"state = CASE WHEN {number} % 20 = 0 THEN 'dead' "
+            f"WHEN {number} % 20 = 1 THEN 'cancelled' ELSE 'done' END, "
+            "attempts = 1, lease_generation = 1, "
+            f"updated_at = {now_ms} - ({number} % 7200) * 24000 "
+            "WHERE id >= 's' AND id < 't'"
+        )
+    took = time.perf_counter() - started
+    print(f"filled {settled:,} settled + {pending:,} pending in {took:.0f} s")
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def measure(store: Store) -> list[tuple[str, float, float]]:
+    dashboard = Dashboard(store)
+    rows = []
+    parts = (
+        ("  counts()", store.jobs.counts),
+        ("  due_counts()", store.jobs.due_counts),
+        ("  counts(queue='bulk')", lambda: store.jobs.counts(queue="bulk")),
+        ("  overview's walks", lambda: queued_walk(store, now(), store.jobs.due_counts())),
+    )
+    for name, call in parts:
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            call()
+            times.append((time.perf_counter() - started) * 1000)
+        rows.append((name, statistics.median(times), max(times)))
+    for name, path, query in PAGES:
+        times = []
+        for _ in range(5):
+            started = time.perf_counter()
+            answer = dashboard.handle(Request("GET", path, "", query, {}))
+            times.append((time.perf_counter() - started) * 1000)
+            assert answer.status == 200, (name, answer.body[:300])
+        rows.append((name, statistics.median(times), max(times)))
+    return rows
+
+
+def report(label: str, rows: list[tuple[str, float, float]]) -> None:
+    print(f"\n{label}")
+    print(f"  {'page':<36} {'median ms':>10} {'worst ms':>10}")
+    for name, median, worst in rows:
+        print(f"  {name:<36} {median:>10.1f} {worst:>10.1f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.dashboard")
+    parser.add_argument("--settled", type=int, default=1_000_000)
+    parser.add_argument("--pending", type=int, default=100_000)
+    parser.add_argument("--postgres", metavar="URL", help="a server to measure on instead")
+    args = parser.parse_args(argv)
+    label = f"{args.settled:,} settled + {args.pending:,} pending"
+    if args.postgres:
+        import psycopg
+
+        schema = f"bench_{secrets.token_hex(4)}"
+        with psycopg.connect(args.postgres, autocommit=True) as conn:
+            conn.execute(f'CREATE SCHEMA "{schema}"')
+        separator = "&" if "?" in args.postgres else "?"
+        url = f"{args.postgres}{separator}options=-csearch_path%3D{schema}"
+        try:
+            store: Any = open_store(url)
+            with store:
+                fill(store, args.settled, args.pending)
+                report(f"PostgreSQL, {label}", measure(store))
+        finally:
+            with psycopg.connect(args.postgres, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        return 0
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        open_store(Path(folder) / "bench.db", durability="normal") as store,
+    ):
+        fill(store, args.settled, args.pending)
+        report(f"SQLite, {label}", measure(store))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,254 @@
+"""What the overview shows, gathered through the public API only, each read bounded.
+
+``counts()`` and ``due_counts()`` answer the totals in one statement each. What
+they cannot say (who holds leases, the oldest ready job, which queues are live)
+is read with ``page()`` filtered by state and walked a bounded number of rows,
+and only for states ``counts()`` says are not empty; a walk that hit its bound
+says so (``truncated``). Throughput is drawn from ``counts()`` sampled at each
+overview (:class:`Throughput`), never from a walk of the settled jobs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from jaren_jobs.periodic import Periodic
+from jaren_jobs.records import STATES, DueCounts, Job
+from jaren_jobs.store import Store
+
+#: the chart: one hour in twelve five-minute buckets
+BUCKETS = 12
+BUCKET_SECONDS = 300
+#: how many rows each bounded walk reads at most
+SCAN_CAP = 200
+LEASE_CAP = 200
+MAX_QUEUES = 20
+#: how long the per-queue counts are reused before they are counted again
+QUEUE_COUNTS_SECONDS = 30.0
+
+
+def _now(store: Store) -> datetime:
+    return datetime.fromtimestamp(store.runtime.now(), tz=timezone.utc)
+
+
+def _iso(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Throughput:
+    """Jobs done and dead-lettered per five minutes, from ``counts()`` sampled over time.
+
+    No public read finds the jobs settled in the last hour without sorting
+    every settled row (``page(order="newest")`` sorts the filtered table on
+    each statement), so the dashboard remembers the totals it saw at each
+    overview (the page polls every few seconds while it is open) and draws
+    their increases. It knows only what happened while it was watching; a
+    sweep that lowers a total counts as nothing, never as negative work.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._samples: deque[tuple[float, int, int]] = deque()
+        self._started: float | None = None
+
+    def observe(self, at: float, done: int, dead: int) -> dict[str, Any]:
+        start = at - BUCKETS * BUCKET_SECONDS
+        with self._lock:
+            if self._started is None:
+                self._started = at
+            self._samples.append((at, done, dead))
+            # keep one sample older than the hour: the baseline of the first bucket
+            while len(self._samples) > 2 and self._samples[1][0] <= start:
+                self._samples.popleft()
+            samples = list(self._samples)
+            watching_since = self._started
+        series: dict[str, list[int]] = {"done": [0] * BUCKETS, "failed": [0] * BUCKETS}
+        for (_, done_before, dead_before), (when, done_now, dead_now) in itertools.pairwise(
+            samples
+        ):
+            # the last bucket ends now: a sample taken now falls in it
+            index = BUCKETS - 1 - int(max(0.0, at - when) // BUCKET_SECONDS)
+            if index < 0:
+                continue
+            series["done"][index] += max(0, done_now - done_before)
+            series["failed"][index] += max(0, dead_now - dead_before)
+        return {
+            "bucket_seconds": BUCKET_SECONDS,
+            "since": _iso(datetime.fromtimestamp(start, tz=timezone.utc)),
+            "watching_since": _iso(datetime.fromtimestamp(watching_since, tz=timezone.utc)),
+            "done": series["done"],
+            "failed": series["failed"],
+            "truncated": watching_since > start,
+        }
+
+
+def queued_walk(store: Store, now: datetime, due: DueCounts) -> dict[str, Any]:
+    """The oldest ready job and the queues of live jobs, from bounded walks in id order.
+
+    No public read orders queued jobs by ``run_at``: each state with ready jobs
+    is walked by id, at most ``SCAN_CAP`` rows, and a walk stops early once it
+    has seen every ready job ``due_counts()`` reported.
+    """
+    oldest: Job | None = None
+    truncated = False
+    queues: dict[str, None] = {}
+    for state, ready in (("pending", due.pending_ready), ("failed", due.failed_ready)):
+        if ready == 0:
+            continue
+        seen_ready = 0
+        with store.jobs.page(state=state, limit=min(SCAN_CAP, ready) + 1) as jobs:
+            for index, job in enumerate(jobs):
+                if index >= SCAN_CAP:
+                    truncated = True
+                    break
+                queues.setdefault(job.queue, None)
+                if job.run_at <= now:
+                    seen_ready += 1
+                    if oldest is None or job.run_at < oldest.run_at:
+                        oldest = job
+                    if seen_ready >= ready:
+                        break
+    age = None if oldest is None else round((now - oldest.run_at).total_seconds(), 3)
+    return {
+        "oldest": {
+            "id": None if oldest is None else oldest.id,
+            "age_seconds": age,
+            "truncated": truncated,
+        },
+        "queues": list(queues),
+    }
+
+
+def leases(store: Store, now: datetime, leased: int) -> dict[str, Any]:
+    """The leases held now, by owner (owner, count, soonest and latest expiry).
+
+    Read only when ``counts()`` says there are any, and at most ``LEASE_CAP``.
+    """
+    owners: dict[str, dict[str, Any]] = {}
+    read = 0
+    truncated = False
+    queues: dict[str, None] = {}
+    if leased:
+        with store.jobs.page(state="leased", limit=min(LEASE_CAP, leased) + 1) as jobs:
+            for job in jobs:
+                read += 1
+                if read > LEASE_CAP:
+                    truncated = True
+                    break
+                queues.setdefault(job.queue, None)
+                owner = job.lease_owner or "(unknown)"
+                entry = owners.setdefault(
+                    owner,
+                    {"owner": owner, "leases": 0, "expired": 0, "soonest": None, "latest": None},
+                )
+                entry["leases"] += 1
+                until = job.lease_until
+                if until is not None:
+                    if until <= now:
+                        entry["expired"] += 1
+                    if entry["soonest"] is None or until < entry["soonest"]:
+                        entry["soonest"] = until
+                    if entry["latest"] is None or until > entry["latest"]:
+                        entry["latest"] = until
+                if read >= leased:
+                    break  # every lease counts() reported is seen
+    rows = []
+    for entry in sorted(owners.values(), key=lambda item: str(item["owner"])):
+        rows.append({**entry, "soonest": _iso(entry["soonest"]), "latest": _iso(entry["latest"])})
+    return {"owners": rows, "truncated": truncated, "queues": list(queues)}
+
+
+def schedules(periodic: Sequence[Periodic], now: datetime) -> list[dict[str, Any]]:
+    """Each periodic schedule and its next tick after now (pure: no database read)."""
+    rows = []
+    for schedule in periodic:
+        every = schedule.every_seconds
+        rows.append(
+            {
+                "name": schedule.name,
+                "kind": schedule.kind,
+                "queue": schedule.queue,
+                "schedule": schedule.cron if schedule.cron is not None else f"every {every:g}s",
+                "timezone": schedule.timezone,
+                "next": _iso(schedule.next_after(now)),
+            }
+        )
+    return rows
+
+
+class QueueCounts:
+    """``counts(queue=...)`` per queue, kept for ``QUEUE_COUNTS_SECONDS``.
+
+    Each is a statement over every job of the queue (about 150 ms at a million
+    jobs on SQLite), so the overview does not wait for them: its page fetches
+    them from ``/api/queues`` after it is drawn, and the answer is reused by
+    every poll for a while instead of being counted again each time.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._at: float | None = None
+        self._names: list[str] = []
+        self._rows: list[dict[str, Any]] = []
+
+    def cached(self) -> tuple[list[dict[str, Any]], str | None]:
+        with self._lock:
+            at = self._at
+            rows = list(self._rows)
+        return rows, None if at is None else _iso(datetime.fromtimestamp(at, tz=timezone.utc))
+
+    def get(self, store: Store, names: Sequence[str]) -> tuple[list[dict[str, Any]], str | None]:
+        now = store.runtime.now()
+        with self._lock:
+            fresh = (
+                self._at is not None
+                and now - self._at < QUEUE_COUNTS_SECONDS
+                and self._names == list(names)
+            )
+        if not fresh:
+            rows = []
+            for queue in names:
+                counted = store.jobs.counts(queue=queue).to_dict()
+                rows.append({"queue": queue, **{state: counted[state] for state in STATES}})
+            with self._lock:
+                self._at, self._names, self._rows = now, list(names), rows
+        return self.cached()
+
+
+def overview(
+    store: Store,
+    *,
+    queues: Sequence[str] | None,
+    periodic: Sequence[Periodic],
+    throughput: Throughput,
+) -> dict[str, Any]:
+    """Everything the overview page shows, as JSON (what ``/api/overview`` answers)."""
+    now = _now(store)
+    counts = store.jobs.counts()
+    due = store.jobs.due_counts()
+    walked = queued_walk(store, now, due)
+    held = leases(store, now, counts.leased)
+    if queues is None:
+        # the queues of live jobs; a queue with only settled jobs is left out
+        named = sorted({*walked["queues"], *held.pop("queues"), *(p.queue for p in periodic)})
+    else:
+        held.pop("queues")
+        named = list(queues)
+    return {
+        "now": _iso(now),
+        "counts": counts.to_dict(),
+        "due": due.to_dict(),
+        "queue_names": named[:MAX_QUEUES],
+        "kinds": sorted(counts.pending_kinds.items()),
+        "throughput": throughput.observe(now.timestamp(), counts.done, counts.dead),
+        "leases": held,
+        "oldest_ready": walked["oldest"],
+        "periodic": schedules(periodic, now),
+    }
