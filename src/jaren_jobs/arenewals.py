@@ -10,6 +10,15 @@ write runs:
   through the store's pooled ``AsyncConnection`` (:func:`renew_on_loop`);
 * on SQLite (and a store on the application's own connection) it runs on a
   thread the store owns, as every call of that store does (:func:`renew_on_thread`).
+
+A task on the loop cannot renew while something blocks the loop: an ``async
+def`` handler that calls ``time.sleep`` or a blocking driver stalls every task,
+the renewal task among them, and its lease would run out under it (its
+completion then refused, the job run again and again). So a watchdog thread
+beside the task posts a callback to the loop every tick; one still unanswered
+after two ticks means the loop is blocked, and while it stays blocked the
+watchdog renews the due leases itself, through the worker's thread path (the
+sync store underneath), and logs a WARNING naming the running async handlers.
 """
 
 from __future__ import annotations
@@ -75,6 +84,10 @@ class LoopRenewals:
         self._task: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
         self._done = threading.Event()  # the task has ended (or never began)
+        # the watchdog: when its last callback to the loop was posted (None: answered)
+        self._watch_stop = threading.Event()
+        self._posted_at: float | None = None
+        self._warned = False
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -87,6 +100,10 @@ class LoopRenewals:
                 return
             self._started = True
         self._on_loop(self._begin)
+        watchdog = threading.Thread(
+            target=self._watch, name=f"{self._worker._name}-loop-watchdog", daemon=True
+        )
+        watchdog.start()
 
     def wake(self) -> None:
         """An attempt started while none was in flight (or one must renew now)."""
@@ -98,6 +115,7 @@ class LoopRenewals:
         with self._lock:
             self._stopped = True
             started = self._started
+        self._watch_stop.set()
         if not started or self._loop.is_closed():
             return True
         if threading.get_ident() == self._loop_ident:
@@ -126,6 +144,68 @@ class LoopRenewals:
         if self._wakeup is not None:
             self._wakeup.set()
 
+    # ------------------------------------------------------------ the watchdog thread
+
+    def _answered(self) -> None:
+        """On the loop: the watchdog's callback ran, so the loop is running."""
+        self._posted_at = None
+
+    def _watch(self) -> None:
+        worker = self._worker
+        while not self._watch_stop.wait(self._tick):
+            if not worker._attempts:
+                continue
+            now = time.monotonic()
+            posted = self._posted_at
+            if posted is None:
+                self._posted_at = now
+                try:
+                    self._post(self._answered)
+                except RuntimeError:
+                    return  # the loop is closed: nothing left to watch
+                if self._warned:
+                    self._warned = False
+                continue
+            if now - posted < 2 * self._tick:
+                continue
+            # blocked for two ticks: renew what fell due from here, as the renewal
+            # thread of a thread worker does
+            self._warn_blocked(now - posted)
+            for attempt in due_attempts(worker, now):
+                if self._watch_stop.is_set():
+                    return
+                try:
+                    worker._renew_attempt(attempt)
+                except Exception:  # a bug here must not end the watchdog
+                    _log.exception("jaren_jobs: a lease renewal raised unexpectedly")
+
+    def _warn_blocked(self, seconds: float) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        worker = self._worker
+        with worker._lock:
+            running = list(worker._attempts.values())
+        names = sorted(
+            {
+                f"{_handler_name(handler)} (job {a.job_id!r})"
+                for a in running
+                # an async handler reaches the thread worker wrapped (aworker._OnLoop)
+                if (handler := getattr(worker._handlers.get(a.claimed.kind), "_handler", None))
+                is not None
+            }
+        )
+        _log.warning(
+            "jaren_jobs: worker %r: the event loop has been blocked for %.1fs while async "
+            "handler(s) ran: %s. Something in an async def handler blocks the loop (a "
+            "blocking call such as time.sleep, a sync driver); every task of the loop "
+            "stalls. Its leases are renewed from a thread meanwhile. Run blocking work in "
+            "a plain def handler (it runs in a thread) or await asyncio.to_thread(...).",
+            worker.owner,
+            seconds,
+            ", ".join(names) or "none found",
+        )
+
     async def _run(self) -> None:
         worker = self._worker
         wakeup = self._wakeup
@@ -153,6 +233,12 @@ class LoopRenewals:
                         _log.exception("jaren_jobs: a lease renewal raised unexpectedly")
         finally:
             self._done.set()
+
+
+def _handler_name(handler: object) -> str:
+    module = getattr(handler, "__module__", None)
+    name = getattr(handler, "__qualname__", None) or repr(handler)
+    return f"{module}.{name}" if module else name
 
 
 def renew_on_thread(worker: Worker, runner: ThreadRunner) -> Renew:

@@ -447,3 +447,49 @@ def test_stop_during_a_queue_run_hands_back_the_unstarted_jobs_unspent(
             assert job.state == "done"
         else:  # leased with a batch and never started: handed back, no attempt spent
             assert (job.state, job.attempts, job.lease_until) == ("pending", 0, None), job
+
+
+def test_an_async_handler_that_blocks_the_loop_past_its_lease_keeps_it_and_runs_once(
+    real_store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    # issue 26 item 12: renewals are a task on the loop, so a handler blocking the loop
+    # past its lease lost it; its completion was refused and the job ran again and again
+    from tests.conftest import BridgeStore
+
+    underneath = real_store.astore.store if isinstance(real_store, BridgeStore) else real_store
+    astore = AsyncStore(underneath)
+    runs: list[int] = []
+    outcomes: list[Outcome] = []
+
+    async def blocks_the_loop(payload: Any, ctx: AsyncJobContext) -> Any:
+        runs.append(ctx.job.attempts)
+        time.sleep(1.2)  # the fault under test: a blocking call on the loop, 4 leases long
+        return "finished"
+
+    async def main() -> None:
+        ended = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def seen(outcome: Outcome) -> None:
+            outcomes.append(outcome)
+            loop.call_soon_threadsafe(ended.set)
+
+        await astore.jobs.enqueue("k", id="blocking", max_attempts=2)
+        worker = astore.jobs.create_worker(
+            {"k": blocks_the_loop}, lease_seconds=0.3, poll_seconds=0.05, on_outcome=seen
+        )
+        async with worker:
+            await asyncio.wait_for(ended.wait(), WAIT)
+
+    with caplog.at_level("WARNING", logger="jaren_jobs"):
+        run(main())
+    assert [o.outcome for o in outcomes] == ["completed"]
+    assert runs == [1]
+    job = underneath.jobs.get("blocking")
+    assert job is not None
+    assert (job.state, job.result, job.attempts) == ("done", "finished", 1)
+    warned = [
+        r.getMessage() for r in caplog.records if "event loop has been blocked" in r.getMessage()
+    ]
+    assert warned, caplog.text
+    assert "blocks_the_loop" in warned[0]
