@@ -86,6 +86,7 @@ class LoopRenewals:
         self._done = threading.Event()  # the task has ended (or never began)
         # the watchdog: when its last callback to the loop was posted (None: answered)
         self._watch_stop = threading.Event()
+        self._watchdog: threading.Thread | None = None
         self._posted_at: float | None = None
         self._warned = False
 
@@ -103,6 +104,7 @@ class LoopRenewals:
         watchdog = threading.Thread(
             target=self._watch, name=f"{self._worker._name}-loop-watchdog", daemon=True
         )
+        self._watchdog = watchdog
         watchdog.start()
 
     def wake(self) -> None:
@@ -116,6 +118,10 @@ class LoopRenewals:
             self._stopped = True
             started = self._started
         self._watch_stop.set()
+        watchdog = self._watchdog
+        if watchdog is not None and watchdog is not threading.current_thread():
+            # quiescence: a renewal the watchdog has under way ends before stop() returns
+            watchdog.join(timeout_seconds)
         if not started or self._loop.is_closed():
             return True
         if threading.get_ident() == self._loop_ident:
