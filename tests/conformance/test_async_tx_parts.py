@@ -24,23 +24,8 @@ from jaren_jobs import (
     Store,
     TransactionEnded,
 )
+from tests.conformance.test_async_store import make_orders, order_ids, run
 from tests.harness import Harness
-
-WAIT = 10.0
-
-
-def run(coroutine: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coroutine, WAIT * 3))
-
-
-def make_orders(store: Store, backend: Harness) -> str:
-    with store.transaction() as tx:
-        tx.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT NOT NULL)")
-    return backend.app_sql("INSERT INTO orders (id, item) VALUES (?, ?)")
-
-
-def order_ids(backend: Harness) -> list[int]:
-    return [r[0] for r in backend.query("SELECT id FROM orders ORDER BY id")]
 
 
 def test_a_refused_gathered_enqueue_undoes_no_sibling(astore: AsyncStore, store: Store) -> None:

@@ -10,21 +10,15 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 import jaren_jobs
+from tests.backends.postgres.test_server_settings import as_user
 from tests.harness import PostgresUrl, with_search_path
 
 psycopg = pytest.importorskip("psycopg", reason="the dev extra installs psycopg")
 from psycopg import sql as pgsql  # noqa: E402
-
-
-def _as_user(url: str, user: str) -> str:
-    parts = urlsplit(url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=f"{user}@{host}"))
 
 
 def _tables_in(pg: PostgresUrl, schema: str) -> list[str]:
@@ -55,7 +49,7 @@ def role(pg: PostgresUrl) -> Iterator[str]:
 def test_a_schema_named_after_the_role_appearing_later_moves_no_store(
     pg: PostgresUrl, role: str
 ) -> None:
-    url = _as_user(pg.server_url, role)
+    url = as_user(pg.server_url, role)
     with jaren_jobs.open_store(url) as running:
         assert _tables_in(pg, pg.schema)  # created where "$user" did not exist yet
         running.jobs.enqueue("k", id="queued")

@@ -40,7 +40,7 @@ def _wait_until(predicate: Callable[[], bool], what: str) -> None:
         pause.wait(0.02)
 
 
-def _as_user(url: str, user: str) -> str:
+def as_user(url: str, user: str) -> str:
     parts = urlsplit(url)
     host = parts.netloc.rsplit("@", 1)[-1]
     return urlunsplit(parts._replace(netloc=f"{user}@{host}"))
@@ -58,7 +58,7 @@ def role(pg: PostgresUrl) -> Iterator[Callable[[str], str]]:
             admin.execute(f'CREATE ROLE "{name}" LOGIN SUPERUSER')
             admin.execute(f'ALTER ROLE "{name}" SET {setting}')
         made.append(name)
-        return with_search_path(_as_user(pg.server_url, name), pg.schema)
+        return with_search_path(as_user(pg.server_url, name), pg.schema)
 
     yield make
     with psycopg.connect(pg.server_url, autocommit=True) as admin:
