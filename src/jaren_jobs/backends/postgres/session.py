@@ -46,7 +46,9 @@ T = TypeVar("T")
 
 
 _JOB_WIDTH = 19  # the columns of sql.JOB_COLUMNS
-_UNIQUE_TRIES = 8  # inserts of one unique-key enqueue before it gives up
+_UNIQUE_TRIES = 64  # inserts of one unique-key enqueue before it gives up (each retry means
+# another writer took and freed the key meanwhile: progress, not a stall; 8 ran out once
+# under a full test run)
 
 
 def _taken(job_id: str, what: str) -> DuplicateJob:
