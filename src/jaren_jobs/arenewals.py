@@ -102,7 +102,7 @@ class LoopRenewals:
             self._started = True
         self._on_loop(self._begin)
         watchdog = threading.Thread(
-            target=self._watch, name=f"{self._worker._name}-loop-watchdog", daemon=True
+            target=self._watch, name=f"{self._worker._name}-watchdog", daemon=True
         )
         self._watchdog = watchdog
         watchdog.start()

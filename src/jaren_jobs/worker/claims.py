@@ -160,53 +160,10 @@ def _waited_too_long(self: Worker, job: ClaimedJob) -> bool:
 
 
 def _take_back_stalled(self: Worker, now: float) -> None:
-    """The renewal thread: hand back the unstarted jobs of batches stuck behind a slow job,
-    and stop the unstarted jobs another process force-cancelled."""
+    """The renewal thread: hand back the unstarted jobs of batches stuck behind a slow job."""
     with self._lock:
         batches = list(self._batches)
     rest = [job for batch in batches for job in batch.take_stalled(now, self._budget)]
     if rest:
         self._ramp = 0
         self._hand_back(rest)
-    with self._lock:
-        due = self._marks_wanted or now - self._marks_checked >= self._renew_every / 3
-        if due:
-            self._marks_wanted = False
-            self._marks_checked = now
-    if due:
-        self._check_held_marks()
-
-
-def _check_held_marks(self: Worker) -> None:
-    """Read the rows of the jobs leased ahead and not started: one that cancel(id,
-    force=True) marked in another process (whose in-process notice cannot reach this
-    one) never starts its handler; its attempt settles the job cancelled (SPEC §13).
-
-    Runs at the renewal tick (a running attempt learns of the mark at its renewal
-    too), and at once when PostgreSQL's NOTIFY names a held job. Only a mark on this
-    very lease counts: the row's generation must be the held lease's.
-    """
-    with self._lock:
-        helds = [
-            held
-            for held in self._held.values()
-            if held.attempt is None and not held.cancelled and held.forced is None
-        ]
-    for held in helds:
-        job_id = held.job.id
-        try:
-            row = self._claims.get(job_id)
-        except JobsError:
-            return  # a busy database: the next tick reads them again
-        if row is None or not row.cancel_requested or row.state != "leased":
-            continue
-        if row.lease_generation != held.job.lease.generation:
-            continue
-        self._cancel_unstarted(
-            held,
-            CancelRequested(
-                f"job {job_id!r} was cancelled by cancel(id, force=True) before its handler "
-                "started: it never runs, and the job ends cancelled",
-                job_id=job_id,
-            ),
-        )

@@ -133,10 +133,6 @@ class Worker:
         self._attempts: dict[int, _Attempt] = {}
         # leased and not started yet, by id(job)
         self._held: dict[int, _Held] = {}
-        # when the held jobs' rows were last read for a forced cancel's mark, and whether
-        # a notification asks for a read now (claims._check_held_marks)
-        self._marks_checked = 0.0
-        self._marks_wanted = False
         self._horizon = min(lease_seconds / 10, _HORIZON_SECONDS)
         self._budget = 4 * self._horizon  # past it, a batch hands back what it has not started
         self._spent: float | None = None  # moving average of a handler's running time
@@ -447,7 +443,6 @@ class Worker:
     _top_up = claims._top_up
     _waited_too_long = claims._waited_too_long
     _take_back_stalled = claims._take_back_stalled
-    _check_held_marks = claims._check_held_marks
 
     # settler.py: the settling thread
     _settle_all = settler._settle_all
