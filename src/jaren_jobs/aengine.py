@@ -170,6 +170,8 @@ class AsyncJobEngine(AsyncJobAdmin):
         if not isinstance(id, str):
             raise TypeError(f"get(): id must be a str, got {type(id).__name__}")
         check_text(id, "get(): id")
+        if "\x00" in id:
+            raise ValueError("get(): id must not contain a NUL character")
         return await self._session.get_job(id, "get()")
 
     async def claim(

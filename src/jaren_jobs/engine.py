@@ -175,6 +175,10 @@ class JobEngine(JobAdmin):
         if not isinstance(id, str):
             raise TypeError(f"get(): id must be a str, got {type(id).__name__}")
         check_text(id, "get(): id")
+        if "\x00" in id:
+            # no job can have it (enqueue refuses it): a ValueError on both databases,
+            # never a driver's refusal on one and None on the other
+            raise ValueError("get(): id must not contain a NUL character")
         return self._session.get_job(id, "get()")
 
     # ------------------------------------------------------------ claims

@@ -338,6 +338,7 @@ CASES: list[tuple[str, Call, type[BaseException], str]] = [
     # ---- cancel / requeue arguments
     ("cancel-id-int", lambda w: w.store.jobs.cancel(5), TypeError, ""),
     ("requeue-id-empty", lambda w: w.store.jobs.requeue(""), ValueError, ""),
+    ("get-id-nul", lambda w: w.store.jobs.get("pending-1\x00"), ValueError, "NUL"),
     ("cancel-id-nul", lambda w: w.store.jobs.cancel("pending-1\x00"), ValueError, "NUL"),
     ("requeue-id-nul", lambda w: w.store.jobs.requeue("pending-1\x00"), ValueError, "NUL"),
     (
