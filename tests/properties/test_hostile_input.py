@@ -658,7 +658,10 @@ def test_hostile_kinds_and_ids_are_stored_and_matched_literally(
             job = store.jobs.get(job_id)
             assert job is not None
             assert (job.id, job.kind, job.payload) == (job_id, kind_of[job_id], {"id": job_id})
-        assert store.jobs.get("".join(ids) + "\x00") is None
+        # no job can hold a NUL in its id: asking for one is a ValueError (SPEC §10), never
+        # a match on a prefix nor a driver's refusal
+        with pytest.raises(ValueError, match="NUL"):
+            store.jobs.get("".join(ids) + "\x00")
         # administration by id matches literally too: cancel one, requeue it
         target = ids[-1]
         assert store.jobs.cancel(target) is True
