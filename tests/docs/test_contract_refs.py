@@ -22,7 +22,7 @@ CITING_DIRS = ("src", "tests", "docs", "bench", "examples", "tools")
 CITING_FILES = ("README.md",)
 TEXT_SUFFIXES = {".py", ".pyi", ".md", ".txt", ".toml", ".cfg", ".ini", ".sh", ".sql"}
 
-# "SPEC §12", "§7", "§12.3": the optional dotted part names a subsection
+# "SPEC §12", "§7", "§N.M": a dotted number names a subsection, which needs its own heading
 CITATION = re.compile(r"§\s*(?P<number>\d+(?:\.\d+)?)")
 # "## §12 Queues, ..." (any heading level; the sections themselves are level 2)
 HEADING = re.compile(r"^(?P<level>#{1,6})[ \t]+§(?P<number>\d+(?:\.\d+)?)[ \t]+\S", re.M)
