@@ -6,7 +6,7 @@ from pathlib import Path
 
 from jaren_jobs import open_store
 
-# the calls of SPEC §3's table for store.jobs (the contract, /work/shared/SPEC.md)
+# the calls of SPEC §3's table for store.jobs (the contract: docs/contract.md)
 DOCUMENTED = {
     "enqueue",
     "enqueue_many",
