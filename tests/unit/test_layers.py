@@ -26,7 +26,7 @@ LAYERS: list[set[str]] = [
     {"periodic"},
     {"worker"},
     {"store"},
-    {"arunner"},
+    {"arunner", "aturns"},
     {"arenewals"},
     {"aqueue"},
     {"aworker"},

@@ -5,12 +5,11 @@ It knows nothing of either protocol: :class:`Request` is what an adapter read
 the body) and :class:`Response` what it writes back. Every read and every
 action goes through the store's public API.
 
-Safety, in one place: every answer carries a Content-Security-Policy that
-allows only the package's own script and style, and ``X-Frame-Options:
-DENY``; a POST is refused (403) in read-only mode, from another origin
-(``Origin`` / ``Sec-Fetch-Site``), or without the session's CSRF token
-(compared in constant time). A bad argument is a 400 with a message; an
-unexpected failure is a 500 that says nothing of the code (it is logged).
+Safety, in one place: every answer carries a Content-Security-Policy allowing
+only the package's own script and style, and ``X-Frame-Options: DENY``; a POST
+is refused (403) in read-only mode, from another origin (``Origin`` /
+``Sec-Fetch-Site``), or without the session's CSRF token (compared in constant
+time). Bad arguments are a 400 with a message; a failure, a 500 saying nothing.
 """
 
 from __future__ import annotations

@@ -19,12 +19,9 @@ CHECKPOINTS = '"_jaren_job_checkpoints"'
 ERRORS = '"_jaren_job_errors"'
 META = '"_jaren_meta"'
 
-# 1: the fenced schema; 2: the (state, kind) index leaves leased rows out;
-# 3: claim_key, which names the attempt that settled a row; 4: queue and
-# unique_key (SPEC §12), the queue-first ready index, the unique-key index;
-# 5: the error history table (SPEC §13); 6: cancel_requested_at, the mark a
-# forced cancel of a running job leaves (SPEC §13); 7: the error history keyed by
-# the attempt's lease generation
+# 1: the fenced schema; 2: the (state, kind) index without leased rows; 3: claim_key;
+# 4: queue, unique_key and their indexes (§12); 5: the error history (§13); 6:
+# cancel_requested_at, a forced cancel's mark (§13); 7: the history keyed by generation
 SCHEMA_VERSION = 7
 
 # the column order every job SELECT/RETURNING uses; engine rows map by index.
@@ -71,27 +68,23 @@ CREATE_CHECKPOINTS = f"""CREATE TABLE IF NOT EXISTS {CHECKPOINTS} (
   run_id TEXT NOT NULL, node_id TEXT NOT NULL,
   value TEXT NOT NULL, PRIMARY KEY (run_id, node_id))"""
 
-# one row per failed attempt (SPEC §13), written by the failure's own
-# transaction and deleted with its job by the sweep. Keyed by the attempt's lease
-# generation, which every claim mints anew (attempt numbers repeat after
-# requeue(reset_attempts=True), instants repeat under a coarse clock); the primary
-# key is the order errors() reads them in; WITHOUT ROWID keeps a job's rows together.
-ERRORS_DEFINITION = """(
-  job_id TEXT NOT NULL, generation INTEGER NOT NULL, attempt INTEGER NOT NULL,
-  at INTEGER NOT NULL, error TEXT NOT NULL, traceback TEXT,
+# one row per failed attempt (SPEC §13), written by the failure's own transaction,
+# swept with its job; keyed (and read in order) by the attempt's lease generation,
+# which every claim mints anew (attempt numbers and instants both repeat)
+ERRORS_DEFINITION = """(job_id TEXT NOT NULL, generation INTEGER NOT NULL,
+  attempt INTEGER NOT NULL, at INTEGER NOT NULL, error TEXT NOT NULL, traceback TEXT,
   PRIMARY KEY (job_id, generation)) WITHOUT ROWID"""
 CREATE_ERRORS = f"CREATE TABLE IF NOT EXISTS {ERRORS} {ERRORS_DEFINITION}"
-# schema 7: a history table of schema 5 or 6 (keyed by attempt and instant) is
-# rebuilt under the new key; its entries keep their order, numbered below every
-# generation a claim can mint. The history, not a table of live jobs.
-ERRORS_BEFORE_7 = '"_jaren_job_errors_before_7"'
+# schema 7 rebuilds a schema 5/6 history (keyed by attempt and instant; the history,
+# not a table of live jobs): entries keep their order, numbered below any generation
+_BEFORE_7 = '"_jaren_job_errors_before_7"'
 REKEY_ERRORS = (
-    f"ALTER TABLE {ERRORS} RENAME TO {ERRORS_BEFORE_7}",
+    f"ALTER TABLE {ERRORS} RENAME TO {_BEFORE_7}",
     f"CREATE TABLE {ERRORS} {ERRORS_DEFINITION}",
     f"""INSERT INTO {ERRORS} (job_id, generation, attempt, at, error, traceback)
   SELECT job_id, row_number() OVER (PARTITION BY job_id ORDER BY attempt, at) - 1000000000000,
-    attempt, at, error, traceback FROM {ERRORS_BEFORE_7}""",
-    f"DROP TABLE {ERRORS_BEFORE_7}",
+    attempt, at, error, traceback FROM {_BEFORE_7}""",
+    f"DROP TABLE {_BEFORE_7}",
 )
 
 CREATE_META = f"""CREATE TABLE IF NOT EXISTS {META} (
