@@ -53,7 +53,7 @@ from jaren_jobs import (
     Worker,
     open_async_store,
 )
-from jaren_jobs.astore import AsyncJobs
+from jaren_jobs.aio.store import AsyncJobs
 
 T = TypeVar("T")
 

@@ -48,8 +48,7 @@ SRC = ROOT / "src" / "jaren_jobs"
 
 @dataclass(frozen=True)
 class Spec:
-    source: str  # relative to src/jaren_jobs
-    target: str
+    source: str  # relative to src/jaren_jobs; the twin is `<name>_async.py` beside it
     awaited: frozenset[str]
     names: dict[str, str] = field(default_factory=dict)  # Name ids and import aliases
     attributes: dict[str, str] = field(default_factory=dict)  # "base.attr" -> "new.dotted"
@@ -61,6 +60,11 @@ class Spec:
     imports: tuple[str, ...] = ()  # extra import lines
     docstring: str | None = None
     functions: frozenset[str] = frozenset()  # imported functions, called by bare name, async
+
+    @property
+    def target(self) -> str:
+        """The twin's path: the source's, with ``_async`` before ``.py`` (psycopg's habit)."""
+        return self.source.removesuffix(".py") + "_async.py"
 
 
 HEADER = (
@@ -89,6 +93,12 @@ class _Colorer(ast.NodeTransformer):
                 self.modules |= {(a.asname or a.name).split(".")[0] for a in stmt.names}
             elif isinstance(stmt, ast.ImportFrom) and stmt.module is None:
                 self.modules |= {a.asname or a.name for a in stmt.names}  # from . import x
+            elif isinstance(stmt, ast.ImportFrom) and (stmt.module or "").startswith("jaren_jobs"):
+                # from jaren_jobs.pkg import module (as name): calls on it are not awaited
+                folder = SRC.joinpath(*stmt.module.split(".")[1:])  # type: ignore[union-attr]
+                self.modules |= {
+                    a.asname or a.name for a in stmt.names if (folder / f"{a.name}.py").exists()
+                }
         self.generic_visit(node)
         return node
 
@@ -391,8 +401,8 @@ def _import_left_out(tree: ast.Module, source: set[str], spec: Spec) -> None:
     wanted = sorted((used & source) - mine - imported - {"__all__"})
     if not wanted:
         return
-    module = Path(spec.source).stem
-    line = ast.ImportFrom(module=module, names=[ast.alias(n) for n in wanted], level=1)
+    module = "jaren_jobs." + spec.source.removesuffix(".py").replace("/", ".")
+    line = ast.ImportFrom(module=module, names=[ast.alias(n) for n in wanted], level=0)
     at = max(i for i, s in enumerate(tree.body) if isinstance(s, (ast.Import, ast.ImportFrom)))
     tree.body.insert(at + 1, line)
 
@@ -657,7 +667,6 @@ _SETTLING_AWAITED = frozenset(
 SPECS: tuple[Spec, ...] = (
     Spec(
         source="backend.py",
-        target="abackend.py",
         awaited=_SESSION_AWAITED | _HANDLE_AWAITED,
         keep=frozenset({"Scope", "JobsSession", "AppTransaction", "T", "__all__"}),
         names={
@@ -681,8 +690,7 @@ def store_backend(self) -> Any:
         ),
     ),
     Spec(
-        source="engine.py",
-        target="aengine.py",
+        source="engine/engine.py",
         awaited=_SESSION_AWAITED,
         keep=frozenset(
             {
@@ -704,14 +712,14 @@ def store_backend(self) -> Any:
             "JobAdmin": "AsyncJobAdmin",
             "JobsSession": "AsyncJobsSession",
         },
-        moved={"AsyncJobsSession": "jaren_jobs.abackend"},
-        modules={".admin": ".aadmin"},
+        moved={"AsyncJobsSession": "jaren_jobs.backend_async"},
+        modules={"jaren_jobs.engine.admin": "jaren_jobs.engine.admin_async"},
         drop=frozenset({"JobEngine.wait", "JobEngine.page", "JobEngine.checkpoints_for"}),
-        imports=("from .engine import EngineHub, _moved_or_refused, _utc",),
+        imports=("from jaren_jobs.engine.engine import EngineHub, _moved_or_refused, _utc",),
         docstring=(
             "The awaited engine shell (asyncio) over an\n"
-            ":class:`~jaren_jobs.abackend.AsyncJobsSession`:\n"
-            "each call is :mod:`jaren_jobs.engine`'s — the same pure prepare (``core.commands``),\n"
+            ":class:`~jaren_jobs.backend_async.AsyncJobsSession`:\n"
+            "each call is :mod:`jaren_jobs.engine.engine`'s — the same pure prepare (``core.commands``),\n"
             "ONE awaited session call, the same pure interpretation (``core.fence``). The hub\n"
             "(wake-ups, local attempts) is the sync engine's, shared and thread-safe.\n"
             "``wait``, ``page`` and ``checkpoints_for`` are the async store's own.\n"
@@ -719,7 +727,6 @@ def store_backend(self) -> Any:
     ),
     Spec(
         source="backends/scopes.py",
-        target="backends/ascopes.py",
         awaited=_DB_AWAITED | frozenset({"write", "read", "read_consistent"}),
         names={
             "RootScope": "AsyncRootScope",
@@ -734,7 +741,6 @@ def store_backend(self) -> Any:
     ),
     Spec(
         source="backends/postgres/connection.py",
-        target="backends/postgres/aconnection.py",
         awaited=_DB_AWAITED | _PSYCOPG_AWAITED | frozenset({"_connect", "_idle_connection"}),
         names={
             "PgDatabase": "AsyncPgDatabase",
@@ -751,8 +757,8 @@ def store_backend(self) -> Any:
             "threading.get_ident": "current_holder",
         },
         modules={
-            "jaren_jobs.backends.scopes": "jaren_jobs.backends.ascopes",
-            "jaren_jobs.gate": "jaren_jobs.agate",
+            "jaren_jobs.backends.scopes": "jaren_jobs.backends.scopes_async",
+            "jaren_jobs.gate": "jaren_jobs.gate_async",
         },
         drop=frozenset(
             {
@@ -765,8 +771,8 @@ def store_backend(self) -> Any:
         overrides=_CONNECTION_OVERRIDES,
         imports=(
             "from collections.abc import Awaitable",
-            "from jaren_jobs.agate import current_holder",
-            "from .connection import STATEMENT_TIMEOUT_MS, connect_settings",
+            "from jaren_jobs.gate_async import current_holder",
+            "from jaren_jobs.backends.postgres.connection import STATEMENT_TIMEOUT_MS, connect_settings",
         ),
         docstring=(
             "The asyncio twin of :mod:`jaren_jobs.backends.postgres.connection`: a pool of\n"
@@ -779,7 +785,6 @@ def store_backend(self) -> Any:
     ),
     Spec(
         source="backends/postgres/session.py",
-        target="backends/postgres/asession.py",
         awaited=_DB_AWAITED | _SETTLING_AWAITED | frozenset({"write", "read", "read_consistent"}),
         names={
             "PostgresSession": "AsyncPostgresSession",
@@ -788,10 +793,13 @@ def store_backend(self) -> Any:
             "Scope": "AsyncScope",
         },
         moved={
-            "AsyncScope": "jaren_jobs.abackend",
+            "AsyncScope": "jaren_jobs.backend_async",
             "fence_row_of": "jaren_jobs.backends.postgres.settling",
         },
-        modules={".connection": ".aconnection", ".settling": ".asettling"},
+        modules={
+            "jaren_jobs.backends.postgres.connection": "jaren_jobs.backends.postgres.connection_async",
+            "jaren_jobs.backends.postgres.settling": "jaren_jobs.backends.postgres.settling_async",
+        },
         drop=frozenset(
             {
                 "settled_channel",
@@ -809,15 +817,15 @@ def store_backend(self) -> Any:
             "PostgresSession.store_backend": '''
 @property
 def store_backend(self) -> Any:
-    """The open database this session belongs to (an async one: see ``astore``)."""
-    from .astore import AsyncPostgresBackend
+    """The open database this session belongs to (an async one: see ``store_async``)."""
+    from jaren_jobs.backends.postgres.store_async import AsyncPostgresBackend
 
     return AsyncPostgresBackend(self._db, self._channel)
 ''',
         },
         imports=(
             "from collections.abc import Awaitable",
-            "from .session import _JOB_WIDTH, _UNIQUE_TRIES, _fence_row, _holds, _pg_text, "
+            "from jaren_jobs.backends.postgres.session import _JOB_WIDTH, _UNIQUE_TRIES, _fence_row, _holds, _pg_text, "
             "_Skipped, _taken, settled_channel",
         ),
         docstring=(
@@ -838,7 +846,7 @@ def __init__(
     outermost: Transaction | None = None,
 ) -> None:
     # the sync one's, with the block's holder for both its thread and its task: the
-    # tasks made inside the block hold it too (see jaren_jobs.agate.current_holder)
+    # tasks made inside the block hold it too (see jaren_jobs.gate_async.current_holder)
     self._store = store
     self._handle = handle
     self._thread = current_holder()
@@ -890,7 +898,6 @@ SPECS = (
     *SPECS,
     Spec(
         source="backends/postgres/store.py",
-        target="backends/postgres/astore.py",
         awaited=_DB_AWAITED
         | frozenset({"wait_idle", "stop", "execute", "executemany", "db.close"}),
         names={
@@ -903,8 +910,11 @@ SPECS = (
             "JobsSession": "AsyncJobsSession",
         },
         attributes={"psycopg.Connection": "psycopg.AsyncConnection"},
-        modules={".connection": ".aconnection", ".session": ".asession"},
-        moved={"AsyncJobsSession": "jaren_jobs.abackend"},
+        modules={
+            "jaren_jobs.backends.postgres.connection": "jaren_jobs.backends.postgres.connection_async",
+            "jaren_jobs.backends.postgres.session": "jaren_jobs.backends.postgres.session_async",
+        },
+        moved={"AsyncJobsSession": "jaren_jobs.backend_async"},
         drop=frozenset(
             {
                 "open_postgres",
@@ -936,8 +946,7 @@ SPECS = (
 SPECS = (
     *SPECS,
     Spec(
-        source="store.py",
-        target="atransaction.py",
+        source="transaction.py",
         awaited=_HANDLE_AWAITED,
         keep=frozenset({"Transaction", "_USE_ASYNC", "__all__"}),
         names={
@@ -949,16 +958,16 @@ SPECS = (
         },
         attributes={"threading.get_ident": "current_holder"},
         moved={
-            "AsyncJobEngine": "jaren_jobs.aengine",
-            "AsyncAppTransaction": "jaren_jobs.abackend",
-            "current_holder": "jaren_jobs.agate",
+            "AsyncJobEngine": "jaren_jobs.engine.engine_async",
+            "AsyncAppTransaction": "jaren_jobs.backend_async",
+            "current_holder": "jaren_jobs.gate_async",
         },
         overrides={"Transaction.__init__": _STATE_INIT},
         docstring=(
             "The asyncio twin of ``store.Transaction`` for an async-native store (PostgreSQL's\n"
             "``AsyncConnection``): one open ``async with store.transaction()`` level, its SQL\n"
             "and ``tx.jobs`` awaited. A transaction belongs to its block's holder (the task\n"
-            "that opened it and the tasks made inside the block, see :mod:`jaren_jobs.agate`).\n"
+            "that opened it and the tasks made inside the block, see :mod:`jaren_jobs.gate_async`).\n"
         ),
     ),
 )
@@ -967,13 +976,12 @@ SPECS = (
 SPECS = (
     *SPECS,
     Spec(
-        source="checkpoints.py",
-        target="acheckpoints.py",
+        source="engine/checkpoints.py",
         awaited=_SESSION_AWAITED,
         names={"CheckpointStore": "AsyncCheckpoints", "JobsSession": "AsyncJobsSession"},
-        moved={"AsyncJobsSession": "jaren_jobs.abackend"},
+        moved={"AsyncJobsSession": "jaren_jobs.backend_async"},
         docstring=(
-            "The asyncio twin of :mod:`jaren_jobs.checkpoints` for an async-native store: one\n"
+            "The asyncio twin of :mod:`jaren_jobs.engine.checkpoints` for an async-native store: one\n"
             "attempt's checkpoints, each call awaited (``AsyncCheckpointStore`` awaits these).\n"
         ),
     ),
@@ -984,26 +992,24 @@ SPECS = (
     *SPECS,
     Spec(
         source="backends/postgres/settling.py",
-        target="backends/postgres/asettling.py",
         awaited=_DB_AWAITED,
         names={"PgSettling": "AsyncPgSettling", "PgDatabase": "AsyncPgDatabase"},
-        modules={".connection": ".aconnection"},
+        modules={"jaren_jobs.backends.postgres.connection": "jaren_jobs.backends.postgres.connection_async"},
         drop=frozenset({"fence_row_of", "_holds", "pg_text"}),
-        imports=("from .settling import _holds, fence_row_of, pg_text",),
+        imports=("from jaren_jobs.backends.postgres.settling import _holds, fence_row_of, pg_text",),
         docstring=(
             "The asyncio twin of :mod:`jaren_jobs.backends.postgres.settling`: the same\n"
             "settle-batch statements, each awaited on an ``AsyncConnection``.\n"
         ),
     ),
     Spec(
-        source="admin.py",
-        target="aadmin.py",
+        source="engine/admin.py",
         awaited=_SESSION_AWAITED,
         names={"JobAdmin": "AsyncJobAdmin", "JobsSession": "AsyncJobsSession"},
-        moved={"AsyncJobsSession": "jaren_jobs.abackend"},
+        moved={"AsyncJobsSession": "jaren_jobs.backend_async"},
         docstring=(
-            "The asyncio twin of :mod:`jaren_jobs.admin` for the awaited engine shell:\n"
-            ":class:`AsyncJobAdmin`, the base of :class:`~jaren_jobs.aengine.AsyncJobEngine`:\n"
+            "The asyncio twin of :mod:`jaren_jobs.engine.admin` for the awaited engine shell:\n"
+            ":class:`AsyncJobAdmin`, the base of :class:`~jaren_jobs.engine.engine_async.AsyncJobEngine`:\n"
             "the operator's calls (errors, counts, ``cancel``, ``requeue``, ``sweep``), checked\n"
             "and answered, their one session call awaited.\n"
         ),

@@ -7,21 +7,21 @@ speak for it. See ``docs/`` for the concepts and the full API.
 
 from __future__ import annotations
 
-from .arunner import AsyncCheckpointStore
-from .astore import (
+from jaren_jobs.aio.runner import AsyncCheckpointStore
+from jaren_jobs.aio.store import (
     AsyncCursor,
     AsyncJobs,
     AsyncStore,
     AsyncTransaction,
     open_async_store,
 )
-from .aworker import AsyncJobContext, AsyncWorker
-from .checkpoints import CheckpointStore
-from .core.policy import backoff_seconds
-from .cursor import Barrier, Cursor, drain_page
-from .dag import CompiledDag, Task, TaskContext, compile_document, create_dag_job_runner
-from .engine import JobEngine
-from .errors import (
+from jaren_jobs.aio.worker import AsyncJobContext, AsyncWorker
+from jaren_jobs.core.policy import backoff_seconds
+from jaren_jobs.cursor import Barrier, Cursor, drain_page
+from jaren_jobs.dag import CompiledDag, Task, TaskContext, compile_document, create_dag_job_runner
+from jaren_jobs.engine.checkpoints import CheckpointStore
+from jaren_jobs.engine.engine import JobEngine
+from jaren_jobs.errors import (
     CancelRequested,
     CursorAborted,
     DeadlinePassed,
@@ -44,8 +44,8 @@ from .errors import (
     TransactionEnded,
     UnknownJob,
 )
-from .periodic import Periodic
-from .records import (
+from jaren_jobs.periodic import Periodic
+from jaren_jobs.records import (
     ClaimedJob,
     CorruptJson,
     Counts,
@@ -61,11 +61,11 @@ from .records import (
     StopOutcome,
     WorkerStats,
 )
-from .runtime import Defaults, Runtime
-from .signals import CancelScope, Signal, any_signal
-from .snooze import Snooze
-from .store import Rows, Store, Transaction, open_store
-from .worker import JobContext, Worker, WorkerStopped
+from jaren_jobs.runtime import Defaults, Runtime
+from jaren_jobs.signals import CancelScope, Signal, any_signal
+from jaren_jobs.snooze import Snooze
+from jaren_jobs.store import Rows, Store, Transaction, open_store
+from jaren_jobs.worker import JobContext, Worker, WorkerStopped
 
 __version__ = "0.1.0"
 

@@ -1,5 +1,5 @@
 """``python -m jaren_jobs``: the command line."""
 
-from .cli import main
+from jaren_jobs.cli import main
 
 raise SystemExit(main())

@@ -28,15 +28,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar
 
-from .core.commands import ClaimRequest, PageFilters, PreparedJob
-from .core.fence import FenceRow
-from .core.settle import SettleBatch
-from .errors import StorageError
-from .records import ClaimedJob, Counts, Job, Lease
-from .signals import SignalLike
+from jaren_jobs.core.commands import ClaimRequest, PageFilters, PreparedJob
+from jaren_jobs.core.fence import FenceRow
+from jaren_jobs.core.settle import SettleBatch
+from jaren_jobs.errors import StorageError
+from jaren_jobs.records import ClaimedJob, Counts, Job, Lease
+from jaren_jobs.signals import SignalLike
 
 if TYPE_CHECKING:
-    from .cursor import Cursor
+    from jaren_jobs.cursor import Cursor
 
 __all__ = [
     "AppParams",

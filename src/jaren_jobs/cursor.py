@@ -34,11 +34,11 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, Literal, NoReturn, Protocol, TypeVar
 
-from .codec import encode_json
-from .errors import CursorAborted, DeadlinePassed, ItemTooLarge, JobsError
-from .gate import Gate
-from .records import Page
-from .signals import SignalLike, subscribe
+from jaren_jobs.codec import encode_json
+from jaren_jobs.errors import CursorAborted, DeadlinePassed, ItemTooLarge, JobsError
+from jaren_jobs.gate import Gate
+from jaren_jobs.records import Page
+from jaren_jobs.signals import SignalLike, subscribe
 
 __all__ = ["Admit", "Barrier", "Cursor", "Streaming", "drain_page", "gate_admission"]
 

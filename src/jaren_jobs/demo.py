@@ -18,9 +18,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, TextIO
 
-from .dag import Task, TaskContext, create_dag_job_runner
-from .records import STATES, NewJob, Outcome
-from .store import open_store
+from jaren_jobs.dag import Task, TaskContext, create_dag_job_runner
+from jaren_jobs.records import STATES, NewJob, Outcome
+from jaren_jobs.store import open_store
 
 __all__ = ["run_demo"]
 

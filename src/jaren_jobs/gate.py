@@ -21,8 +21,8 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .errors import GateRefused, StoreClosed
-from .signals import FOREIGN_POLL_SECONDS, SignalLike, subscribe
+from jaren_jobs.errors import GateRefused, StoreClosed
+from jaren_jobs.signals import FOREIGN_POLL_SECONDS, SignalLike, subscribe
 
 __all__ = ["Gate", "held_by_context", "holding_for_context", "release_for_context"]
 

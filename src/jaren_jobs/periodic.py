@@ -20,13 +20,13 @@ from datetime import datetime, timedelta, tzinfo
 from datetime import timezone as _timezone
 from typing import Any
 
-from .codec import check_aware, check_identifier, encode_json
-from .core.commands import prepare_job
-from .cron import CronExpression, load_zone, parse_cron
-from .engine import JobEngine, enqueue_tick
-from .errors import DuplicateJob
-from .records import Job
-from .runtime import resolve_defaults
+from jaren_jobs.codec import check_aware, check_identifier, encode_json
+from jaren_jobs.core.commands import prepare_job
+from jaren_jobs.cron import CronExpression, load_zone, parse_cron
+from jaren_jobs.engine.engine import JobEngine, enqueue_tick
+from jaren_jobs.errors import DuplicateJob
+from jaren_jobs.records import Job
+from jaren_jobs.runtime import resolve_defaults
 
 __all__ = ["Periodic", "Ticker", "check_schedules"]
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from .errors import OperationCancelled
+from jaren_jobs.errors import OperationCancelled
 
 __all__ = [
     "CancelScope",

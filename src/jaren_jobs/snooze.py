@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from .runtime import check_seconds
+from jaren_jobs.runtime import check_seconds
 
 __all__ = ["Snooze", "snooze_ms"]
 

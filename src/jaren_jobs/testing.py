@@ -10,13 +10,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from .backend import Missed
-from .core.commands import ClaimRequest
-from .core.fence import refusal
-from .core.settle import Completion, SettleBatch
-from .engine import JobEngine, claim_request_for, runtime_of, session_of, settle_within
-from .errors import LeaseLost
-from .records import ClaimedJob, Lease
+from jaren_jobs.backend import Missed
+from jaren_jobs.core.commands import ClaimRequest
+from jaren_jobs.core.fence import refusal
+from jaren_jobs.core.settle import Completion, SettleBatch
+from jaren_jobs.engine.engine import (
+    JobEngine,
+    claim_request_for,
+    runtime_of,
+    session_of,
+    settle_within,
+)
+from jaren_jobs.errors import LeaseLost
+from jaren_jobs.records import ClaimedJob, Lease
 
 __all__ = [
     "claim_request",

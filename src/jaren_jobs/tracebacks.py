@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import traceback as _traceback
 
-from .errors import storable_text
+from jaren_jobs.errors import storable_text
 
 __all__ = ["MAX_TRACEBACK_CHARS", "format_traceback"]
 

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from jaren_jobs import Lease, Outcome, Store
-from jaren_jobs.rows import claim_key
+from jaren_jobs.core.rows import claim_key
 from tests.conftest import START, FakeClock
 
 NOW_MS = int(START * 1000)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from jaren_jobs import AsyncStore, DuplicateJob, Job, Store
-from jaren_jobs.arunner import GroupCommit
+from jaren_jobs.aio.runner import GroupCommit
 
 WAIT = 30.0
 

@@ -36,7 +36,7 @@ from jaren_jobs import (
     testing,
 )
 from jaren_jobs import batcher as batcher_module
-from jaren_jobs.batcher import SettlementBatcher
+from jaren_jobs.engine.group_commit import SettlementBatcher
 from jaren_jobs.core.settle import SettleBatch
 from tests.conftest import FakeClock, Sequence
 from tests.harness import Harness

@@ -25,7 +25,7 @@ import pytest
 
 from jaren_jobs import NewJob, open_store
 from jaren_jobs.cli import bulk, main
-from jaren_jobs.engine import JobEngine
+from jaren_jobs.engine.engine import JobEngine
 from tests.integration.test_cli import (
     assert_one_line_error,
     cli_env,

@@ -54,13 +54,13 @@ def _async_defs(path: Path) -> set[str]:
 
 
 def test_the_session_units_of_work_are_coroutines_and_the_pure_parts_are_not() -> None:
-    session = _async_defs(GEN.SRC / "backends/postgres/asession.py")  # type: ignore[attr-defined]
+    session = _async_defs(GEN.SRC / "backends/postgres/session_async.py")  # type: ignore[attr-defined]
     assert {"insert_jobs", "claim", "settle", "settle_within", "renew", "complete_run"} <= session
     assert "_settled_params" not in session
     assert "after_commit" not in session
     # the engine's operator calls (cancel, requeue, sweep...) are its base's, in aadmin
     src = GEN.SRC  # type: ignore[attr-defined]
-    engine = _async_defs(src / "aengine.py") | _async_defs(src / "aadmin.py")
+    engine = _async_defs(src / "engine/engine_async.py") | _async_defs(src / "engine/admin_async.py")
     assert {"enqueue", "claim", "complete", "fail", "cancel", "requeue", "sweep"} <= engine
     # the fence's verdicts stay pure: only the session call between them is awaited
     assert not {"_refused", "_settled", "_prepare", "_require_lease", "wait_plan"} & engine

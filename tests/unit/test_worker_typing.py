@@ -7,7 +7,7 @@ import typing
 from pathlib import Path
 
 from jaren_jobs import Worker, open_store
-from jaren_jobs.engine import EngineHub
+from jaren_jobs.engine.engine import EngineHub
 from jaren_jobs.store import Jobs
 
 SPEC_OPTIONS = {

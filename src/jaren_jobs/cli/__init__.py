@@ -28,9 +28,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from jaren_jobs.errors import JobsError
-
-from .arguments import (
+from jaren_jobs.cli.arguments import (
     EXIT_BROKEN_PIPE,
     EXIT_REFUSED,
     EXIT_USAGE,
@@ -38,9 +36,10 @@ from .arguments import (
     build_parser,
     parse_duration,
 )
-from .commands import COMMANDS, cmd_demo
-from .opening import opened
-from .serving import cmd_dashboard
+from jaren_jobs.cli.commands import COMMANDS, cmd_demo
+from jaren_jobs.cli.opening import opened
+from jaren_jobs.cli.serving import cmd_dashboard
+from jaren_jobs.errors import JobsError
 
 __all__ = ["main", "parse_duration"]
 

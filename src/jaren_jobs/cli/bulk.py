@@ -30,12 +30,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, TextIO
 
+from jaren_jobs.cli.arguments import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, CliError, clip
 from jaren_jobs.codec import datetime_from_ms
 from jaren_jobs.errors import JobsError
 from jaren_jobs.records import Job
 from jaren_jobs.store import Jobs, Store
-
-from .arguments import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, CliError, clip
 
 #: how many jobs a bulk command reads per keyset page
 PAGE_SIZE = 500

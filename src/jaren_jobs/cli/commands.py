@@ -8,12 +8,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from jaren_jobs.cli import bulk, working
+from jaren_jobs.cli.arguments import EXIT_OK, EXIT_REFUSED, INT64_MAX, CliError, shown_text
+from jaren_jobs.cli.opening import opened
 from jaren_jobs.records import STATES, Job
 from jaren_jobs.store import Store
-
-from . import bulk, working
-from .arguments import EXIT_OK, EXIT_REFUSED, INT64_MAX, CliError, shown_text
-from .opening import opened
 
 
 def _when(value: Any) -> str:

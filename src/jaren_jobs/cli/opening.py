@@ -12,10 +12,9 @@ from pathlib import Path
 from jaren_jobs.backends.sqlite.connection import copy_database
 from jaren_jobs.backends.sqlite.errors import is_not_a_database
 from jaren_jobs.backends.sqlite.queries import SCHEMA_VERSION
+from jaren_jobs.cli.arguments import CliError
 from jaren_jobs.errors import JobsError, SchemaError
 from jaren_jobs.store import Store, open_store
-
-from .arguments import CliError
 
 
 def _require_db(path: str | None) -> str:

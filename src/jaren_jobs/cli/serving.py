@@ -21,10 +21,9 @@ from types import FrameType
 from typing import Any, TextIO
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from jaren_jobs.cli.arguments import EXIT_OK, CliError
+from jaren_jobs.cli.opening import opened
 from jaren_jobs.dashboard import basic_auth, create_app
-
-from .arguments import EXIT_OK, CliError
-from .opening import opened
 
 USER_VARIABLE = "JAREN_JOBS_DASHBOARD_USER"
 PASSWORD_VARIABLE = "JAREN_JOBS_DASHBOARD_PASSWORD"

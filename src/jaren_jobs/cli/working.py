@@ -23,9 +23,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
+from jaren_jobs.cli.arguments import EXIT_OK, EXIT_REFUSED, CliError, shown_text
 from jaren_jobs.store import Store
-
-from .arguments import EXIT_OK, EXIT_REFUSED, CliError, shown_text
 
 #: a second signal during the drain: stop at once
 EXIT_ABANDONED = 130

@@ -16,7 +16,7 @@ Runs are keyed per *attempt* (job id + the claim's token), never per job: a
 stale attempt cannot write through the store of the attempt that replaced it.
 """
 
-from .document import (
+from jaren_jobs.dag.document import (
     RUN_IDENTITY_NODE,
     CompiledDag,
     Task,
@@ -24,7 +24,7 @@ from .document import (
     compile_document,
     document_revision,
 )
-from .runner import DagJobs, create_dag_job_runner
+from jaren_jobs.dag.runner import DagJobs, create_dag_job_runner
 
 __all__ = [
     "RUN_IDENTITY_NODE",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .document import CompiledDag, fingerprint
+from jaren_jobs.dag.document import CompiledDag, fingerprint
 
 
 def run_identity(compiled: CompiledDag, run_input: Any) -> dict[str, Any]:

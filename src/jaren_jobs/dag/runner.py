@@ -7,19 +7,18 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
-from jaren_jobs.errors import DocumentError, OperationCancelled, RunMismatch
-from jaren_jobs.records import ClaimedJob
-from jaren_jobs.runtime import check_positive_int
-from jaren_jobs.signals import CancelScope, SignalLike, any_signal
-
-from .document import (
+from jaren_jobs.dag.document import (
     RUN_IDENTITY_NODE,
     RUN_KEY_SEPARATOR,
     CompiledDag,
     TaskContext,
     compile_document,
 )
-from .identity import run_identity, stale
+from jaren_jobs.dag.identity import run_identity, stale
+from jaren_jobs.errors import DocumentError, OperationCancelled, RunMismatch
+from jaren_jobs.records import ClaimedJob
+from jaren_jobs.runtime import check_positive_int
+from jaren_jobs.signals import CancelScope, SignalLike, any_signal
 
 
 class _Checkpoints(Protocol):

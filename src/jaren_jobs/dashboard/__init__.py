@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from jaren_jobs.dashboard.asgi import DashboardAsgiApp
+from jaren_jobs.dashboard.core import Dashboard
+from jaren_jobs.dashboard.wsgi import DashboardApp, basic_auth
 from jaren_jobs.periodic import Periodic
 from jaren_jobs.store import Store
-
-from .asgi import DashboardAsgiApp
-from .core import Dashboard
-from .wsgi import DashboardApp, basic_auth
 
 __all__ = [
     "Dashboard",

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from .core import MAX_BODY, SECURITY_HEADERS, Dashboard, Request, Response
+from jaren_jobs.dashboard.core import MAX_BODY, SECURITY_HEADERS, Dashboard, Request, Response
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

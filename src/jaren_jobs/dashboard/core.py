@@ -27,13 +27,12 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from jaren_jobs.cursor import drain_page
+from jaren_jobs.dashboard import pages
+from jaren_jobs.dashboard.overview import QueueCounts, Throughput, overview
 from jaren_jobs.errors import JobsError, JobSettled, LeaseRequired, UnknownJob
 from jaren_jobs.periodic import Periodic
 from jaren_jobs.records import STATES, Job
 from jaren_jobs.store import Store
-
-from . import pages
-from .overview import QueueCounts, Throughput, overview
 
 log = logging.getLogger("jaren_jobs.dashboard")
 

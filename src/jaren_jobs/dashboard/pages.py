@@ -14,7 +14,7 @@ from urllib.parse import quote, urlencode
 from jaren_jobs.records import STATES, CorruptJson, Job
 
 if TYPE_CHECKING:
-    from .core import Filters
+    from jaren_jobs.dashboard.core import Filters
 
 SHOWN_BYTES = 64 * 1024  # a payload or result longer than this is clipped on the page
 

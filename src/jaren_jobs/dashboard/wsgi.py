@@ -7,7 +7,7 @@ import hmac
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .core import MAX_BODY, SECURITY_HEADERS, Dashboard, Request, Response
+from jaren_jobs.dashboard.core import MAX_BODY, SECURITY_HEADERS, Dashboard, Request, Response
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]

@@ -11,7 +11,7 @@ Shape of one worker:
   worker can take and an attempt a SIGKILL spends;
 * ONE settling thread: each returned attempt is posted to it, and it commits
   whatever was posted while it wrote last, in one transaction (through a
-  :class:`~jaren_jobs.batcher.SettlementBatcher`, so each settlement is
+  :class:`~jaren_jobs.engine.group_commit.SettlementBatcher`, so each settlement is
   fenced on its own and answered only after the commit). The same
   transaction tops up the loops' queues, and writes again a settlement
   whose last write only timed out waiting, while its lease holds;
@@ -32,11 +32,11 @@ Each attempt has exactly one :class:`~jaren_jobs.records.Outcome`:
 ``completed``, ``failed``, ``cancelled`` or ``lost``.
 """
 
-from .attempt import Handler, JobContext, WorkerStopped
-from .options import create_worker, is_async
-from .pacing import _MAX_AHEAD
-from .settler import _POSTED_LIMIT
-from .threaded import Worker
+from jaren_jobs.worker.attempt import Handler, JobContext, WorkerStopped
+from jaren_jobs.worker.options import create_worker, is_async
+from jaren_jobs.worker.pacing import _MAX_AHEAD
+from jaren_jobs.worker.settler import _POSTED_LIMIT
+from jaren_jobs.worker.threaded import Worker
 
 # the bounds tests state their limits by (not public API)
 _BOUNDS = (_MAX_AHEAD, _POSTED_LIMIT)

@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from jaren_jobs.checkpoints import CheckpointStore
 from jaren_jobs.core.fence import FenceRow
-from jaren_jobs.engine import JobEngine, runtime_of, session_of, settled_wake_of
+from jaren_jobs.engine.checkpoints import CheckpointStore
+from jaren_jobs.engine.engine import JobEngine, runtime_of, session_of, settled_wake_of
 from jaren_jobs.errors import (
     CancelRequested,
     LeaseLost,
@@ -25,11 +25,10 @@ from jaren_jobs.records import (
     Outcome,
 )
 from jaren_jobs.signals import CancelScope, Signal
-
-from .pacing import _Batch, ahead, averaged
+from jaren_jobs.worker.pacing import _Batch, ahead, averaged
 
 if TYPE_CHECKING:
-    from .threaded import Worker
+    from jaren_jobs.worker.threaded import Worker
 
 _log = logging.getLogger("jaren_jobs.worker")
 

@@ -17,12 +17,11 @@ from jaren_jobs.errors import (
 from jaren_jobs.records import (
     ClaimedJob,
 )
-
-from .attempt import WorkerStopped, _gone, _Held
-from .pacing import _Batch, ramped
+from jaren_jobs.worker.attempt import WorkerStopped, _gone, _Held
+from jaren_jobs.worker.pacing import _Batch, ramped
 
 if TYPE_CHECKING:
-    from .threaded import Worker
+    from jaren_jobs.worker.threaded import Worker
 
 _log = logging.getLogger("jaren_jobs.worker")
 

@@ -9,16 +9,15 @@ from typing import Any
 
 from jaren_jobs.codec import check_text
 from jaren_jobs.core.commands import check_queues
-from jaren_jobs.engine import EngineHub, JobEngine
+from jaren_jobs.engine.engine import EngineHub, JobEngine
 from jaren_jobs.periodic import Periodic, check_schedules
 from jaren_jobs.records import (
     Lease,
     Outcome,
 )
 from jaren_jobs.runtime import check_positive_int, check_seconds
-
-from .attempt import Handler
-from .threaded import Worker
+from jaren_jobs.worker.attempt import Handler
+from jaren_jobs.worker.threaded import Worker
 
 
 def _check_handlers(handlers: object) -> dict[str, Handler]:

@@ -27,12 +27,11 @@ from jaren_jobs.records import (
     OutcomeName,
     assemble,
 )
-
-from .attempt import WorkerStopped, _Attempt
+from jaren_jobs.worker.attempt import WorkerStopped, _Attempt
 
 if TYPE_CHECKING:
-    from .settler import _Entry
-    from .threaded import Worker
+    from jaren_jobs.worker.settler import _Entry
+    from jaren_jobs.worker.threaded import Worker
 
 _log = logging.getLogger("jaren_jobs.worker")
 

@@ -11,18 +11,17 @@ from typing import TYPE_CHECKING, Protocol
 from jaren_jobs.backend import Missed, Renewal
 from jaren_jobs.core.fence import renewal_refusal
 from jaren_jobs.core.policy import lease_ms
-from jaren_jobs.engine import runtime_of, session_of
+from jaren_jobs.engine.engine import runtime_of, session_of
 from jaren_jobs.errors import (
     CancelRequested,
     JobsError,
     StoreClosed,
 )
 from jaren_jobs.records import Lease
-
-from .attempt import _Attempt
+from jaren_jobs.worker.attempt import _Attempt
 
 if TYPE_CHECKING:
-    from .threaded import Worker
+    from jaren_jobs.worker.threaded import Worker
 
 _log = logging.getLogger("jaren_jobs.worker")
 
@@ -31,7 +30,7 @@ _RENEW = "renew()"  # what a renewal's refusals and errors name, as engine.renew
 
 class RenewalScheduler(Protocol):
     """What a worker asks of its renewal scheduler: this module's thread, or an
-    AsyncWorker's task on its loop (jaren_jobs.arenewals)."""
+    AsyncWorker's task on its loop (jaren_jobs.aio.renewals)."""
 
     @property
     def thread(self) -> threading.Thread | None: ...
@@ -154,7 +153,7 @@ def _renew_attempt(self: Worker, attempt: _Attempt) -> None:
 
 
 # The steps of one renewal, shared by the renewal thread above and an AsyncWorker's
-# renewal task (jaren_jobs.arenewals): each runs under the attempt's lease_lock but
+# renewal task (jaren_jobs.aio.renewals): each runs under the attempt's lease_lock but
 # the last, and the renewal's write between them.
 
 

@@ -8,24 +8,23 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from jaren_jobs.batcher import Settled
 from jaren_jobs.codec import ms_from_datetime
 from jaren_jobs.core.fence import FenceRow
 from jaren_jobs.core.settle import Completion, SettleBatch, Settlement, Snoozing
-from jaren_jobs.engine import ClaimRequest
+from jaren_jobs.engine.engine import ClaimRequest
+from jaren_jobs.engine.group_commit import Settled
 from jaren_jobs.records import (
     ClaimedJob,
     Lease,
     Outcome,
 )
 from jaren_jobs.snooze import Snooze, snooze_ms
-
-from .attempt import WorkerStopped, _Attempt, _Ran
-from .outcomes import Phase, _interrupted, _is_wait, _retryable
-from .pacing import _Batch
+from jaren_jobs.worker.attempt import WorkerStopped, _Attempt, _Ran
+from jaren_jobs.worker.outcomes import Phase, _interrupted, _is_wait, _retryable
+from jaren_jobs.worker.pacing import _Batch
 
 if TYPE_CHECKING:
-    from .threaded import Worker
+    from jaren_jobs.worker.threaded import Worker
 
 _log = logging.getLogger("jaren_jobs.worker")
 

@@ -10,8 +10,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from jaren_jobs.batcher import SettlementBatcher
-from jaren_jobs.engine import (
+from jaren_jobs.engine.engine import (
     EngineHub,
     JobEngine,
     claim_request_for,
@@ -19,6 +18,7 @@ from jaren_jobs.engine import (
     root_scope_of,
     store_backend_of,
 )
+from jaren_jobs.engine.group_commit import SettlementBatcher
 from jaren_jobs.errors import JobsError
 from jaren_jobs.periodic import Periodic, Ticker
 from jaren_jobs.records import (
@@ -29,13 +29,12 @@ from jaren_jobs.records import (
 )
 from jaren_jobs.runtime import check_seconds
 from jaren_jobs.signals import CancelScope
-
-from . import attempt, claims, outcomes, renewals, settler, ticks, tracking
-from .attempt import Handler, WorkerStopped, _Attempt, _Held
-from .pacing import _HORIZON_SECONDS, _Batch
-from .renewals import RenewalScheduler, _Renewals
-from .settler import _Entry
-from .tracking import _TrackedScope
+from jaren_jobs.worker import attempt, claims, outcomes, renewals, settler, ticks, tracking
+from jaren_jobs.worker.attempt import Handler, WorkerStopped, _Attempt, _Held
+from jaren_jobs.worker.pacing import _HORIZON_SECONDS, _Batch
+from jaren_jobs.worker.renewals import RenewalScheduler, _Renewals
+from jaren_jobs.worker.settler import _Entry
+from jaren_jobs.worker.tracking import _TrackedScope
 
 _worker_numbers = itertools.count(1)
 _log = logging.getLogger("jaren_jobs.worker")

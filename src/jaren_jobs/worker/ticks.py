@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from jaren_jobs.errors import JobsError
 
 if TYPE_CHECKING:
-    from .threaded import Worker
+    from jaren_jobs.worker.threaded import Worker
 
 _log = logging.getLogger("jaren_jobs.worker")
 

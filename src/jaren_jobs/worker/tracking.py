@@ -17,7 +17,7 @@ from jaren_jobs.errors import (
 from jaren_jobs.signals import Signal, SignalLike
 
 if TYPE_CHECKING:
-    from .threaded import Worker
+    from jaren_jobs.worker.threaded import Worker
 
 _log = logging.getLogger("jaren_jobs.worker")
 T = TypeVar("T")

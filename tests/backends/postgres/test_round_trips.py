@@ -30,7 +30,7 @@ from jaren_jobs import (
     Store,
 )
 from jaren_jobs.core.settle import Completion, SettleBatch
-from jaren_jobs.engine import settle
+from jaren_jobs.engine.engine import settle
 from tests.conftest import FakeClock
 from tests.harness import PostgresUrl
 

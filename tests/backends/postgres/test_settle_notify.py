@@ -18,7 +18,7 @@ from jaren_jobs.backends.postgres.session import settled_channel
 from jaren_jobs.backends.postgres.store import channel_name
 from jaren_jobs.core.commands import Failure
 from jaren_jobs.core.settle import Completion, SettleBatch, Snoozing
-from jaren_jobs.engine import settle
+from jaren_jobs.engine.engine import settle
 from tests.backends.postgres.test_round_trips import _on_tables, wire
 from tests.harness import PostgresUrl
 

@@ -28,14 +28,13 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import pq
 
+from jaren_jobs.backends.postgres import queries as sql
+from jaren_jobs.backends.postgres.errors import storage_error
 from jaren_jobs.backends.scopes import RootScope as PgRootScope
 from jaren_jobs.backends.scopes import TxScope as PgTxScope
 from jaren_jobs.errors import StorageError, StoreClosed
 from jaren_jobs.gate import Gate
 from jaren_jobs.signals import SignalLike
-
-from . import queries as sql
-from .errors import storage_error
 
 __all__ = ["PgDatabase", "PgRootScope", "PgTxScope"]
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from .connection import connect_settings
+from jaren_jobs.backends.postgres.connection import connect_settings
 
 __all__ = ["Listener"]
 

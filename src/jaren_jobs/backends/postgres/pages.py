@@ -13,16 +13,15 @@ from typing import Any
 
 from jaren_jobs.backend import Scope
 from jaren_jobs.backends.keyset import Fetch, page_cursor
+from jaren_jobs.backends.postgres import queries as sql
+from jaren_jobs.backends.postgres.connection import PgDatabase
+from jaren_jobs.backends.postgres.errors import translating
 from jaren_jobs.core.commands import PageFilters
+from jaren_jobs.core.rows import job_from_row
 from jaren_jobs.cursor import Cursor
 from jaren_jobs.records import Job
-from jaren_jobs.rows import job_from_row
 from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike
-
-from . import queries as sql
-from .connection import PgDatabase
-from .errors import translating
 
 __all__ = ["page_jobs"]
 

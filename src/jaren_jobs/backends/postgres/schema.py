@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from importlib import resources
 
+from jaren_jobs.backends.postgres import queries as sql
+from jaren_jobs.backends.postgres.connection import PgDatabase
 from jaren_jobs.errors import SchemaError, StorageError
-
-from . import queries as sql
-from .connection import PgDatabase
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "ensure_schema", "require_schema"]
 

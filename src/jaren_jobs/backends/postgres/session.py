@@ -22,19 +22,24 @@ from jaren_jobs.backend import (
     SettleAnswer,
     StoreBackend,
 )
+from jaren_jobs.backends.postgres import queries as sql
+from jaren_jobs.backends.postgres.channels import cancel_channel, settled_channel
+from jaren_jobs.backends.postgres.connection import PgDatabase
+from jaren_jobs.backends.postgres.settling import PgSettling, fence_row_of
 from jaren_jobs.core.commands import ClaimRequest, PageFilters, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
+from jaren_jobs.core.rows import (
+    claim_key,
+    claimed_from_row,
+    inserted_job,
+    job_from_row,
+    lease_from_row,
+)
 from jaren_jobs.core.settle import SettleBatch
 from jaren_jobs.errors import DuplicateJob, StorageError, key_held
 from jaren_jobs.records import STATES, ClaimedJob, Counts, Job, Lease
-from jaren_jobs.rows import claim_key, claimed_from_row, inserted_job, job_from_row, lease_from_row
 from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike
-
-from . import queries as sql
-from .channels import cancel_channel, settled_channel
-from .connection import PgDatabase
-from .settling import PgSettling, fence_row_of
 
 if TYPE_CHECKING:
     from jaren_jobs.cursor import Cursor
@@ -83,7 +88,7 @@ class PostgresSession:
 
     @property
     def store_backend(self) -> StoreBackend:
-        from .store import PostgresBackend  # noqa: PLC0415 - the store level sits above sessions
+        from jaren_jobs.backends.postgres.store import PostgresBackend  # noqa: PLC0415 - the store level sits above sessions
 
         return PostgresBackend(self._db, self._channel)
 
@@ -464,7 +469,7 @@ class PostgresSession:
     def page(
         self, filters: PageFilters, *, signal: SignalLike | None, deadline: datetime | None
     ) -> Cursor[Job]:
-        from .pages import page_jobs  # noqa: PLC0415 - the cursor module is only needed here
+        from jaren_jobs.backends.postgres.pages import page_jobs  # noqa: PLC0415 - the cursor module is only needed here
 
         return page_jobs(
             self._db,

@@ -15,15 +15,14 @@ from dataclasses import replace
 from typing import Any
 
 from jaren_jobs.backend import Missed
+from jaren_jobs.backends.postgres import queries as sql
+from jaren_jobs.backends.postgres.connection import PgDatabase
 from jaren_jobs.core.commands import Failure
 from jaren_jobs.core.fence import FenceRow
 from jaren_jobs.core.policy import failure_transition, retry_at_ms
 from jaren_jobs.core.settle import Completion, SettleBatch, Snoozing
 from jaren_jobs.records import Lease
 from jaren_jobs.runtime import ResolvedRuntime
-
-from . import queries as sql
-from .connection import PgDatabase
 
 __all__ = ["PgSettling", "fence_row_of", "pg_text"]
 

@@ -17,16 +17,15 @@ from psycopg import pq
 from psycopg import sql as pgsql
 
 from jaren_jobs.backend import AppParams, JobsSession, Rows, TransactionState
+from jaren_jobs.backends.postgres import queries as sql
+from jaren_jobs.backends.postgres.channels import cancel_channel, channel_name, settled_channel
+from jaren_jobs.backends.postgres.connection import PgDatabase, PgRootScope, PgTxScope
+from jaren_jobs.backends.postgres.errors import storage_error
+from jaren_jobs.backends.postgres.notify import Listener
+from jaren_jobs.backends.postgres.schema import ensure_schema, require_schema
+from jaren_jobs.backends.postgres.session import PostgresSession
 from jaren_jobs.errors import GateRefused, StorageError
 from jaren_jobs.gate import Gate
-
-from . import queries as sql
-from .channels import cancel_channel, channel_name, settled_channel
-from .connection import PgDatabase, PgRootScope, PgTxScope
-from .errors import storage_error
-from .notify import Listener
-from .schema import ensure_schema, require_schema
-from .session import PostgresSession
 
 __all__ = ["PostgresBackend", "PostgresTransaction", "is_postgres_url", "open_postgres"]
 

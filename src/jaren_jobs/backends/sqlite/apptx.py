@@ -6,9 +6,8 @@ import sqlite3
 from collections.abc import Iterable
 
 from jaren_jobs.backend import AppParams
-
-from .connection import Database
-from .errors import storage_error
+from jaren_jobs.backends.sqlite.connection import Database
+from jaren_jobs.backends.sqlite.errors import storage_error
 
 __all__ = ["run_app_statement"]
 

@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from jaren_jobs.backends.scopes import RootScope, TxScope
+from jaren_jobs.backends.sqlite import queries as sql
+from jaren_jobs.backends.sqlite.errors import storage_error
 from jaren_jobs.errors import JobsError, StorageError, StoreClosed, TransactionAborted
 from jaren_jobs.gate import Gate
 from jaren_jobs.signals import SignalLike
-
-from . import queries as sql
-from .errors import storage_error
 
 __all__ = ["Database", "RootScope", "Scope", "TxScope"]
 
@@ -450,7 +449,7 @@ def open_database(
     application's connection). A connection this opened is closed again if
     anything after the open fails.
     """
-    from .schema import ensure_schema, require_schema  # noqa: PLC0415 - schema runs on Database
+    from jaren_jobs.backends.sqlite.schema import ensure_schema, require_schema  # noqa: PLC0415 - schema runs on Database
 
     busy = busy_ms / 1000
     memory = False

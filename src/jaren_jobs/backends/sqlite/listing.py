@@ -11,9 +11,15 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from jaren_jobs.backends.sqlite.queries import (
+    CHECKPOINTS,
+    EFFECTIVE_STATE,
+    ERRORS,
+    JOBS,
+    MARKED_EXPIRED,
+    READ_COLUMNS,
+)
 from jaren_jobs.core.commands import PageFilters
-
-from .queries import CHECKPOINTS, EFFECTIVE_STATE, ERRORS, JOBS, MARKED_EXPIRED, READ_COLUMNS
 
 # ----------------------------------------------------------------- counts
 

@@ -9,10 +9,9 @@ goes through the very same steps (base tables, then every added column), so
 
 from __future__ import annotations
 
+from jaren_jobs.backends.sqlite import queries as sql
+from jaren_jobs.backends.sqlite.connection import Database
 from jaren_jobs.errors import JobsError, SchemaError
-
-from . import queries as sql
-from .connection import Database
 
 __all__ = ["ensure_schema", "require_schema", "schema_version"]
 

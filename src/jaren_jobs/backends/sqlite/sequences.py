@@ -12,16 +12,15 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from jaren_jobs.backend import Missed, SettleAnswer
+from jaren_jobs.backends.sqlite import queries as sql
+from jaren_jobs.backends.sqlite.connection import Database
 from jaren_jobs.core.commands import ClaimRequest, Failure
 from jaren_jobs.core.fence import FenceRow
 from jaren_jobs.core.policy import failure_transition, retry_at_ms
+from jaren_jobs.core.rows import claim_key, claimed_from_row, stored_text
 from jaren_jobs.core.settle import Completion, SettleBatch, Settlement, Snoozing
 from jaren_jobs.records import ClaimedJob, Lease
-from jaren_jobs.rows import claim_key, claimed_from_row, stored_text
 from jaren_jobs.runtime import ResolvedRuntime
-
-from . import queries as sql
-from .connection import Database
 
 __all__ = ["IdleClaims", "Sequences"]
 

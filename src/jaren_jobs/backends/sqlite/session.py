@@ -23,20 +23,19 @@ from jaren_jobs.backend import (
     SettleAnswer,
     StoreBackend,
 )
+from jaren_jobs.backends.sqlite import listing
+from jaren_jobs.backends.sqlite import queries as sql
+from jaren_jobs.backends.sqlite.connection import Database
+from jaren_jobs.backends.sqlite.pages import page_jobs
+from jaren_jobs.backends.sqlite.sequences import IdleClaims, Sequences
 from jaren_jobs.core.commands import ClaimRequest, PageFilters, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
+from jaren_jobs.core.rows import inserted_job, job_from_row, lease_from_row, stored_text
 from jaren_jobs.core.settle import SettleBatch
 from jaren_jobs.errors import DuplicateJob, key_held
 from jaren_jobs.records import STATES, ClaimedJob, Counts, Job, Lease
-from jaren_jobs.rows import inserted_job, job_from_row, lease_from_row, stored_text
 from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike
-
-from . import listing
-from . import queries as sql
-from .connection import Database
-from .pages import page_jobs
-from .sequences import IdleClaims, Sequences
 
 if TYPE_CHECKING:
     from jaren_jobs.cursor import Cursor
@@ -78,7 +77,7 @@ class SqliteSession:
 
     @property
     def store_backend(self) -> StoreBackend:
-        from .store import SqliteBackend  # noqa: PLC0415 - the store level sits above sessions
+        from jaren_jobs.backends.sqlite.store import SqliteBackend  # noqa: PLC0415 - the store level sits above sessions
 
         return SqliteBackend(self._db)
 

@@ -12,13 +12,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from jaren_jobs.backend import AppParams, JobsSession, Rows, TransactionState
+from jaren_jobs.backends.sqlite import queries as sql
+from jaren_jobs.backends.sqlite.apptx import run_app_statement
+from jaren_jobs.backends.sqlite.connection import Database, RootScope, TxScope
+from jaren_jobs.backends.sqlite.errors import storage_error
+from jaren_jobs.backends.sqlite.session import IdleClaims, SqliteSession
 from jaren_jobs.errors import GateRefused, StorageError
-
-from . import queries as sql
-from .apptx import run_app_statement
-from .connection import Database, RootScope, TxScope
-from .errors import storage_error
-from .session import IdleClaims, SqliteSession
 
 __all__ = ["SqliteBackend", "SqliteTransaction"]
 
