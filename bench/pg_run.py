@@ -15,7 +15,7 @@ from typing import Any
 
 from bench import Sizes, drain_in_processes, median, percentile, remote_latency
 from bench import pg as b
-from bench.run import JAREN, WORKLOADS, Figure, Report, Target, log
+from bench.report import JAREN, WORKLOADS, Figure, Report, Target, log
 
 PG_WORKLOADS = (1, 2, 3, 4, 5, 6)
 

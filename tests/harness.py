@@ -96,7 +96,7 @@ CAPABILITIES: dict[str, str] = {
     "sync-api": (
         "the test is about the synchronous API itself — its thread mechanics (a call from "
         "a worker's own thread, fork), that API misused from coroutines or given async "
-        "handlers, or the engine internals it hands to jaren_jobs.engine.group_commit/testing — which "
+        "handlers, or the engine internals it hands to group_commit/testing — which "
         "the async harnesses, driving the asyncio API, do not present; every test outside "
         "tests/conformance/ has it implied (the async harnesses run the conformance suite)"
     ),

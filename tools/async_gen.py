@@ -791,10 +791,12 @@ def store_backend(self) -> Any:
             "PgDatabase": "AsyncPgDatabase",
             "PgSettling": "AsyncPgSettling",
             "Scope": "AsyncScope",
+            "StoreBackend": "Any",  # the async store's backend (AsyncPostgresBackend)
         },
         moved={
             "AsyncScope": "jaren_jobs.backend_async",
             "fence_row_of": "jaren_jobs.backends.postgres.settling",
+            "Any": "typing",
         },
         modules={
             "jaren_jobs.backends.postgres.connection": "jaren_jobs.backends.postgres.connection_async",
@@ -813,16 +815,6 @@ def store_backend(self) -> Any:
                 "PostgresSession.page",
             }
         ),
-        overrides={
-            "PostgresSession.store_backend": '''
-@property
-def store_backend(self) -> Any:
-    """The open database this session belongs to (an async one: see ``store_async``)."""
-    from jaren_jobs.backends.postgres.store_async import AsyncPostgresBackend
-
-    return AsyncPostgresBackend(self._db, self._channel)
-''',
-        },
         imports=(
             "from collections.abc import Awaitable",
             "from jaren_jobs.backends.postgres.session import _JOB_WIDTH, _UNIQUE_TRIES, _fence_row, _holds, _pg_text, "

@@ -10,7 +10,8 @@ from types import TracebackType
 from typing import Any, Literal
 
 from jaren_jobs.backend import Rows, StoreBackend
-from jaren_jobs.backends.sqlite.connection import Connection, open_database
+from jaren_jobs.backends.sqlite.connection import Connection
+from jaren_jobs.backends.sqlite.opening import open_database
 from jaren_jobs.backends.sqlite.store import SqliteBackend
 from jaren_jobs.engine.engine import EngineHub
 from jaren_jobs.errors import (

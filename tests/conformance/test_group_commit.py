@@ -35,9 +35,9 @@ from jaren_jobs import (
     Store,
     testing,
 )
-from jaren_jobs import batcher as batcher_module
-from jaren_jobs.engine.group_commit import SettlementBatcher
 from jaren_jobs.core.settle import SettleBatch
+from jaren_jobs.engine import group_commit as batcher_module
+from jaren_jobs.engine.group_commit import SettlementBatcher
 from tests.conftest import FakeClock, Sequence
 from tests.harness import Harness
 

@@ -29,8 +29,8 @@ from jaren_jobs import (
     OperationCancelled,
     Store,
     UnknownJob,
-    waiting,
 )
+from jaren_jobs.engine import waiting
 
 WAIT = 10.0
 

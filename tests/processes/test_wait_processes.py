@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from jaren_jobs import Job, Store, open_store, waiting
+from jaren_jobs import Job, Store, open_store
+from jaren_jobs.engine import waiting
 from tests.processes.pg_support import Schema
 from tests.processes.wait_targets import KIND, run_when_told
 

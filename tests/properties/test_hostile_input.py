@@ -425,8 +425,8 @@ def test_error_texts_never_fail_the_group_commit_they_share(
 ) -> None:
     """Failures with any error text and completions, settled in one transaction: none of
     them makes the batch roll back and replay one by one."""
-    from jaren_jobs.engine.group_commit import SettlementBatcher
     from jaren_jobs.core.settle import SettleBatch
+    from jaren_jobs.engine.group_commit import SettlementBatcher
 
     kind = f"group-{next(_names)}"
     shared.jobs.enqueue_many(NewJob(kind, max_attempts=1) for _ in texts)

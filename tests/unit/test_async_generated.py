@@ -58,9 +58,10 @@ def test_the_session_units_of_work_are_coroutines_and_the_pure_parts_are_not() -
     assert {"insert_jobs", "claim", "settle", "settle_within", "renew", "complete_run"} <= session
     assert "_settled_params" not in session
     assert "after_commit" not in session
-    # the engine's operator calls (cancel, requeue, sweep...) are its base's, in aadmin
+    # the engine's operator calls (cancel, requeue, sweep...) are its base's, in admin_async
     src = GEN.SRC  # type: ignore[attr-defined]
-    engine = _async_defs(src / "engine/engine_async.py") | _async_defs(src / "engine/admin_async.py")
+    engine = _async_defs(src / "engine/engine_async.py")
+    engine |= _async_defs(src / "engine/admin_async.py")
     assert {"enqueue", "claim", "complete", "fail", "cancel", "requeue", "sweep"} <= engine
     # the fence's verdicts stay pure: only the session call between them is awaited
     assert not {"_refused", "_settled", "_prepare", "_require_lease", "wait_plan"} & engine

@@ -127,7 +127,7 @@ def _targets(path: Path, root: Path = SRC, package: str = "jaren_jobs") -> set[s
 
 
 def _layer(name: str) -> int:
-    top = name.split(".")[0]
+    top = name.split(".", maxsplit=1)[0]
     for index, layer in enumerate(LAYERS):
         if top in layer:
             return index
@@ -255,7 +255,7 @@ def test_no_private_name_is_imported_across_folders() -> None:
     assert offenders == set(), "private names imported across folders"
 
 
-@pytest.mark.parametrize("path", _files(SRC), ids=lambda p: _name(p))
+@pytest.mark.parametrize("path", _files(SRC), ids=_name)
 def test_no_file_over_600_lines_nor_class_over_500(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
     assert text.count("\n") <= MAX_FILE_LINES, f"{_name(path)}: {text.count(chr(10))} lines"

@@ -9,8 +9,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from jaren_jobs.backends.sqlite.connection import copy_database
 from jaren_jobs.backends.sqlite.errors import is_not_a_database
+from jaren_jobs.backends.sqlite.opening import copy_database
 from jaren_jobs.backends.sqlite.queries import SCHEMA_VERSION
 from jaren_jobs.cli.arguments import CliError
 from jaren_jobs.errors import JobsError, SchemaError

@@ -28,6 +28,7 @@ from urllib.parse import parse_qs
 
 from jaren_jobs.cursor import drain_page
 from jaren_jobs.dashboard import pages
+from jaren_jobs.dashboard.filters import DEFAULT_LIMIT, Filters
 from jaren_jobs.dashboard.overview import QueueCounts, Throughput, overview
 from jaren_jobs.errors import JobsError, JobSettled, LeaseRequired, UnknownJob
 from jaren_jobs.periodic import Periodic
@@ -37,7 +38,6 @@ from jaren_jobs.store import Store
 log = logging.getLogger("jaren_jobs.dashboard")
 
 MAX_LIMIT = 500
-DEFAULT_LIMIT = 50
 MAX_BODY = 256 * 1024
 MAX_FIELD = 2000  # longer filters and ids than any real one: refused, not searched
 COOKIE = "jaren_jobs_dashboard"
@@ -133,28 +133,6 @@ def one(fields: Mapping[str, list[str]], name: str, *, allow_long: bool = False)
     if not allow_long and len(value) > MAX_FIELD:
         raise HttpError(400, f"{name} is {len(value)} characters long; at most {MAX_FIELD}")
     return value or None
-
-
-@dataclass(frozen=True)
-class Filters:
-    state: str | None = None
-    kind: str | None = None
-    queue: str | None = None
-    after: str | None = None
-    limit: int = DEFAULT_LIMIT
-    order: str = "id"
-
-    def query(self, **changes: Any) -> dict[str, str]:
-        values = {
-            "state": self.state,
-            "kind": self.kind,
-            "queue": self.queue,
-            "after": self.after,
-            "limit": str(self.limit) if self.limit != DEFAULT_LIMIT else None,
-            "order": self.order if self.order != "id" else None,
-        }
-        values.update(changes)
-        return {key: value for key, value in values.items() if value is not None}
 
 
 def read_filters(fields: Mapping[str, list[str]]) -> Filters:

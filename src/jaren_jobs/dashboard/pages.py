@@ -8,13 +8,11 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote, urlencode
 
+from jaren_jobs.dashboard.filters import Filters
 from jaren_jobs.records import STATES, CorruptJson, Job
-
-if TYPE_CHECKING:
-    from jaren_jobs.dashboard.core import Filters
 
 SHOWN_BYTES = 64 * 1024  # a payload or result longer than this is clipped on the page
 

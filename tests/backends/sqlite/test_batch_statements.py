@@ -36,11 +36,11 @@ from jaren_jobs import (
     Runtime,
     Store,
     open_store,
-    rows,
     testing,
 )
 from jaren_jobs.backends.sqlite import queries as sql
 from jaren_jobs.codec import encode_json
+from jaren_jobs.core import rows
 from jaren_jobs.records import CorruptJson
 from tests.conftest import START, FakeClock, Sequence
 from tests.harness import Harness

@@ -54,7 +54,9 @@ class AsyncListener:
         if self._stopping or (task is not None and not task.done()):
             return
         # (again, if the loop it ran on ended: asyncio.run cancels what is left)
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="jaren_jobs-listen-async")
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name="jaren_jobs-listen-async"
+        )
 
     def on_settled(self, wake: Callable[[], None]) -> None:
         """Also call ``wake`` on every settlement NOTIFY (and on every reconnection)."""

@@ -68,8 +68,15 @@ class PostgresSession:
     """The engine's statements over one scope of one PostgreSQL store."""
 
     def __init__(
-        self, db: PgDatabase, scope: Scope, runtime: ResolvedRuntime, channel: str | None
+        self,
+        db: PgDatabase,
+        scope: Scope,
+        runtime: ResolvedRuntime,
+        channel: str | None,
+        store_backend: StoreBackend,
     ) -> None:
+        # the store hands itself down: a session never builds the level above it
+        self._store_backend = store_backend
         self._db = db
         self._scope = scope
         self._runtime = runtime
@@ -88,12 +95,10 @@ class PostgresSession:
 
     @property
     def store_backend(self) -> StoreBackend:
-        from jaren_jobs.backends.postgres.store import PostgresBackend  # noqa: PLC0415 - the store level sits above sessions
-
-        return PostgresBackend(self._db, self._channel)
+        return self._store_backend
 
     def rescoped(self, scope: Scope) -> PostgresSession:
-        return PostgresSession(self._db, scope, self._runtime, self._channel)
+        return PostgresSession(self._db, scope, self._runtime, self._channel, self._store_backend)
 
     # ------------------------------------------------------------ units of work
 

@@ -48,8 +48,14 @@ class AsyncPostgresSession:
     """The engine's statements over one scope of one PostgreSQL store."""
 
     def __init__(
-        self, db: AsyncPgDatabase, scope: AsyncScope, runtime: ResolvedRuntime, channel: str | None
+        self,
+        db: AsyncPgDatabase,
+        scope: AsyncScope,
+        runtime: ResolvedRuntime,
+        channel: str | None,
+        store_backend: Any,
     ) -> None:
+        self._store_backend = store_backend
         self._db = db
         self._scope = scope
         self._runtime = runtime
@@ -68,13 +74,12 @@ class AsyncPostgresSession:
 
     @property
     def store_backend(self) -> Any:
-        """The open database this session belongs to (an async one: see ``store_async``)."""
-        from jaren_jobs.backends.postgres.store_async import AsyncPostgresBackend
-
-        return AsyncPostgresBackend(self._db, self._channel)
+        return self._store_backend
 
     def rescoped(self, scope: AsyncScope) -> AsyncPostgresSession:
-        return AsyncPostgresSession(self._db, scope, self._runtime, self._channel)
+        return AsyncPostgresSession(
+            self._db, scope, self._runtime, self._channel, self._store_backend
+        )
 
     async def write(
         self, fn: Callable[[], Awaitable[T]], what: str, signal: SignalLike | None = None

@@ -66,7 +66,7 @@ class PostgresBackend:
         self.db.check_open(what)
 
     def root_session(self, runtime: Any, idle_claims: Any) -> JobsSession:
-        return PostgresSession(self.db, PgRootScope(self.db), runtime, self.channel)
+        return PostgresSession(self.db, PgRootScope(self.db), runtime, self.channel, self)
 
     def connection(self) -> psycopg.Connection[Any]:
         self.db.check_open("store.connection")
@@ -83,7 +83,7 @@ class PostgresBackend:
         except BaseException:
             db.give_back()
             raise
-        return PostgresTransaction(db, self.channel)
+        return PostgresTransaction(db, self.channel, self)
 
     def wake_on_commits(self, wake: Callable[[], None]) -> None:
         """Wake this process's idle workers when any process commits an enqueue."""
@@ -129,16 +129,19 @@ class PostgresTransaction:
         "failed (a failed statement aborts a whole PostgreSQL transaction)"
     )
 
-    def __init__(self, db: PgDatabase, channel: str | None) -> None:
+    def __init__(self, db: PgDatabase, channel: str | None, backend: PostgresBackend) -> None:
         self.db = db
         self.channel = channel
+        self.backend = backend
 
     @property
     def gate(self) -> object:
         return self.db.gate
 
     def session(self, transaction: TransactionState, runtime: Any, idle_claims: Any) -> JobsSession:
-        return PostgresSession(self.db, PgTxScope(self.db, transaction), runtime, self.channel)
+        return PostgresSession(
+            self.db, PgTxScope(self.db, transaction), runtime, self.channel, self.backend
+        )
 
     def execute(
         self,

@@ -59,7 +59,7 @@ class AsyncPostgresBackend:
         self.db.check_open(what)
 
     def root_session(self, runtime: Any, idle_claims: Any) -> AsyncJobsSession:
-        return AsyncPostgresSession(self.db, AsyncPgRootScope(self.db), runtime, self.channel)
+        return AsyncPostgresSession(self.db, AsyncPgRootScope(self.db), runtime, self.channel, self)
 
     def in_my_transaction(self) -> bool:
         return self.db.gate.held_by_me()
@@ -72,7 +72,7 @@ class AsyncPostgresBackend:
         except BaseException:
             await db.give_back()
             raise
-        return AsyncPostgresTransaction(db, self.channel)
+        return AsyncPostgresTransaction(db, self.channel, self)
 
     def wake_on_commits(self, wake: Callable[[], None]) -> None:
         """Wake this process's idle workers when any process commits an enqueue."""
@@ -115,9 +115,12 @@ class AsyncPostgresTransaction:
     ended_message = _ENDED
     aborted_text = "PostgreSQL rolled back this store.transaction() after a statement inside it failed (a failed statement aborts a whole PostgreSQL transaction)"
 
-    def __init__(self, db: AsyncPgDatabase, channel: str | None) -> None:
+    def __init__(
+        self, db: AsyncPgDatabase, channel: str | None, backend: AsyncPostgresBackend
+    ) -> None:
         self.db = db
         self.channel = channel
+        self.backend = backend
 
     @property
     def gate(self) -> object:
@@ -127,7 +130,7 @@ class AsyncPostgresTransaction:
         self, transaction: TransactionState, runtime: Any, idle_claims: Any
     ) -> AsyncJobsSession:
         return AsyncPostgresSession(
-            self.db, AsyncPgTxScope(self.db, transaction), runtime, self.channel
+            self.db, AsyncPgTxScope(self.db, transaction), runtime, self.channel, self.backend
         )
 
     async def execute(

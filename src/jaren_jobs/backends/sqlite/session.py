@@ -60,7 +60,10 @@ class SqliteSession:
         scope: Scope,
         runtime: ResolvedRuntime,
         idle_claims: IdleClaims,
+        store_backend: StoreBackend,
     ) -> None:
+        # the store hands itself down: a session never builds the level above it
+        self._store_backend = store_backend
         self._db = db
         self._scope = scope
         self._runtime = runtime
@@ -77,13 +80,11 @@ class SqliteSession:
 
     @property
     def store_backend(self) -> StoreBackend:
-        from jaren_jobs.backends.sqlite.store import SqliteBackend  # noqa: PLC0415 - the store level sits above sessions
-
-        return SqliteBackend(self._db)
+        return self._store_backend
 
     def rescoped(self, scope: Scope) -> SqliteSession:
         """The same store's statements over another scope (a worker's tracked views)."""
-        return SqliteSession(self._db, scope, self._runtime, self._idle_claims)
+        return SqliteSession(self._db, scope, self._runtime, self._idle_claims, self._store_backend)
 
     # ------------------------------------------------------------ units of work
 

@@ -51,7 +51,7 @@ class SqliteBackend:
         self.db.check_open(what)
 
     def root_session(self, runtime: Any, idle_claims: IdleClaims) -> JobsSession:
-        return SqliteSession(self.db, RootScope(self.db), runtime, idle_claims)
+        return SqliteSession(self.db, RootScope(self.db), runtime, idle_claims, self)
 
     def connection(self) -> sqlite3.Connection:
         db = self.db
@@ -89,7 +89,7 @@ class SqliteBackend:
         except BaseException:
             db.gate.release()
             raise
-        return SqliteTransaction(db)
+        return SqliteTransaction(db, self)
 
     def wake_on_commits(self, wake: Callable[[], None]) -> None:
         """SQLite has no notifications: other processes' commits are found by polling."""
@@ -122,8 +122,9 @@ class SqliteTransaction:
         "(INSERT OR ROLLBACK, ON CONFLICT ROLLBACK, RAISE(ROLLBACK), a full disk)"
     )
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, backend: SqliteBackend) -> None:
         self.db = db
+        self.backend = backend
 
     @property
     def gate(self) -> object:
@@ -132,7 +133,9 @@ class SqliteTransaction:
     def session(
         self, transaction: TransactionState, runtime: Any, idle_claims: IdleClaims
     ) -> JobsSession:
-        return SqliteSession(self.db, TxScope(self.db, transaction), runtime, idle_claims)
+        return SqliteSession(
+            self.db, TxScope(self.db, transaction), runtime, idle_claims, self.backend
+        )
 
     def execute(
         self,

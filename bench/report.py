@@ -1,0 +1,74 @@
+"""The benchmark's report: its figures, targets and workloads, shared by ``run`` and ``pg_run``.
+
+A module of its own so that ``run`` (which calls ``pg_run``) and ``pg_run`` (which fills
+the report) need not import each other.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["JAREN", "REPO", "WORKLOADS", "Figure", "Report", "Target", "log"]
+
+JAREN = "jaren_jobs"
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Figure:
+    """One measured quantity: raw's value, and each subject's value beside it."""
+
+    workload: int
+    key: str
+    label: str
+    unit: str
+    better: str  # "higher" or "lower"
+    raw: float | None
+    values: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def ratio(self, subject: str) -> float | None:
+        value = self.values.get(subject)
+        if value is None or not self.raw:
+            return None
+        return value / self.raw
+
+
+@dataclass
+class Target:
+    """One of issue 7's targets, checked against this run's figures."""
+
+    text: str
+    measured: str
+    met: bool
+
+
+@dataclass
+class Report:
+    meta: dict[str, Any]
+    figures: list[Figure] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)
+    notes: dict[str, list[str]] = field(default_factory=dict)
+
+    def figure(self, key: str) -> Figure | None:
+        return next((f for f in self.figures if f.key == key), None)
+
+
+WORKLOADS = {
+    1: "enqueue one at a time",
+    2: "enqueue_many in batches",
+    3: "claim + complete one at a time",
+    4: "a worker draining no-op jobs",
+    5: "worker processes on one file",
+    6: "enqueue-to-start latency, idle worker",
+    7: "claim cost against table size",
+    8: "CPU of an idle worker",
+    9: "memory while draining",
+}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
