@@ -147,3 +147,9 @@ def test_the_site_fetches_nothing_from_the_network(site: Path) -> None:
         text = path.read_text(encoding="utf-8")
         fetched |= set(re.findall(r'<(?:script|link|img)\b[^>]*(?:src|href)="(https?:[^"]+)', text))
     assert not fetched, sorted(fetched)
+
+
+def test_the_readme_says_how_to_build_and_open_the_site() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "pip install -e '.[docs]' && mkdocs serve" in readme
+    assert "http://127.0.0.1:8000/" in readme  # mkdocs serve's default address
