@@ -1009,6 +1009,20 @@ SPECS = (
 )
 
 
+SPECS = (
+    *SPECS,
+    Spec(
+        source="worker/queue_run.py",
+        awaited=frozenset({"wait_refill", "run"}),
+        keep=frozenset({"QueueSteps", "run_queue", "__all__"}),
+        names={"QueueSteps": "AsyncQueueSteps", "run_queue": "run_queue_async"},
+        docstring=(
+            "The asyncio twin of :mod:`jaren_jobs.worker.queue_run`: the same queue run, its\n"
+            "steps awaited (an AsyncWorker's queue run implements them on its event loop).\n"
+        ),
+    ),
+)
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only compare, write nothing")

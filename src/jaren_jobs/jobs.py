@@ -8,7 +8,7 @@ from typing import Any
 from jaren_jobs.engine.engine import JobEngine, session_of
 from jaren_jobs.periodic import Periodic
 from jaren_jobs.records import Lease, Outcome
-from jaren_jobs.worker import Handler, Worker, create_worker
+from jaren_jobs.worker import Handler, Worker, WorkerHost, create_worker
 
 __all__ = ["Jobs"]
 
@@ -41,15 +41,9 @@ class Jobs(JobEngine):
         ``periodic``: :class:`~jaren_jobs.Periodic` schedules whose ticks it
         enqueues (SPEC §12).
         """
-        # other processes' enqueues wake it too, where the database can say so
-        backend = session_of(self).store_backend
-        backend.wake_on_commits(self._hub.wake)
-        # another process's cancel(id, force=True) of a job it holds: renew it now
-        backend.wake_on_cancel_requests(self._hub.cancel_requested)
-        return create_worker(
-            self,
-            self._hub,
+        return self.worker_for_host(
             handlers,
+            None,
             concurrency=concurrency,
             poll_seconds=poll_seconds,
             lease_seconds=lease_seconds,
@@ -64,3 +58,15 @@ class Jobs(JobEngine):
             periodic=periodic,
             queues=queues,
         )
+
+    def worker_for_host(
+        self, handlers: Mapping[str, Handler], host: WorkerHost | None, **options: Any
+    ) -> Worker:
+        """:meth:`create_worker` for a host: an AsyncWorker builds its thread worker here,
+        giving itself as the host of its queue runs, renewals and grace end."""
+        # other processes' enqueues wake it too, where the database can say so
+        backend = session_of(self).store_backend
+        backend.wake_on_commits(self._hub.wake)
+        # another process's cancel(id, force=True) of a job it holds: renew it now
+        backend.wake_on_cancel_requests(self._hub.cancel_requested)
+        return create_worker(self, self._hub, handlers, host=host, **options)

@@ -497,7 +497,7 @@ def test_a_handler_lookup_that_raises_fails_the_attempt_not_the_worker(store: St
         {"broken": noop, "k": noop}, poll_seconds=3600, on_outcome=outcomes
     )
     # the worker copies the mapping it is given; stand in a lookup that raises
-    worker._handlers = RaisingLookup(worker._handlers)
+    worker.runner.handlers = RaisingLookup(worker.runner.handlers)
     broken = store.jobs.enqueue("broken", max_attempts=1)
     fine = store.jobs.enqueue("k", "ok")
     assert worker.run_once() is True
@@ -1458,19 +1458,20 @@ def test_a_wake_during_an_empty_claim_is_not_slept_through(store: Store) -> None
     worker = store.jobs.create_worker({"k": lambda p, ctx: None}, poll_seconds=3600)
     second_step = threading.Event()
     steps = 0
-    real_step = worker._step
+    loops = worker.loops
+    real_step = loops.step
 
     def step(*, chain: bool = False) -> bool:
         nonlocal steps
         steps += 1
         if steps == 1:
             # an in-process enqueue lands while this claim finds nothing
-            worker._wake()
+            loops.wake()
             return False
         second_step.set()
         return real_step(chain=chain)
 
-    worker._step = step  # type: ignore[method-assign]
+    loops.step = step  # type: ignore[method-assign]
     with worker:
         # with a one-hour poll, only the wake can bring the second claim
         assert second_step.wait(WAIT)

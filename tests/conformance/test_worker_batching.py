@@ -277,7 +277,7 @@ def test_loops_never_run_far_ahead_of_the_settling_thread(store: Store) -> None:
         peak[0] = max(peak[0], worker.stats().in_flight)
         original(event)
 
-    worker._on_outcome = observe
+    worker.observers.on_outcome = observe
     with worker:
         outcomes.wait_for(count, timeout=120)
     # started attempts without an outcome: each loop's running one, the

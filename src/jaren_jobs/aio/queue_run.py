@@ -19,14 +19,15 @@ import contextvars
 import functools
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Protocol, TypeVar
 
 from jaren_jobs.aio.runner import CallerThread, LoopPoster
 from jaren_jobs.records import ClaimedJob, Outcome
 from jaren_jobs.worker import JobContext, Worker, WorkerStopped
-from jaren_jobs.worker.attempt import _Attempt, _Ran
-from jaren_jobs.worker.pacing import _Batch, averaged
+from jaren_jobs.worker.attempt import Attempt, Ran
+from jaren_jobs.worker.pacing import Batch
+from jaren_jobs.worker.queue_run_async import run_queue_async
 
 __all__: list[str] = []
 
@@ -51,6 +52,11 @@ class _Host(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def handlers(self) -> Mapping[str, object]:
+        """The handlers the worker calls, by kind (an async one wrapped)."""
+        ...
+
     def _handler_cancelled(self, ctx: JobContext) -> Exception:
         """The error a handler's cancelled task records (a ``HandlerCancelled``)."""
         ...
@@ -73,11 +79,11 @@ _IN_RUN: contextvars.ContextVar[asyncio.Task[Any] | None] = contextvars.ContextV
 )
 
 
-def _on_loop(worker: Worker, kind: str) -> bool:
+def _on_loop(handlers: Mapping[str, object], kind: str) -> bool:
     """Whether ``kind``'s handler is awaited on the loop (a lookup that raises: no, and
     the thread worker's own lookup fails the attempt)."""
     try:
-        return isinstance(worker._handlers.get(kind), _LoopHandler)
+        return isinstance(handlers.get(kind), _LoopHandler)
     except Exception:
         return False
 
@@ -87,7 +93,7 @@ class _Interrupted(Exception):
     thread re-raises it once the run is over)."""
 
 
-class _LoopBatch(_Batch):
+class _LoopBatch(Batch):
     """A loop's queue whose jobs a task on the event loop runs: a top-up wakes that task."""
 
     __slots__ = ("_poster", "_waiter")
@@ -139,7 +145,7 @@ class _Pending:
         self._context = context
         self._task: asyncio.Task[Any] | None = None
 
-    async def run(self, attempt: _Attempt) -> _Ran:
+    async def run(self, attempt: Attempt) -> Ran:
         """On the loop: the handler's task, awaited; what it returned or raised.
 
         A KeyboardInterrupt/SystemExit it raised comes out as is (asyncio has
@@ -191,17 +197,22 @@ class _Pending:
 class _QueueRun:
     """One loop's queue of leased jobs, run by a task on the event loop.
 
-    The thread worker's ``_run_queue``, step for step (its bookkeeping is the
-    worker's own: ``_begin``, ``_call``, ``_top_up``, ``_end``, the settling
-    thread), except where it would block: an ``async def`` handler is awaited
-    on the loop (no thread waits for each job), a top-up is awaited, and what
-    must block — a plain handler, a wait for room at the settling thread, the
-    hand-back of unstarted jobs — runs on the loop thread that handed the
-    queue over, which waits in :meth:`serve` for the run to end.
+    The thread worker's queue run — the same algorithm, its asyncio twin
+    (:func:`~jaren_jobs.worker.queue_run_async.run_queue_async`) — with the steps
+    implemented here: an ``async def`` handler is awaited on the loop (no thread
+    waits for each job), a top-up is awaited, and what must block — a plain
+    handler, a wait for room at the settling thread, the hand-back of unstarted
+    jobs — runs on the loop thread that handed the queue over, which waits in
+    :meth:`serve` for the run to end.
     """
 
     def __init__(self, worker: _Host, jobs: list[ClaimedJob]) -> None:
         self._aworker = worker
+        inner = worker._worker
+        self._claims = inner.claims
+        self._runner = inner.runner
+        self._settler = inner.settler
+        self._halt = inner.tracker.halt.signal
         self._thread = CallerThread(f"{worker.name}-run")
         self._batch = _LoopBatch(jobs, worker._poster)
         self._rest: list[ClaimedJob] = []
@@ -212,19 +223,16 @@ class _QueueRun:
         """On the loop thread that claimed the jobs: hand them to the loop, serve the
         run's blocking calls until it ends, then hand back what it did not start."""
         aworker = self._aworker
-        worker = aworker._worker
         batch = self._batch
-        with worker._lock:
-            worker._batches.add(batch)
+        self._claims.add_batch(batch)
         try:
             aworker._poster.post(self._start)
             self._thread.serve(aworker._loop.is_closed)
         finally:
             # a top-up still on its way is handed back with the rest
             rest = self._rest + batch.close()
-            with worker._lock:
-                worker._batches.discard(batch)
-            worker._hand_back(rest)
+            self._claims.discard_batch(batch)
+            self._claims.hand_back(rest)
         if self._interrupt is not None:
             raise self._interrupt  # as the thread worker's loop, this thread ends with it
 
@@ -236,62 +244,50 @@ class _QueueRun:
             raise
 
     async def _run(self) -> None:
-        aworker = self._aworker
-        worker = aworker._worker
-        batch = self._batch
         _IN_RUN.set(asyncio.current_task())
-        _HANDLER_OF.set(aworker)  # copied into each handler's task
-        ran: list[_Ran] = []
-        first = True
+        _HANDLER_OF.set(self._aworker)  # copied into each handler's task
         try:
-            while True:
-                if not first and worker._halt.aborted:
-                    break
-                claimed = batch.take()
-                if claimed is None:
-                    if batch.stalled or worker._halt.aborted:
-                        break
-                    if not batch.refill and not worker._top_up(batch, idle=True):
-                        break
-                    if await batch.refilled():
-                        continue
-                    break
-                if not first and worker._waited_too_long(claimed):
-                    self._rest.append(claimed)
-                    worker._ramp = 0  # a slow job hid among fast ones: start small again
-                    break
-                first = False
-                attempt = worker._begin(claimed)
-                if attempt is None:
-                    continue  # cancelled before it started
-                worker._top_up(batch)  # the next jobs come while this one runs
-                if not _on_loop(worker, claimed.kind):
-                    # a plain handler, on the thread that handed the queue over: it runs
-                    # and settles there, to the end even if this run is cancelled meanwhile
-                    await self._thread.submit(functools.partial(self._plain, attempt, batch))
-                    continue
-                try:
-                    outcome = await self._call(attempt, ran)
-                finally:
-                    batch.returned()
-                if outcome is not None:
-                    worker._end(attempt, outcome)
-                else:
-                    await self._post(ran.pop())
-                if self._cancelled:
-                    raise asyncio.CancelledError  # the run's own, taken by its handler's await
-            if batch.stalled:
-                worker._ramp = 0
+            await run_queue_async(
+                self,
+                self._batch,
+                self._rest,
+                claims=self._claims,
+                runner=self._runner,
+                halt=self._halt,
+            )
         except _Interrupted:
             pass  # the plain handler's thread abandoned the attempt; it re-raises
         finally:
             self._thread.release()
 
-    async def _call(self, attempt: _Attempt, ran: list[_Ran]) -> Outcome | None:
-        worker = self._aworker._worker
-        before = worker._spent
+    # ------------------------------------------------------------ the queue run's steps
+
+    async def wait_refill(self, batch: Batch) -> bool:
+        return await self._batch.refilled()
+
+    async def run(self, attempt: Attempt, batch: Batch) -> None:
+        if not _on_loop(self._aworker.handlers, attempt.claimed.kind):
+            # a plain handler, on the thread that handed the queue over: it runs
+            # and settles there, to the end even if this run is cancelled meanwhile
+            await self._thread.submit(functools.partial(self._plain, attempt, batch))
+            return
+        ran: list[Ran] = []
+        try:
+            outcome = await self._call(attempt, ran)
+        finally:
+            batch.returned()
+        if outcome is not None:
+            self._runner.end(attempt, outcome)
+        else:
+            await self._post(ran.pop())
+        if self._cancelled:
+            raise asyncio.CancelledError  # the run's own, taken by its handler's await
+
+    async def _call(self, attempt: Attempt, ran: list[Ran]) -> Outcome | None:
+        runner = self._runner
+        before = self._claims.spent
         began = time.perf_counter()
-        outcome = worker._call(attempt, ran)  # its handler comes back unawaited: a _Pending
+        outcome = runner.call(attempt, ran)  # its handler comes back unawaited: a _Pending
         if outcome is not None:
             return outcome
         _, error, pending = ran[-1]
@@ -302,34 +298,34 @@ class _QueueRun:
             except BaseException as exc:
                 # only a handler's KeyboardInterrupt/SystemExit gets here
                 ran.pop()
-                abandon = functools.partial(worker._abandon, attempt, exc)
-                worker._end(attempt, await self._unlocked(attempt, abandon))
+                abandon = functools.partial(runner.abandon, attempt, exc)
+                runner.end(attempt, await self._unlocked(attempt, abandon))
                 self._interrupt = exc
                 raise _Interrupted from exc
             finally:
-                # the handler's running time, for the pacing (the _call measured none)
-                worker._spent = averaged(before, time.perf_counter() - began)
+                # the handler's running time, for the pacing (the call measured none)
+                self._claims.measured(time.perf_counter() - began, before)
         return None
 
-    def _plain(self, attempt: _Attempt, batch: _Batch) -> None:
+    def _plain(self, attempt: Attempt, batch: Batch) -> None:
         # the thread worker's step for one job, on the thread that handed the queue over
-        worker = self._aworker._worker
-        ran: list[_Ran] = []
+        runner = self._runner
+        ran: list[Ran] = []
         try:
-            outcome = worker._call(attempt, ran)
+            outcome = runner.call(attempt, ran)
         except BaseException as exc:
             # only a handler's KeyboardInterrupt/SystemExit gets here
-            worker._end(attempt, worker._abandon(attempt, exc))
+            runner.end(attempt, runner.abandon(attempt, exc))
             self._interrupt = exc
             raise _Interrupted from exc
         finally:
             batch.returned()
         if outcome is not None:
-            worker._end(attempt, outcome)
+            runner.end(attempt, outcome)
         else:
-            worker._post(ran.pop())
+            self._settler.post(ran.pop())
 
-    async def _unlocked(self, attempt: _Attempt, step: Callable[[], T]) -> T:
+    async def _unlocked(self, attempt: Attempt, step: Callable[[], T]) -> T:
         """``step()``, which takes ``attempt.lease_lock``: on the loop, unless a renewal
         holds the lock across its write (a task on this loop, when async-native), in
         which case it waits for the fresh lease off the loop."""
@@ -337,12 +333,12 @@ class _QueueRun:
             return await self._thread.submit(step)
         return step()
 
-    async def _post(self, ran: _Ran) -> None:
-        worker = self._aworker._worker
-        entry = await self._unlocked(ran[0], functools.partial(worker._prepare, *ran))
-        full = worker._enter_posted(entry)
+    async def _post(self, ran: Ran) -> None:
+        settler = self._settler
+        entry = await self._unlocked(ran[0], functools.partial(settler.prepare, *ran))
+        full = settler.enter_posted(entry)
         if full is None:
             # a handler that outlived stop(): its settlement is refused, by name
-            await self._thread.submit(functools.partial(worker._settle_entries, [entry]))
+            await self._thread.submit(functools.partial(settler.settle_entries, [entry]))
         elif full:
-            await self._thread.submit(worker._wait_for_room)
+            await self._thread.submit(settler.wait_for_room)

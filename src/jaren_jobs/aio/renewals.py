@@ -29,31 +29,23 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from jaren_jobs.core.policy import lease_ms
 from jaren_jobs.errors import JobsError, StoreClosed
-from jaren_jobs.worker.attempt import _Attempt
-from jaren_jobs.worker.renewals import (
-    _RENEW,
-    due_attempts,
-    renewable,
-    renewal_answered,
-    renewal_failed,
-    renewed,
-)
+from jaren_jobs.worker.attempt import Attempt
+from jaren_jobs.worker.renewals import RENEW, Renewer
 
 if TYPE_CHECKING:
     from jaren_jobs.aio.runner import ThreadRunner
     from jaren_jobs.backend_async import AsyncJobsSession
-    from jaren_jobs.worker import Worker
 
 __all__ = ["LoopRenewals", "renew_on_loop", "renew_on_thread"]
 
 _log = logging.getLogger("jaren_jobs.worker")
 
-Renew = Callable[[_Attempt], Awaitable[None]]
+Renew = Callable[[Attempt], Awaitable[None]]
 
 
 class LoopRenewals:
@@ -66,13 +58,18 @@ class LoopRenewals:
 
     def __init__(
         self,
-        worker: Worker,
+        renewer: Renewer,
+        *,
+        handlers: Callable[[], Mapping[str, object]],
+        name: str,
         loop: asyncio.AbstractEventLoop,
         post: Callable[[Callable[[], None]], None],
         renew: Renew,
         tick_seconds: float,
     ) -> None:
-        self._worker = worker
+        self._renewer = renewer
+        self._handlers = handlers  # by kind, as the worker calls them (read when needed)
+        self._name = name
         self._loop = loop
         self._loop_ident = threading.get_ident()
         self._post = post  # a callback onto the loop, from any thread
@@ -101,9 +98,7 @@ class LoopRenewals:
                 return
             self._started = True
         self._on_loop(self._begin)
-        watchdog = threading.Thread(
-            target=self._watch, name=f"{self._worker._name}-watchdog", daemon=True
-        )
+        watchdog = threading.Thread(target=self._watch, name=f"{self._name}-watchdog", daemon=True)
         self._watchdog = watchdog
         watchdog.start()
 
@@ -157,9 +152,9 @@ class LoopRenewals:
         self._posted_at = None
 
     def _watch(self) -> None:
-        worker = self._worker
+        renewer = self._renewer
         while not self._watch_stop.wait(self._tick):
-            if not worker._attempts:
+            if not renewer.busy():
                 continue
             now = time.monotonic()
             posted = self._posted_at
@@ -177,11 +172,11 @@ class LoopRenewals:
             # blocked for two ticks: renew what fell due from here, as the renewal
             # thread of a thread worker does
             self._warn_blocked(now - posted)
-            for attempt in due_attempts(worker, now):
+            for attempt in renewer.due(now):
                 if self._watch_stop.is_set():
                     return
                 try:
-                    worker._renew_attempt(attempt)
+                    renewer.renew(attempt)
                 except Exception:  # a bug here must not end the watchdog
                     _log.exception("jaren_jobs: a lease renewal raised unexpectedly")
 
@@ -189,15 +184,13 @@ class LoopRenewals:
         if self._warned:
             return
         self._warned = True
-        worker = self._worker
-        with worker._lock:
-            running = list(worker._attempts.values())
+        running = self._renewer.running()
         names = sorted(
             {
                 f"{_handler_name(handler)} (job {a.job_id!r})"
                 for a in running
                 # an async handler reaches the thread worker wrapped (aio.worker._OnLoop)
-                if (handler := getattr(worker._handlers.get(a.claimed.kind), "_handler", None))
+                if (handler := getattr(self._handlers().get(a.claimed.kind), "_handler", None))
                 is not None
             }
         )
@@ -207,13 +200,13 @@ class LoopRenewals:
             "blocking call such as time.sleep, a sync driver); every task of the loop "
             "stalls. Its leases are renewed from a thread meanwhile. Run blocking work in "
             "a plain def handler (it runs in a thread) or await asyncio.to_thread(...).",
-            worker.owner,
+            self._renewer.owner,
             seconds,
             ", ".join(names) or "none found",
         )
 
     async def _run(self) -> None:
-        worker = self._worker
+        renewer = self._renewer
         wakeup = self._wakeup
         assert wakeup is not None
         try:
@@ -221,16 +214,16 @@ class LoopRenewals:
                 # cleared before busy is read: a wake() posted after an attempt
                 # registered is never lost (it runs after this step, on this loop)
                 wakeup.clear()
-                timeout = self._tick if worker._attempts else None
+                timeout = self._tick if renewer.busy() else None
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(wakeup.wait(), timeout)
                 if self._stopped:
                     return
-                if worker._batches:
+                if renewer.has_batches():
                     # a batch stuck behind a slow job: its unstarted jobs are handed
                     # back, a write through the settling thread (waited for off the loop)
-                    await asyncio.to_thread(worker._take_back_stalled, time.monotonic())
-                for attempt in due_attempts(worker, time.monotonic()):
+                    await asyncio.to_thread(renewer.take_back_stalled, time.monotonic())
+                for attempt in renewer.due(time.monotonic()):
                     if self._stopped:
                         return
                     try:
@@ -247,40 +240,40 @@ def _handler_name(handler: object) -> str:
     return f"{module}.{name}" if module else name
 
 
-def renew_on_thread(worker: Worker, runner: ThreadRunner) -> Renew:
+def renew_on_thread(renewer: Renewer, runner: ThreadRunner) -> Renew:
     """A renewal run on the store's thread, as the thread worker's renewal thread runs it."""
 
-    async def renew(attempt: _Attempt) -> None:
-        await runner.submit(functools.partial(worker._renew_attempt, attempt))
+    async def renew(attempt: Attempt) -> None:
+        await runner.submit(functools.partial(renewer.renew, attempt))
 
     return renew
 
 
-def renew_on_loop(worker: Worker, session: AsyncJobsSession) -> Renew:
+def renew_on_loop(renewer: Renewer, session: AsyncJobsSession) -> Renew:
     """A renewal awaited on the loop, through the async-native store's ``session``."""
 
-    async def renew(attempt: _Attempt) -> None:
+    async def renew(attempt: Attempt) -> None:
         lock = attempt.lease_lock
         # held across the write, as the renewal thread holds it: a settlement or a
         # checkpoint write of the attempt waits for its fresh lease (a code path on
         # this loop that needs it while held takes it off the loop: see aio/worker.py)
         await _acquire(lock)
         try:
-            lease = renewable(attempt)
+            lease = renewer.renewable(attempt)
             if lease is None:
                 return
             try:
-                answer = await session.renew(lease, lease_ms(worker.lease_seconds), _RENEW)
+                answer = await session.renew(lease, lease_ms(renewer.lease_seconds), RENEW)
             except StoreClosed:
                 return  # stopping (or closed): no more renewals
             except JobsError as exc:
-                renewal_failed(worker, attempt, exc)
+                renewer.failed(attempt, exc)
                 return
-            fresh = renewal_answered(worker, attempt, lease, answer)
+            fresh = renewer.answered(attempt, lease, answer)
         finally:
             lock.release()
         if fresh is not None:
-            renewed(worker, attempt, fresh)
+            renewer.renewed(attempt, fresh)
 
     return renew
 

@@ -48,6 +48,7 @@ from jaren_jobs.records import ClaimedJob, Lease, StopOutcome, WorkerStats
 from jaren_jobs.signals import Signal
 from jaren_jobs.store import Jobs
 from jaren_jobs.worker import JobContext, Worker, WorkerStopped, is_async
+from jaren_jobs.worker.renewals import RenewalScheduler, Renewer
 
 if TYPE_CHECKING:
     from jaren_jobs.backend_async import AsyncJobsSession
@@ -259,23 +260,53 @@ class AsyncWorker:
         self._lock = threading.Lock()
         self._running: set[_Cancellable] = set()
         self._poster = LoopPoster(self._loop)
+        self._runner_session = session
         wrapped = {kind: _wrap(self, kind, handler) for kind, handler in handlers.items()}
-        self._worker: Worker = jobs.create_worker(wrapped, **options)
-        # the grace period over: cancel the tasks before the worker bars them, so
-        # each raises while it may still settle and its job is handed back
-        self._worker._on_grace_end = self._cancel_running
-        # a started worker's loops hand their queues of async jobs to the loop
-        self._worker._run_queue = self._run_queue  # type: ignore[method-assign]
-        # renewals are a task on the loop (awaited through ``session`` when the store is
-        # async-native), not a thread
-        worker = self._worker
+        # this AsyncWorker hosts the thread worker's queue runs (on the loop), its
+        # renewals (a task on the loop) and its grace end (the handlers' tasks cancelled)
+        self._worker: Worker = jobs.worker_for_host(wrapped, self, **options)
         self._native = session is not None
+
+    # ------------------------------------------------------------ the worker's host
+
+    @property
+    def handlers(self) -> Mapping[str, object]:
+        """The handlers the thread worker calls, by kind (an async one wrapped)."""
+        return self._worker.runner.handlers
+
+    def renewal_scheduler(self, renewer: Renewer) -> RenewalScheduler:
+        """Renewals are a task on the loop (awaited through the async-native store's
+        session, when there is one), not a thread."""
+        session = self._runner_session
         renew = (
-            renew_on_thread(worker, runner) if session is None else renew_on_loop(worker, session)
+            renew_on_thread(renewer, self._runner)
+            if session is None
+            else renew_on_loop(renewer, session)
         )
-        worker._renewals = LoopRenewals(
-            worker, self._loop, self._poster.post, renew, worker._renew_every / 4
+        return LoopRenewals(
+            renewer,
+            handlers=lambda: self.handlers,
+            name=renewer.name,
+            loop=self._loop,
+            post=self._poster.post,
+            renew=renew,
+            tick_seconds=renewer.every / 4,
         )
+
+    def grace_ended(self) -> None:
+        """The grace period is over: cancel the tasks before the worker bars them, so each
+        raises while it may still settle and its job is handed back."""
+        self._cancel_running()
+
+    def run_queue(self, jobs: list[ClaimedJob]) -> bool:
+        """A started worker's loop hands its queue here: one whose first job has an
+        ``async def`` handler is run by a task on the loop (see :class:`_QueueRun`); this
+        thread waits for it, serving what must not run on the loop. False: the thread
+        worker runs it."""
+        if not _on_loop(self.handlers, jobs[0].kind) or self._loop.is_closed():
+            return False
+        _QueueRun(self, jobs).serve()
+        return True
 
     # ------------------------------------------------------------ what §7 reads
 
@@ -332,18 +363,6 @@ class AsyncWorker:
         # marks the handler's task, and the tasks it makes (they copy its context)
         _HANDLER_OF.set(self)
         return await handler
-
-    # ------------------------------------------------------------ queue runs on the loop
-
-    def _run_queue(self, jobs: list[ClaimedJob]) -> None:
-        """The thread worker's ``_run_queue`` for this worker: a queue whose first job has
-        an ``async def`` handler is run by a task on the loop (see :class:`_QueueRun`);
-        this thread waits for it, serving what must not run on the loop."""
-        worker = self._worker
-        if not _on_loop(worker, jobs[0].kind) or self._loop.is_closed():
-            Worker._run_queue(worker, jobs)
-            return
-        _QueueRun(self, jobs).serve()
 
     async def stop(self, grace_seconds: float | None = None) -> StopOutcome:
         """Stop: handlers get the grace period to wind up (``ctx.signal``); the tasks of

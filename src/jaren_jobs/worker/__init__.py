@@ -7,7 +7,7 @@ Shape of one worker:
   until the poll interval passes or an in-process enqueue wakes it. A loop
   holds at most a few jobs beyond the one it runs: as many as the handlers'
   measured running time lets it start within a short horizon, never more
-  than ``_MAX_AHEAD`` (see ``_ahead``), since each is a lease no other
+  than ``MAX_AHEAD`` (see ``ClaimBook.ahead``), since each is a lease no other
   worker can take and an attempt a SIGKILL spends;
 * ONE settling thread: each returned attempt is posted to it, and it commits
   whatever was posted while it wrote last, in one transaction (through a
@@ -34,11 +34,20 @@ Each attempt has exactly one :class:`~jaren_jobs.records.Outcome`:
 
 from jaren_jobs.worker.attempt import Handler, JobContext, WorkerStopped
 from jaren_jobs.worker.options import create_worker, is_async
-from jaren_jobs.worker.pacing import _MAX_AHEAD
-from jaren_jobs.worker.settler import _POSTED_LIMIT
-from jaren_jobs.worker.threaded import Worker
+from jaren_jobs.worker.pacing import MAX_AHEAD
+from jaren_jobs.worker.settler import POSTED_LIMIT
+from jaren_jobs.worker.threaded import Worker, WorkerHost
 
 # the bounds tests state their limits by (not public API)
-_BOUNDS = (_MAX_AHEAD, _POSTED_LIMIT)
+_MAX_AHEAD = MAX_AHEAD
+_POSTED_LIMIT = POSTED_LIMIT
 
-__all__ = ["Handler", "JobContext", "Worker", "WorkerStopped", "create_worker", "is_async"]
+__all__ = [
+    "Handler",
+    "JobContext",
+    "Worker",
+    "WorkerHost",
+    "WorkerStopped",
+    "create_worker",
+    "is_async",
+]

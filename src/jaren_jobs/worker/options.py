@@ -17,7 +17,7 @@ from jaren_jobs.records import (
 )
 from jaren_jobs.runtime import check_positive_int, check_seconds
 from jaren_jobs.worker.attempt import Handler
-from jaren_jobs.worker.threaded import Worker
+from jaren_jobs.worker.threaded import Worker, WorkerHost
 
 
 def _check_handlers(handlers: object) -> dict[str, Handler]:
@@ -108,6 +108,7 @@ def create_worker(
     on_idle: Callable[[], Any] | None = None,
     periodic: Sequence[Periodic] | None = None,
     queues: Iterable[str] | None = None,
+    host: WorkerHost | None = None,
 ) -> Worker:
     """Build a :class:`Worker` (``store.jobs.create_worker`` calls this). Not started.
 
@@ -121,7 +122,8 @@ def create_worker(
     iterable of queue names; ``None``: every queue) limits what it claims.
     Observers that
     raise are logged (logger ``jaren_jobs``) and otherwise ignored.
-    Mistakes are ``TypeError``/``ValueError``.
+    Mistakes are ``TypeError``/``ValueError``. ``host``: the AsyncWorker a worker is
+    built for (its queue runs, renewals and grace end; see :class:`WorkerHost`).
     """
     checked = _check_handlers(handlers)
     schedules = check_schedules(periodic, "create_worker()")
@@ -181,4 +183,5 @@ def create_worker(
         stop_grace_seconds=grace,
         periodic=schedules,
         queues=names,
+        host=host,
     )

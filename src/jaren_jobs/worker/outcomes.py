@@ -1,18 +1,19 @@
 """Outcome decisions: from a settlement's answer to the attempt's one outcome.
 
-Pure: the answer (written, a refusal, or the fence row a write that wrote
-nothing met) decides; nothing here reads the row again.
+Pure functions of (attempt, entry, fence row): the answer (written, a refusal,
+or the fence row a write that wrote nothing met) decides; nothing here reads
+the row again. Then the observers, which hear each outcome once.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from jaren_jobs.core.fence import FenceRow, settled_by
 from jaren_jobs.core.policy import failure_transition
-from jaren_jobs.core.settle import Completion, Snoozing
+from jaren_jobs.core.settle import Completion, Settlement, Snoozing
 from jaren_jobs.errors import (
     GateRefused,
     JobsError,
@@ -27,11 +28,8 @@ from jaren_jobs.records import (
     OutcomeName,
     assemble,
 )
-from jaren_jobs.worker.attempt import WorkerStopped, _Attempt
-
-if TYPE_CHECKING:
-    from jaren_jobs.worker.settler import _Entry
-    from jaren_jobs.worker.threaded import Worker
+from jaren_jobs.worker.attempt import Attempt, WorkerStopped, stopping_reason
+from jaren_jobs.worker.tracking import Tracker
 
 _log = logging.getLogger("jaren_jobs.worker")
 
@@ -39,71 +37,102 @@ _log = logging.getLogger("jaren_jobs.worker")
 Phase = Literal["completion", "failure", "snooze"]
 
 
-def _refused(
-    self: Worker,
-    attempt: _Attempt,
+class Entry:
+    """One returned attempt on its way to an outcome: its settlement, or the outcome at once."""
+
+    __slots__ = (
+        "attempt",
+        "error",
+        "item",
+        "met",
+        "outcome",
+        "retry_at",
+        "row",
+        "tries",
+        "wrote",
+    )
+
+    def __init__(self, attempt: Attempt, error: Exception | None) -> None:
+        self.attempt = attempt
+        self.error = error  # what the attempt is failed with (None: it completes)
+        self.item: Settlement | None = None
+        # its last write's answer: the refusal or error it met (None: it
+        # holds), and whether that write wrote it (False: already settled)
+        self.met: BaseException | None = None
+        self.wrote = False
+        # the fence row its last write met when it wrote nothing: how the job
+        # ended, for the outcome (None: it wrote, or the write failed)
+        self.row: FenceRow | None = None
+        self.outcome: Outcome | None = None  # decided without a write (cancelled, lost)
+        self.tries = 0  # writes of its settlement that met a transient error
+        self.retry_at = 0.0  # time.monotonic() of its next write, once one failed
+
+
+def refusal_outcome(
+    attempt: Attempt,
     phase: Phase,
     exc: BaseException,
     row: FenceRow | None = None,
 ) -> Outcome | None:
     """A settlement the fence refused, or the stop barred: the attempt is lost."""
     if isinstance(exc, LeaseLost):
-        return self._lost(attempt, phase, exc, row)
+        return lost(attempt, phase, exc, row)
     if isinstance(exc, StoreClosed):
-        return self._outcome(
-            attempt, "lost", phase=phase, code=exc.code, reason=describe_error(exc)
-        )
+        return outcome_of(attempt, "lost", phase=phase, code=exc.code, reason=describe_error(exc))
     return None
 
 
-def _finish(self: Worker, entry: _Entry) -> Outcome:
-    """The outcome of a committed (or refused) settlement."""
+def finish(owner: str, entry: Entry, refail: Callable[[Entry], None]) -> Outcome:
+    """The outcome of a committed (or refused) settlement.
+
+    A completion the store could not write (not refused: an error) fails the attempt
+    instead: ``refail`` writes the entry's failure, and its answer decides.
+    """
     attempt, item = entry.attempt, entry.item
     assert item is not None
     exc = entry.met
     if isinstance(item, Snoozing):
-        return self._snoozed(entry, item)
+        return snoozed(owner, entry, item)
     if isinstance(item, Completion):
         if exc is None:
-            return self._written(attempt, "completed", entry.row)
-        refused = self._refused(attempt, "completion", exc, entry.row)
+            return written(attempt, "completed", entry.row)
+        refused = refusal_outcome(attempt, "completion", exc, entry.row)
         if refused is not None:
             return refused
         _log.warning(
             "jaren_jobs: worker %r: completing job %r failed; failing the attempt instead: %s",
-            self.owner,
+            owner,
             attempt.job_id,
             exc,
         )
         entry.error = exc if isinstance(exc, Exception) else RuntimeError(str(exc))
         attempt.error = entry.error
-        entry.item = self._failure(item.lease, entry.error)
-        self._submit([entry])
+        refail(entry)
         exc = entry.met
     error = entry.error
     assert error is not None
     if exc is None and entry.wrote and attempt.cancel_requested:
         # the failure of a job cancel(id, force=True) marked: the store cancelled it
-        return self._outcome(attempt, "cancelled", reason="cancelled by cancel(id, force=True)")
+        return outcome_of(attempt, "cancelled", reason="cancelled by cancel(id, force=True)")
     if exc is None:
         if not entry.wrote:
-            return self._truth(attempt, entry.row) or self._failed(attempt, error)
-        return self._failed(attempt, error)
-    refused = self._refused(attempt, "failure", exc, entry.row)
+            return recorded(attempt, entry.row) or failed(attempt, error)
+        return failed(attempt, error)
+    refused = refusal_outcome(attempt, "failure", exc, entry.row)
     if refused is not None:
         return refused
     # not recorded; the lease expires and the job is re-claimed
     _log.warning(
         "jaren_jobs: worker %r: recording the failure of job %r failed (%s); its "
         "lease will expire and it will be re-claimed",
-        self.owner,
+        owner,
         attempt.job_id,
         exc,
     )
-    return self._failed(attempt, error)
+    return failed(attempt, error)
 
 
-def _snoozed(self: Worker, entry: _Entry, item: Snoozing) -> Outcome:
+def snoozed(owner: str, entry: Entry, item: Snoozing) -> Outcome:
     """The outcome of a snooze (or a stop hand-back): ``"snoozed"``, or ``"lost"``."""
     attempt, exc = entry.attempt, entry.met
     reason = (
@@ -113,24 +142,24 @@ def _snoozed(self: Worker, entry: _Entry, item: Snoozing) -> Outcome:
         else f"snoozed for {item.delay_ms} ms; the attempt not spent"
     )
     if exc is None:
-        truth = self._truth(attempt, entry.row)
+        truth = recorded(attempt, entry.row)
         if truth is not None and truth.outcome != "snoozed":
             return truth  # this attempt had settled the job otherwise already
         # a hand-back names why, as a stop's lost attempt does (JD2091)
         code = WorkerStopped.code if item.stopping else None
-        return self._outcome(attempt, "snoozed", code=code, reason=reason)
-    refused = self._refused(attempt, "snooze", exc, entry.row)
+        return outcome_of(attempt, "snoozed", code=code, reason=reason)
+    refused = refusal_outcome(attempt, "snooze", exc, entry.row)
     if refused is not None:
         return refused
     # not recorded: the lease expires and the job is re-claimed (an attempt spent)
     _log.warning(
         "jaren_jobs: worker %r: snoozing job %r failed (%s); its lease will expire and "
         "it will be re-claimed",
-        self.owner,
+        owner,
         attempt.job_id,
         exc,
     )
-    return self._outcome(
+    return outcome_of(
         attempt,
         "lost",
         phase="snooze",
@@ -139,22 +168,20 @@ def _snoozed(self: Worker, entry: _Entry, item: Snoozing) -> Outcome:
     )
 
 
-def _written(
-    self: Worker, attempt: _Attempt, outcome: OutcomeName, row: FenceRow | None
-) -> Outcome:
+def written(attempt: Attempt, outcome: OutcomeName, row: FenceRow | None) -> Outcome:
     # True from a settlement that wrote nothing (``row``: the fence row it
     # met) means THIS attempt had already settled the row: by
     # ctx.checkpoints.complete, by the handler calling the engine with
     # ctx.lease, or by cancel(id, lease=...) whose abort has not reached us
     # yet. The row says which.
-    truth = self._truth(attempt, row)
+    truth = recorded(attempt, row)
     if truth is not None:
         return truth
-    return self._outcome(attempt, outcome)
+    return outcome_of(attempt, outcome)
 
 
-def _failed(self: Worker, attempt: _Attempt, error: BaseException) -> Outcome:
-    return self._outcome(
+def failed(attempt: Attempt, error: BaseException) -> Outcome:
+    return outcome_of(
         attempt,
         "failed",
         phase=None,
@@ -163,9 +190,8 @@ def _failed(self: Worker, attempt: _Attempt, error: BaseException) -> Outcome:
     )
 
 
-def _lost(
-    self: Worker,
-    attempt: _Attempt,
+def lost(
+    attempt: Attempt,
     phase: Phase,
     error: LeaseLost,
     row: FenceRow | None = None,
@@ -174,32 +200,29 @@ def _lost(
         # "not leased" may be this attempt's own settlement (a cancel with
         # its lease, a handler that settled through ctx.lease): the fence
         # row the settlement met says
-        truth = self._truth(attempt, row)
+        truth = recorded(attempt, row)
         if truth is not None:
             return truth
-    return self._outcome(
-        attempt, "lost", phase=phase, code=error.code, reason=describe_error(error)
-    )
+    return outcome_of(attempt, "lost", phase=phase, code=error.code, reason=describe_error(error))
 
 
-def _truth(self: Worker, attempt: _Attempt, row: FenceRow | None) -> Outcome | None:
+def recorded(attempt: Attempt, row: FenceRow | None) -> Outcome | None:
     """The outcome a fence row records for this attempt, if it records one (pure)."""
     if row is None or not settled_by(row, attempt.lease):
         return None  # not settled, or settled by another attempt
     if row.state == "done":
-        return self._outcome(attempt, "completed")
+        return outcome_of(attempt, "completed")
     if row.state == "cancelled":
-        return self._outcome(attempt, "cancelled", reason="cancelled")
+        return outcome_of(attempt, "cancelled", reason="cancelled")
     if row.state in ("failed", "dead"):
-        return self._outcome(attempt, "failed", reason=row.last_error)
+        return outcome_of(attempt, "failed", reason=row.last_error)
     if row.state == "pending":  # snoozed by this attempt (ctx.lease, store.jobs.snooze)
-        return self._outcome(attempt, "snoozed", reason="snoozed")
+        return outcome_of(attempt, "snoozed", reason="snoozed")
     return None
 
 
-def _outcome(
-    self: Worker,
-    attempt: _Attempt,
+def outcome_of(
+    attempt: Attempt,
     outcome: OutcomeName,
     *,
     phase: Phase | None = None,
@@ -223,7 +246,7 @@ def _outcome(
     )
 
 
-def _log_outcome(self: Worker, attempt: _Attempt, outcome: Outcome) -> None:
+def log_outcome(owner: str, attempt: Attempt, outcome: Outcome) -> None:
     """One line per attempt, at the level its outcome deserves (SPEC §13 "Logs").
 
     A completion or a snooze is routine (DEBUG); a cancellation is an
@@ -238,7 +261,7 @@ def _log_outcome(self: Worker, attempt: _Attempt, outcome: Outcome) -> None:
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug(
                 "jaren_jobs: worker %r: job %r (kind %r) attempt %d %s%s",
-                self.owner,
+                owner,
                 outcome.job_id,
                 outcome.kind,
                 outcome.attempt,
@@ -249,7 +272,7 @@ def _log_outcome(self: Worker, attempt: _Attempt, outcome: Outcome) -> None:
     if name == "cancelled":
         _log.info(
             "jaren_jobs: worker %r: job %r (kind %r) attempt %d cancelled",
-            self.owner,
+            owner,
             outcome.job_id,
             outcome.kind,
             outcome.attempt,
@@ -258,7 +281,7 @@ def _log_outcome(self: Worker, attempt: _Attempt, outcome: Outcome) -> None:
     if name == "lost":
         _log.warning(
             "jaren_jobs: worker %r: job %r (kind %r) attempt %d lost%s%s: %s",
-            self.owner,
+            owner,
             outcome.job_id,
             outcome.kind,
             outcome.attempt,
@@ -268,7 +291,7 @@ def _log_outcome(self: Worker, attempt: _Attempt, outcome: Outcome) -> None:
         )
         return
     error = attempt.error
-    retry = error is None or _retryable(error)
+    retry = error is None or retryable(error)
     most = attempt.claimed.max_attempts
     dead = failure_transition(outcome.attempt, most, retry=retry) == "dead"
     # the handler's own exception, with its traceback (None when the attempt
@@ -277,7 +300,7 @@ def _log_outcome(self: Worker, attempt: _Attempt, outcome: Outcome) -> None:
     if dead:
         _log.error(
             "jaren_jobs: worker %r: job %r (kind %r) attempt %d of %d failed; dead letter%s: %s",
-            self.owner,
+            owner,
             outcome.job_id,
             outcome.kind,
             outcome.attempt,
@@ -290,7 +313,7 @@ def _log_outcome(self: Worker, attempt: _Attempt, outcome: Outcome) -> None:
         _log.warning(
             "jaren_jobs: worker %r: job %r (kind %r) attempt %d of %d failed; it will be "
             "retried: %s",
-            self.owner,
+            owner,
             outcome.job_id,
             outcome.kind,
             outcome.attempt,
@@ -300,11 +323,11 @@ def _log_outcome(self: Worker, attempt: _Attempt, outcome: Outcome) -> None:
         )
 
 
-def _interrupted(worker: Worker, attempt: _Attempt) -> Outcome:
-    return worker._outcome(attempt, "lost", phase="failure", reason="the attempt was interrupted")
+def interrupted(attempt: Attempt) -> Outcome:
+    return outcome_of(attempt, "lost", phase="failure", reason="the attempt was interrupted")
 
 
-def _is_wait(exc: BaseException) -> bool:
+def is_wait(exc: BaseException) -> bool:
     """A write that gave up waiting: for the store's gate, or for SQLite's lock."""
     if isinstance(exc, GateRefused):
         return exc.details.get("reason") == "timeout"
@@ -313,7 +336,7 @@ def _is_wait(exc: BaseException) -> bool:
     return False
 
 
-def _retryable(error: BaseException) -> bool:
+def retryable(error: BaseException) -> bool:
     """False when the error says no retry can cure it (``retryable = False``, e.g. RunMismatch)."""
     try:
         return getattr(error, "retryable", True) is not False
@@ -321,32 +344,56 @@ def _retryable(error: BaseException) -> bool:
         return True
 
 
-def _notify(self: Worker, name: str, observer: Callable[..., Any] | None, *args: Any) -> None:
-    if observer is None:
-        return
-    try:
-        observer(*args)
-    except Exception:  # an observer's failure never affects the worker
-        _log.exception("jaren_jobs: worker %r: the %s observer raised; ignored", self.owner, name)
-    except BaseException as exc:
-        # never out of this thread: it may be the settling thread, whose
-        # death would leave every posted attempt without an outcome
-        self._observer_interrupted(name, exc)
+class Observers:
+    """The worker's observers (``on_outcome``, ``on_renewal``, ``on_idle``): each call
+    guarded, so that an observer's failure never reaches the worker's threads."""
 
+    def __init__(
+        self,
+        tracker: Tracker,
+        on_outcome: Callable[[Outcome], Any] | None,
+        on_renewal: Callable[..., Any] | None,
+        on_idle: Callable[[], Any] | None,
+    ) -> None:
+        self._tracker = tracker
+        self.on_outcome = on_outcome
+        self.on_renewal = on_renewal
+        self.on_idle = on_idle
 
-def _observer_interrupted(self: Worker, name: str, exc: BaseException) -> None:
-    """An observer raised KeyboardInterrupt/SystemExit (or another BaseException): halt."""
-    if self._interrupted is None:
-        self._interrupted = exc
-    _log.error(
-        "jaren_jobs: worker %r: the %s observer raised %s; the worker stops claiming, "
-        "and every attempt under way still settles and gets its outcome. Call stop() or "
-        "close the store to finish shutting down.",
-        self.owner,
-        name,
-        type(exc).__name__,
-        exc_info=exc,
-    )
-    self._halt_for(self._stopping_reason(f"the {name} observer raised {type(exc).__name__}"))
-    # run_once() re-raises it in its caller's thread once its step is done
-    self._local.interrupt = exc
+    def outcome(self, attempt: Attempt, outcome: Outcome) -> None:
+        """One attempt's outcome: logged here, once, before the observer sees it."""
+        log_outcome(self._tracker.owner, attempt, outcome)
+        self.notify("on_outcome", self.on_outcome, outcome)
+
+    def notify(self, name: str, observer: Callable[..., Any] | None, *args: Any) -> None:
+        if observer is None:
+            return
+        try:
+            observer(*args)
+        except Exception:  # an observer's failure never affects the worker
+            _log.exception(
+                "jaren_jobs: worker %r: the %s observer raised; ignored", self._tracker.owner, name
+            )
+        except BaseException as exc:
+            # never out of this thread: it may be the settling thread, whose
+            # death would leave every posted attempt without an outcome
+            self._interrupted(name, exc)
+
+    def _interrupted(self, name: str, exc: BaseException) -> None:
+        """An observer raised KeyboardInterrupt/SystemExit (or another BaseException): halt."""
+        tracker = self._tracker
+        if tracker.interrupted is None:
+            tracker.interrupted = exc
+        _log.error(
+            "jaren_jobs: worker %r: the %s observer raised %s; the worker stops claiming, "
+            "and every attempt under way still settles and gets its outcome. Call stop() or "
+            "close the store to finish shutting down.",
+            tracker.owner,
+            name,
+            type(exc).__name__,
+            exc_info=exc,
+        )
+        why = f"the {name} observer raised {type(exc).__name__}"
+        tracker.halt_for(stopping_reason(tracker.owner, why))
+        # run_once() re-raises it in its caller's thread once its step is done
+        tracker.local.interrupt = exc

@@ -12,30 +12,30 @@ from jaren_jobs.records import (
 
 # the most jobs a loop holds leased beyond the one it runs: a SIGKILL spends
 # the attempt of each (their leases expire; the claim counted them)
-_MAX_AHEAD = 8
+MAX_AHEAD = 8
 
 
 # how long a leased job may wait for its loop, at most (and never more than a
 # tenth of the lease): a loop's batch is what it can start within this
-_HORIZON_SECONDS = 0.02
+HORIZON_SECONDS = 0.02
 
 
 def ahead(spent: float | None, horizon: float, ramp: int) -> int:
-    """How many jobs a loop may hold beyond the one it runs (see ``Worker._ahead``).
+    """How many jobs a loop may hold beyond the one it runs (see ``ClaimBook.ahead``).
 
     As many as start within ``horizon`` at the handlers' average running
     time ``spent`` (``None``: nothing measured yet, none), at most ``ramp``
-    (which grows by doubling) and never more than ``_MAX_AHEAD``.
+    (which grows by doubling) and never more than ``MAX_AHEAD``.
     """
     if spent is None:
         return 0
     fits = int(horizon / max(spent, 1e-6))
-    return max(0, min(_MAX_AHEAD, fits, ramp))
+    return max(0, min(MAX_AHEAD, fits, ramp))
 
 
 def ramped(ramp: int) -> int:
     """The ramp after a top-up that was not overrun: one more ahead, by doubling."""
-    return min(max(1, ramp * 2), _MAX_AHEAD)
+    return min(max(1, ramp * 2), MAX_AHEAD)
 
 
 def averaged(previous: float | None, spent: float) -> float:
@@ -43,7 +43,7 @@ def averaged(previous: float | None, spent: float) -> float:
     return spent if previous is None else previous + (spent - previous) / 4
 
 
-class _Batch:
+class Batch:
     """A loop's queue of leased, unstarted jobs.
 
     The loop takes them one at a time; the settling thread tops the queue up

@@ -1,4 +1,18 @@
-"""The thread runtime: :class:`Worker`, its loops, lifecycle and observers."""
+"""The thread worker: :class:`Worker`, its lifecycle, and the wiring of its parts.
+
+The parts, each owning its state (they share the worker's one lock, given to each):
+
+* :class:`~jaren_jobs.worker.tracking.Tracker` — steps, attempts and database calls
+  under way; the halt and the bar;
+* :class:`~jaren_jobs.worker.claims.ClaimBook` — held jobs, the loops' queues, pacing;
+* :class:`~jaren_jobs.worker.settler.Settler` — the settling thread (group commit);
+* :class:`~jaren_jobs.worker.running.AttemptRunner` — begin, call and end attempts;
+* :class:`~jaren_jobs.worker.renewals.Renewer` — lease renewals and their scheduler;
+* :class:`~jaren_jobs.worker.loops.Loops` — the loop threads and one step;
+* :class:`~jaren_jobs.worker.ticks.Ticks` — periodic ticks;
+* :class:`~jaren_jobs.worker.outcomes.Observers` and
+  :class:`~jaren_jobs.worker.stats.Stats` — observers and counters.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +22,11 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from jaren_jobs.engine.engine import (
     EngineHub,
     JobEngine,
-    claim_request_for,
     rescoped,
     root_scope_of,
     store_backend_of,
@@ -21,20 +34,20 @@ from jaren_jobs.engine.engine import (
 from jaren_jobs.engine.group_commit import SettlementBatcher
 from jaren_jobs.errors import JobsError
 from jaren_jobs.periodic import Periodic, Ticker
-from jaren_jobs.records import (
-    Lease,
-    Outcome,
-    StopOutcome,
-    WorkerStats,
-)
+from jaren_jobs.records import ClaimedJob, Lease, Outcome, StopOutcome, WorkerStats
 from jaren_jobs.runtime import check_seconds
-from jaren_jobs.signals import CancelScope
-from jaren_jobs.worker import attempt, claims, outcomes, renewals, settler, ticks, tracking
-from jaren_jobs.worker.attempt import Handler, WorkerStopped, _Attempt, _Held
-from jaren_jobs.worker.pacing import _HORIZON_SECONDS, _Batch
-from jaren_jobs.worker.renewals import RenewalScheduler, _Renewals
-from jaren_jobs.worker.settler import _Entry
-from jaren_jobs.worker.tracking import _TrackedScope
+from jaren_jobs.worker.attempt import Handler, stopping_reason
+from jaren_jobs.worker.claims import ClaimBook
+from jaren_jobs.worker.loops import Loops
+from jaren_jobs.worker.outcomes import Observers
+from jaren_jobs.worker.renewals import RenewalScheduler, Renewer
+from jaren_jobs.worker.running import AttemptRunner
+from jaren_jobs.worker.settler import Settler
+from jaren_jobs.worker.stats import Stats
+from jaren_jobs.worker.ticks import Ticks
+from jaren_jobs.worker.tracking import Tracker
+
+__all__ = ["Worker", "WorkerHost"]
 
 _worker_numbers = itertools.count(1)
 _log = logging.getLogger("jaren_jobs.worker")
@@ -42,6 +55,22 @@ _log = logging.getLogger("jaren_jobs.worker")
 # how long stop() waits, once the grace period is over, for handlers whose
 # tasks it cancelled to raise and be handed back, before it bars them
 _HAND_BACK_SECONDS = 1.0
+
+
+class WorkerHost(Protocol):
+    """What a worker built for an AsyncWorker asks of it (given at construction)."""
+
+    def run_queue(self, jobs: list[ClaimedJob]) -> bool:
+        """Run a loop's queue on the event loop; False to leave it to the loop's thread."""
+        ...
+
+    def renewal_scheduler(self, renewer: Renewer) -> RenewalScheduler:
+        """The scheduler of the worker's renewals (a task on the event loop)."""
+        ...
+
+    def grace_ended(self) -> None:
+        """stop()'s grace period ended with attempts running: cancel the handlers' tasks."""
+        ...
 
 
 class Worker:
@@ -71,12 +100,12 @@ class Worker:
         stop_grace_seconds: float,
         periodic: tuple[Periodic, ...] = (),
         queues: tuple[str, ...] | None = None,
+        host: WorkerHost | None = None,
     ) -> None:
         self._hub = hub
         #: the queues this worker claims from (``None``: every queue)
         self.queues = queues
         self._backend = store_backend_of(engine)
-        self._handlers = handlers
         self._kinds = sorted(handlers)
         self.owner = owner
         self.concurrency = concurrency
@@ -84,97 +113,130 @@ class Worker:
         self.lease_seconds = lease_seconds
         self.renew = renew
         self.stop_grace_seconds = stop_grace_seconds
-        self._renew_every = lease_seconds / 3
-        self._on_outcome = on_outcome
-        self._on_renewal = on_renewal
-        self._on_idle = on_idle
-        self._backoff_base = backoff_base_seconds
-        self._backoff_cap = backoff_cap_seconds
-
-        number = next(_worker_numbers)
-        self._name = f"jaren_jobs-worker-{number}"
-        # halt: stop claiming (stop() began, or an interrupt); bar: no more
-        # database operations at all (stop() finished draining)
-        self._halt = CancelScope()
-        self._bar = CancelScope()
-        # one subscription for every attempt: an attempt registers before it
-        # checks the halt, so each is aborted either by this or by _begin
-        self._halt.signal.add_callback(self._abort_attempts)
-        self._claims_scope = _TrackedScope(root_scope_of(engine), self, self._halt.signal)
-        self._control_scope = _TrackedScope(root_scope_of(engine), self, self._bar.signal)
-        # the worker's own engine views: root-gated and tracked, even when
-        # the worker was created through tx.jobs (a worker never joins an
-        # application transaction's fate)
-        self._claims = rescoped(engine, self._claims_scope)
-        self._control = rescoped(engine, self._control_scope)
-        # settlements of concurrent loops share one transaction (group commit)
-        self._settlements = SettlementBatcher(self._control)
-        self._claim_request = claim_request_for(
-            self._control, self._kinds, owner=owner, lease_seconds=lease_seconds, queues=queues
-        )
-        self._renewals: RenewalScheduler = _Renewals(
-            f"{self._name}-renewals",
-            self._renew_attempt,
-            self._renewals_due,
-            lambda: bool(self._attempts),
-            self._renew_every / 4,
-        )
-
-        # periodic schedules: their ticks, enqueued by a thread of their own
-        self._ticker = Ticker(periodic, hub.runtime.now_ms) if periodic else None
-        self._ticker_thread: threading.Thread | None = None
-
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._stop_lock = threading.Lock()
-        self._lease_seqs = itertools.count(1)
-        self._attempt_keys = itertools.count(1)
-        self._attempts: dict[int, _Attempt] = {}
-        # leased and not started yet, by id(job)
-        self._held: dict[int, _Held] = {}
-        self._horizon = min(lease_seconds / 10, _HORIZON_SECONDS)
-        self._budget = 4 * self._horizon  # past it, a batch hands back what it has not started
-        self._spent: float | None = None  # moving average of a handler's running time
-        self._ramp = 0  # the jobs held ahead grow by doubling, up to _MAX_AHEAD
-        self._batches: set[_Batch] = set()  # each looping loop's queue
-        # returned attempts the loops posted for the settling thread
-        self._posted: list[_Entry] = []
-        self._refills: list[_Batch] = []  # queues to top up in the settling thread's next write
-        self._retrying: list[_Entry] = []  # posted settlements that met a transient error
-        self._posting = threading.Condition(self._lock)
-        self._room = threading.Condition(self._lock)  # loops waiting for the settling thread
-        self._settler: threading.Thread | None = None
-        self._settler_waiting = False
-        self._settler_done = False
-        self._threads: list[threading.Thread] = []
-        self._stepping: set[int] = set()  # ident of each thread inside a step
-        self._active = False
+        self._host = host
+        self._name = name = f"jaren_jobs-worker-{next(_worker_numbers)}"
         self._started = False
         self._stopped = False
-        self._barred = False
-        self._busy = 0  # steps under way: claims and attempts
-        self._io = 0  # tracked database operations under way
-        self._wake_generation = 0
-        self._interrupted: BaseException | None = None
-        # called once when stop()'s grace period ends with attempts still running,
-        # before they are barred (AsyncWorker cancels its handlers' tasks here)
-        self._on_grace_end: Callable[[], None] | None = None
-        self._local = threading.local()  # an observer's interrupt, for run_once() to re-raise
-        self._counts = dict.fromkeys(
-            (
-                "claims",
-                "completions",
-                "failures",
-                "polls",
-                "wakes",
-                "claim_errors",
-                "cancellations",
-                "renewals",
-                "lost_settlements",
-                "snoozes",
-            ),
-            0,
+        self._active = False
+        self._stop_lock = threading.Lock()
+
+        # the one lock every part shares, given to each
+        self._lock = lock = threading.Lock()
+        tracker = self._tracker = Tracker(owner, lock, threading.Condition(lock))
+        tracker.on_halt = self._on_halt
+        stats = self._stats = Stats(lock)
+        observers = self._observers = Observers(tracker, on_outcome, on_renewal, on_idle)
+        # the worker's own engine views: root-gated and tracked, even when the worker
+        # was created through tx.jobs (a worker never joins an application
+        # transaction's fate); claims abort at the halt, the rest at the bar
+        claims_view = rescoped(engine, tracker.scope(root_scope_of(engine), tracker.halt.signal))
+        control = rescoped(engine, tracker.scope(root_scope_of(engine), tracker.bar.signal))
+        # settlements of concurrent loops share one transaction (group commit)
+        settlements = SettlementBatcher(control)
+        claims = self._claims = ClaimBook(
+            engine=claims_view,
+            control=control,
+            hub=hub,
+            tracker=tracker,
+            stats=stats,
+            settlements=settlements,
+            kinds=self._kinds,
+            lease_seconds=lease_seconds,
+            queues=queues,
         )
+        renewer = self._renewer = Renewer(
+            tracker=tracker,
+            claims=claims,
+            stats=stats,
+            observers=observers,
+            control=control,
+            lease_seconds=lease_seconds,
+            name=name,
+            scheduler=None if host is None else host.renewal_scheduler,
+        )
+        runner = self._runner = AttemptRunner(
+            handlers=handlers,
+            control=control,
+            hub=hub,
+            tracker=tracker,
+            claims=claims,
+            stats=stats,
+            observers=observers,
+            renewer=renewer,
+            renew=renew,
+        )
+        settler = self._settler = Settler(
+            owner=owner,
+            name=name,
+            lock=lock,
+            tracker=tracker,
+            claims=claims,
+            stats=stats,
+            settlements=settlements,
+            now_ms=hub.runtime.now_ms,
+            end=runner.end,
+            backoff_base_seconds=backoff_base_seconds,
+            backoff_cap_seconds=backoff_cap_seconds,
+        )
+        claims.refill = settler.refill
+        self._loops = Loops(
+            name=name,
+            concurrency=concurrency,
+            poll_seconds=poll_seconds,
+            tracker=tracker,
+            claims=claims,
+            runner=runner,
+            settler=settler,
+            stats=stats,
+            observers=observers,
+            host=None if host is None else host.run_queue,
+        )
+        # periodic schedules: their ticks, enqueued by a thread of their own
+        self._ticks = Ticks(
+            Ticker(periodic, hub.runtime.now_ms) if periodic else None,
+            claims_view,
+            tracker.halt.signal,
+            owner=owner,
+            name=name,
+            poll_seconds=poll_seconds,
+        )
+
+    # ---------------------------------------------------------------- the parts, read-only
+
+    @property
+    def tracker(self) -> Tracker:
+        """Steps, attempts and database calls under way (for the asyncio worker)."""
+        return self._tracker
+
+    @property
+    def claims(self) -> ClaimBook:
+        """The held jobs and the loops' queues (for the asyncio worker)."""
+        return self._claims
+
+    @property
+    def runner(self) -> AttemptRunner:
+        """Begins, calls and ends attempts (for the asyncio worker)."""
+        return self._runner
+
+    @property
+    def settler(self) -> Settler:
+        """The settling thread (for the asyncio worker)."""
+        return self._settler
+
+    @property
+    def renewer(self) -> Renewer:
+        """Lease renewals (for the asyncio worker)."""
+        return self._renewer
+
+    @property
+    def loops(self) -> Loops:
+        """The loop threads and one step of claim → run → settle."""
+        return self._loops
+
+    @property
+    def observers(self) -> Observers:
+        """The observers the worker was created with."""
+        return self._observers
 
     @property
     def name(self) -> str:
@@ -189,12 +251,12 @@ class Worker:
     @property
     def running(self) -> bool:
         """True between :meth:`start` and the first :meth:`stop` (or an interrupt)."""
-        return self._started and not self._halt.aborted
+        return self._started and not self._tracker.halt.aborted
 
     @property
     def interrupted(self) -> BaseException | None:
         """The ``KeyboardInterrupt``/``SystemExit`` that halted the worker (handler or observer)."""
-        return self._interrupted
+        return self._tracker.interrupted
 
     def stats(self) -> WorkerStats:
         """The counters at this instant.
@@ -204,7 +266,7 @@ class Worker:
         settlement's commit).
         """
         with self._lock:
-            return WorkerStats(**self._counts, in_flight=len(self._attempts))
+            return self._stats.snapshot(len(self._tracker.attempts))
 
     def leases(self) -> list[Lease]:
         """The leases this worker holds now, newest first (a renewal makes a lease newest).
@@ -213,9 +275,9 @@ class Worker:
         are included: the worker holds them all the same.
         """
         with self._lock:
-            held = [(a.lease_seq, a.lease) for a in self._attempts.values()]
+            held = [(a.lease_seq, a.lease) for a in self._tracker.attempts.values()]
             # leased with a loop's batch and not started yet: held all the same
-            held.extend((h.seq, h.job.lease) for h in self._held.values() if not h.cancelled)
+            held.extend(self._claims.held_leases())
         held.sort(key=lambda entry: entry[0], reverse=True)
         return [lease for _, lease in held]
 
@@ -233,25 +295,15 @@ class Worker:
             self._backend.check_open("start()")
             self._started = True
         self._activate()
-        threads = [
-            threading.Thread(target=self._loop, name=f"{self._name}-loop-{i}", daemon=True)
-            for i in range(1, self.concurrency + 1)
-        ]
-        settler = threading.Thread(
-            target=self._settle_posted, name=f"{self._name}-settler", daemon=True
-        )
-        settler.start()
-        self._settler = settler  # before any loop runs: loops post only once it exists
+        self._settler.start()  # before any loop runs: loops post only once it exists
         with self._lock:
             # a stop() racing this start() must not leave a waker behind
             if not self._stopped:
                 with self._hub.lock:
-                    self._hub.wakers.add(self._wake)
-                    self._hub.renewers.add(self._renew_soon)
-            self._threads.extend(threads)
-        for thread in threads:
-            thread.start()
-        self._start_ticker()
+                    self._hub.wakers.add(self._loops.wake)
+                    self._hub.renewers.add(self._renewer.renew_soon)
+        self._loops.start()
+        self._ticks.start()
         _log.info(
             "jaren_jobs: worker %r started: concurrency %d, kinds %s, queues %s, lease %gs",
             self.owner,
@@ -272,20 +324,21 @@ class Worker:
         ``KeyboardInterrupt``/``SystemExit`` propagates to the caller after
         the worker halts (see :meth:`stop`).
         """
-        if self._halt.aborted:
+        if self._tracker.halt.aborted:
             return False
         self._backend.check_open("run_once()")
         self._activate()
         try:
-            self._enqueue_ticks()
+            self._ticks.enqueue_due()
         except JobsError:
             # as a failed claim is: logged, and the step goes on (the ticks
             # stay due for the next call)
             _log.exception("jaren_jobs: worker %r: enqueueing periodic ticks failed", self.owner)
-        ran = self._step()
-        interrupt: BaseException | None = getattr(self._local, "interrupt", None)
+        ran = self._loops.step()
+        local = self._tracker.local
+        interrupt: BaseException | None = getattr(local, "interrupt", None)
         if interrupt is not None:  # an observer's, met in this thread: every outcome is out
-            self._local.interrupt = None
+            local.interrupt = None
             raise interrupt
         return ran
 
@@ -323,41 +376,29 @@ class Worker:
                 "or call stop() from another thread"
             )
         with self._stop_lock:
-            with self._cond:
+            tracker = self._tracker
+            with self._lock:
                 first = not self._stopped
                 self._stopped = True
             if first:
                 with self._hub.lock:
-                    self._hub.wakers.discard(self._wake)
-                    self._hub.renewers.discard(self._renew_soon)
-                self._halt.abort(self._stopping_reason("stop() was called"))
-                with self._cond:
-                    self._cond.notify_all()
+                    self._hub.wakers.discard(self._loops.wake)
+                    self._hub.renewers.discard(self._renewer.renew_soon)
+                tracker.halt.abort(stopping_reason(self.owner, "stop() was called"))
+                with tracker.cond:
+                    tracker.cond.notify_all()
                 # the halt woke it; an enqueue under way ends within the gate's bound
-                self._join_ticker(max(self._backend.wait_seconds, 1.0))
-            deadline = time.monotonic() + grace
-            with self._cond:
-                while self._busy > 0:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(left)
-                undrained = self._busy
-            if first and undrained and self._on_grace_end is not None:
+                self._ticks.join(max(self._backend.wait_seconds, 1.0))
+            undrained = tracker.drain(time.monotonic() + grace)
+            if first and undrained and self._host is not None:
                 # AsyncWorker: the handlers' tasks are cancelled now, BEFORE the
                 # bar, so each raises at once and is handed back (SPEC §12)
                 # instead of being barred and spending its attempt
-                self._on_grace_end()
+                self._host.grace_ended()
                 # (StopOutcome still counts them: they did not finish within the grace)
-                settle_by = time.monotonic() + _HAND_BACK_SECONDS
-                with self._cond:
-                    while self._busy > 0:
-                        left = settle_by - time.monotonic()
-                        if left <= 0:
-                            break
-                        self._cond.wait(left)
+                tracker.drain(time.monotonic() + _HAND_BACK_SECONDS)
             if first:
-                self._release_unstarted()
+                self._claims.release_unstarted()
                 self._quiesce()
             outcome = StopOutcome(drained=undrained == 0, in_flight=undrained)
             if first:
@@ -392,98 +433,55 @@ class Worker:
         current = threading.current_thread()
         with self._lock:
             # a loop thread, or any thread inside run_once() (its handler or observer)
-            own = current in self._threads or current.ident in self._stepping
+            own = current in self._loops.threads or current.ident in self._tracker.stepping
         return (
             own
-            or current is self._renewals.thread
-            or current is self._settler
-            or current is self._ticker_thread
+            or current is self._renewer.scheduler.thread
+            or current is self._settler.thread
+            or current is self._ticks.thread
         )
 
-    def _stopped_error(self, what: str) -> WorkerStopped:
-        return WorkerStopped(
-            f"{what}: worker {self.owner!r} was stopped, and this attempt may no longer reach "
-            "the database through it; its lease will expire and the job will be re-claimed",
-            owner=self.owner,
-        )
+    def _on_halt(self) -> None:
+        # halted from inside (a closed store, an interrupt): no more wake-ups
+        with self._hub.lock:
+            self._hub.wakers.discard(self._loops.wake)
 
-    def _stopping_reason(self, why: str) -> WorkerStopped:
-        # the signal's reason while draining: the attempt may still settle
-        return WorkerStopped(
-            f"worker {self.owner!r} is stopping ({why}): wind up now; an attempt that "
-            "returns within the stop's grace period still settles",
-            owner=self.owner,
-        )
+    def _activate(self) -> None:
+        with self._lock:
+            if self._active or self._stopped:
+                return
+            self._active = True
+        with self._hub.lock:
+            self._hub.workers.add(self)
+        if self.renew:
+            self._renewer.scheduler.start()
 
-    # The rest of the worker lives in the modules beside this one, as plain
-    # functions of the worker bound here as its methods.
-
-    # attempt.py: attempts and loops
-    _wake = attempt._wake
-    _loop = attempt._loop
-    _idle = attempt._idle
-    _step = attempt._step
-    _ahead = attempt._ahead
-    _run_one = attempt._run_one
-    _run_queue = attempt._run_queue
-    _call = attempt._call
-    _begin = attempt._begin
-    _abort_attempts = attempt._abort_attempts
-    _end = attempt._end
-    _abandon = attempt._abandon
-
-    # claims.py: claims and hand-back
-    _release_unstarted = claims._release_unstarted
-    _hand_back = claims._hand_back
-    _forget = claims._forget
-    _claim = claims._claim
-    _hold = claims._hold
-    _cancel_unstarted = claims._cancel_unstarted
-    _top_up = claims._top_up
-    _waited_too_long = claims._waited_too_long
-    _take_back_stalled = claims._take_back_stalled
-
-    # settler.py: the settling thread
-    _settle_all = settler._settle_all
-    _submit = settler._submit
-    _settle_entries = settler._settle_entries
-    _to_retry = settler._to_retry
-    _post = settler._post
-    _enter_posted = settler._enter_posted
-    _wait_for_room = settler._wait_for_room
-    _settle_posted = settler._settle_posted
-    _settle_cycle = settler._settle_cycle
-    _prepare = settler._prepare
-    _failure = settler._failure
-
-    # outcomes.py: outcome decisions and observers
-    _notify = outcomes._notify
-    _observer_interrupted = outcomes._observer_interrupted
-    _refused = outcomes._refused
-    _finish = outcomes._finish
-    _written = outcomes._written
-    _failed = outcomes._failed
-    _lost = outcomes._lost
-    _truth = outcomes._truth
-    _snoozed = outcomes._snoozed
-    _outcome = outcomes._outcome
-    _log_outcome = outcomes._log_outcome
-
-    # renewals.py: renewals
-    _renewals_due = renewals._renewals_due
-    _renew_attempt = renewals._renew_attempt
-    _renew_soon = renewals._renew_soon
-
-    # ticks.py: periodic ticks
-    _start_ticker = ticks._start_ticker
-    _tick_loop = ticks._tick_loop
-    _enqueue_ticks = ticks._enqueue_ticks
-    _join_ticker = ticks._join_ticker
-
-    # tracking.py: operation tracking, activation and quiescence
-    _activate = tracking._activate
-    _quiesce = tracking._quiesce
-    _halt_for = tracking._halt_for
-    _tracked = tracking._tracked
-    _track = tracking._track
-    _untrack = tracking._untrack
+    def _quiesce(self) -> None:
+        tracker = self._tracker
+        # 1. bar: no new worker-started operation; abandon queued ones
+        tracker.bar_all()
+        bound = max(self._backend.wait_seconds, 1.0)
+        # 2. no timer armed: the scheduler exits (a renewal it is running is
+        #    tracked I/O, so it ends within the gate's bound)
+        if not self._renewer.scheduler.stop(bound):
+            _log.error("jaren_jobs: worker %r: the renewal scheduler did not exit", self.owner)
+        # 3. the settling thread exits once what was posted has its outcome
+        self._settler.close(bound)
+        # 4. no worker-started database operation still running
+        still = tracker.wait_io(time.monotonic() + bound)
+        if still:
+            _log.error(
+                "jaren_jobs: worker %r: %d database operation(s) still running after %.1fs",
+                self.owner,
+                still,
+                bound,
+            )
+        with self._lock:
+            idle_threads = self._loops.idle_threads()
+        with self._hub.lock:
+            self._hub.workers.discard(self)
+        # loops with no attempt exit at once (they were woken); a loop still
+        # running an undrained handler is left to finish on its own
+        for thread in idle_threads:
+            if thread is not threading.current_thread():
+                thread.join(1.0)

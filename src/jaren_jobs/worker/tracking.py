@@ -1,29 +1,139 @@
-"""Operation tracking and quiescence: the worker's database calls, counted and barred."""
+"""The tracker: what a worker has under way (steps, attempts, database calls), its halt
+and its bar — what ``stop()`` waits out and then refuses."""
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from jaren_jobs.backend import Scope
-from jaren_jobs.errors import (
-    GateRefused,
-    JobsError,
-)
-from jaren_jobs.signals import Signal, SignalLike
+from jaren_jobs.errors import GateRefused, JobsError
+from jaren_jobs.signals import CancelScope, Signal, SignalLike
+from jaren_jobs.worker.attempt import Attempt, stopped_error
 
-if TYPE_CHECKING:
-    from jaren_jobs.worker.threaded import Worker
+__all__ = ["TrackedScope", "Tracker"]
 
-_log = logging.getLogger("jaren_jobs.worker")
 T = TypeVar("T")
 
 
-class _TrackedScope:
+class Tracker:
+    """Steps, attempts and database calls under way; the halt (stop claiming) and the bar
+    (no database call at all). Its fields are guarded by the worker's one lock, given
+    with the condition over it."""
+
+    def __init__(self, owner: str, lock: threading.Lock, cond: threading.Condition) -> None:
+        self.owner = owner
+        self.lock = lock
+        self.cond = cond  # over ``lock``: steps, I/O and the loops' idle waits share it
+        # halt: stop claiming (stop() began, or an interrupt); bar: no more
+        # database operations at all (stop() finished draining)
+        self.halt = CancelScope()
+        self.bar = CancelScope()
+        self.attempts: dict[int, Attempt] = {}  # started and without an outcome, by key
+        self.busy = 0  # steps and posted attempts under way (stop() drains them)
+        self.io = 0  # tracked database operations under way
+        self.stepping: set[int] = set()  # ident of each thread inside a step
+        self.barred = False
+        #: the KeyboardInterrupt/SystemExit that halted the worker (handler or observer)
+        self.interrupted: BaseException | None = None
+        self.local = threading.local()  # an observer's interrupt, for run_once() to re-raise
+        self.on_halt: Callable[[], None] = lambda: None  # wired by the worker
+        # one subscription for every attempt: an attempt registers before it
+        # checks the halt, so each is aborted either by this or by its start
+        self.halt.signal.add_callback(self._abort_attempts)
+
+    # ---------------------------------------------------------------- database calls
+
+    def scope(self, inner: Scope, signal: Signal) -> TrackedScope:
+        """``inner`` (a root scope), each call counted here and given ``signal``."""
+        return TrackedScope(inner, self, signal)
+
+    def track(self, what: str) -> None:
+        with self.lock:
+            if self.barred:
+                raise stopped_error(self.owner, what)
+            self.io += 1
+
+    def untrack(self) -> None:
+        with self.cond:
+            self.io -= 1
+            if self.io == 0:
+                self.cond.notify_all()
+
+    @contextmanager
+    def tracked(self, what: str) -> Iterator[None]:
+        self.track(what)
+        try:
+            yield
+        finally:
+            self.untrack()
+
+    # ---------------------------------------------------------------- steps and attempts
+
+    def enter_step(self) -> bool:
+        """A step begins in this thread; False (and nothing counted) once halted."""
+        with self.cond:
+            if self.halt.aborted:
+                return False
+            self.busy += 1
+            self.stepping.add(threading.get_ident())
+            return True
+
+    def leave_step(self) -> None:
+        with self.cond:
+            self.busy -= 1
+            self.stepping.discard(threading.get_ident())
+            self.cond.notify_all()
+
+    def in_flight(self) -> int:
+        with self.lock:
+            return len(self.attempts)
+
+    def _abort_attempts(self) -> None:
+        """The halt fired: every running attempt's signal aborts with its reason."""
+        reason = self.halt.signal.reason
+        with self.lock:
+            attempts = list(self.attempts.values())
+        for attempt in attempts:
+            attempt.scope.abort(reason)
+
+    def halt_for(self, reason: JobsError) -> None:
+        self.halt.abort(reason)
+        self.on_halt()
+        with self.cond:
+            self.cond.notify_all()
+
+    def drain(self, deadline: float) -> int:
+        """Wait until no step or posted attempt is under way, or ``deadline``; how many are."""
+        with self.cond:
+            while self.busy > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(left)
+            return self.busy
+
+    def bar_all(self) -> None:
+        """No worker-started database call from now on; queued ones are abandoned."""
+        with self.cond:
+            self.barred = True
+        self.bar.abort(stopped_error(self.owner, "the worker stopped"))
+
+    def wait_io(self, deadline: float) -> int:
+        """Wait until no tracked database call runs, or ``deadline``; how many still run."""
+        with self.cond:
+            while self.io > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(left)
+            return self.io
+
+
+class TrackedScope:
     """A root scope whose every call is counted for quiescence and barred after stop.
 
     It wraps the store's own root scope (whatever the database), adding the
@@ -32,43 +142,43 @@ class _TrackedScope:
 
     root = True
 
-    def __init__(self, inner: Scope, worker: Worker, signal: Signal) -> None:
+    def __init__(self, inner: Scope, tracker: Tracker, signal: Signal) -> None:
         self._inner = inner
-        self._worker = worker
+        self._tracker = tracker
         self._signal = signal
 
     def write(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
-        worker = self._worker
-        worker._track(what)
+        tracker = self._tracker
+        tracker.track(what)
         try:
             return self._inner.write(fn, what, signal or self._signal)
         except GateRefused as exc:
             self._stopped(exc)
             raise
         finally:
-            worker._untrack()
+            tracker.untrack()
 
     def read(self, fn: Callable[[], T], what: str, signal: SignalLike | None = None) -> T:
-        worker = self._worker
-        worker._track(what)
+        tracker = self._tracker
+        tracker.track(what)
         try:
             return self._inner.read(fn, what, signal or self._signal)
         except GateRefused as exc:
             self._stopped(exc)
             raise
         finally:
-            worker._untrack()
+            tracker.untrack()
 
     def read_consistent(self, fn: Callable[[], T], what: str) -> T:
-        worker = self._worker
-        worker._track(what)
+        tracker = self._tracker
+        tracker.track(what)
         try:
             return self._inner.read_consistent(fn, what)
         except GateRefused as exc:
             self._stopped(exc)
             raise
         finally:
-            worker._untrack()
+            tracker.untrack()
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         self._inner.after_commit(callback)
@@ -76,91 +186,4 @@ class _TrackedScope:
     def _stopped(self, exc: GateRefused) -> None:
         # a queued call the stop abandoned is the stop working: say so by name
         if self._signal.aborted and exc.details.get("reason") == "aborted":
-            raise self._worker._stopped_error(exc.message) from exc
-
-
-@contextmanager
-def _tracked(self: Worker, what: str) -> Iterator[None]:
-    self._track(what)
-    try:
-        yield
-    finally:
-        self._untrack()
-
-
-def _track(self: Worker, what: str) -> None:
-    with self._lock:
-        if self._barred:
-            raise self._stopped_error(what)
-        self._io += 1
-
-
-def _untrack(self: Worker) -> None:
-    with self._cond:
-        self._io -= 1
-        if self._io == 0:
-            self._cond.notify_all()
-
-
-def _activate(self: Worker) -> None:
-    with self._lock:
-        if self._active or self._stopped:
-            return
-        self._active = True
-    with self._hub.lock:
-        self._hub.workers.add(self)
-    if self.renew:
-        self._renewals.start()
-
-
-def _quiesce(self: Worker) -> None:
-    # 1. bar: no new worker-started operation; abandon queued ones
-    with self._cond:
-        self._barred = True
-    self._bar.abort(self._stopped_error("the worker stopped"))
-    bound = max(self._backend.wait_seconds, 1.0)
-    # 2. no timer armed: the scheduler exits (a renewal it is running is
-    #    tracked I/O, so it ends within the gate's bound)
-    if not self._renewals.stop(bound):
-        _log.error("jaren_jobs: worker %r: the renewal scheduler did not exit", self.owner)
-    # 3. the settling thread exits once what was posted has its outcome
-    #    (a settlement the bar refused is a lost outcome, at once)
-    with self._lock:
-        self._settler_done = True
-        self._posting.notify_all()
-        self._room.notify_all()
-    settler = self._settler
-    if settler is not None and settler is not threading.current_thread():
-        settler.join(bound)
-        if settler.is_alive():
-            _log.error("jaren_jobs: worker %r: the settling thread did not exit", self.owner)
-    # 4. no worker-started database operation still running
-    deadline = time.monotonic() + bound
-    with self._cond:
-        while self._io > 0:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                _log.error(
-                    "jaren_jobs: worker %r: %d database operation(s) still running after %.1fs",
-                    self.owner,
-                    self._io,
-                    bound,
-                )
-                break
-            self._cond.wait(left)
-        idle_threads = [t for t in self._threads if t.ident not in self._stepping]
-    with self._hub.lock:
-        self._hub.workers.discard(self)
-    # loops with no attempt exit at once (they were woken); a loop still
-    # running an undrained handler is left to finish on its own
-    for thread in idle_threads:
-        if thread is not threading.current_thread():
-            thread.join(1.0)
-
-
-def _halt_for(self: Worker, reason: JobsError) -> None:
-    self._halt.abort(reason)
-    with self._hub.lock:
-        self._hub.wakers.discard(self._wake)
-    with self._cond:
-        self._cond.notify_all()
+            raise stopped_error(self._tracker.owner, exc.message) from exc

@@ -81,5 +81,6 @@ def test_a_held_job_force_cancelled_from_another_process_never_starts(
 
 
 def _forced(worker: Any, job_id: str) -> bool:
-    with worker._lock:
-        return any(h.job.id == job_id and h.forced is not None for h in worker._held.values())
+    claims = worker.claims
+    with worker.tracker.lock:
+        return any(h.job.id == job_id and h.forced is not None for h in claims.held.values())

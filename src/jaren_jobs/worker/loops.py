@@ -1,0 +1,183 @@
+"""The loops: ``concurrency`` threads of claim → run → settle, idle between empty claims."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from jaren_jobs.records import ClaimedJob
+from jaren_jobs.worker.attempt import Ran
+from jaren_jobs.worker.claims import ClaimBook
+from jaren_jobs.worker.outcomes import Observers
+from jaren_jobs.worker.pacing import Batch
+from jaren_jobs.worker.queue_run import ThreadSteps, run_queue
+from jaren_jobs.worker.running import AttemptRunner
+from jaren_jobs.worker.settler import Settler
+from jaren_jobs.worker.stats import Stats
+from jaren_jobs.worker.tracking import Tracker
+
+__all__ = ["Loops"]
+
+_log = logging.getLogger("jaren_jobs.worker")
+
+# a queue run the worker's host takes over (an AsyncWorker's, on its event loop):
+# True when it ran the jobs, False to leave them to the thread
+QueueHost = Callable[[list[ClaimedJob]], bool]
+
+
+class Loops:
+    """The loop threads of one worker, and one step of claim → run → settle."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        concurrency: int,
+        poll_seconds: float,
+        tracker: Tracker,
+        claims: ClaimBook,
+        runner: AttemptRunner,
+        settler: Settler,
+        stats: Stats,
+        observers: Observers,
+        host: QueueHost | None,
+    ) -> None:
+        self._name = name
+        self._concurrency = concurrency
+        self._poll = poll_seconds
+        self._tracker = tracker
+        self._claims = claims
+        self._runner = runner
+        self._settler = settler
+        self._stats = stats
+        self._observers = observers
+        self._host = host
+        self._steps = ThreadSteps(runner, settler)
+        self._generation = 0  # wake-ups so far: a wake during a claim is not lost
+        #: the loop threads, once started
+        self.threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        threads = [
+            threading.Thread(target=self._loop, name=f"{self._name}-loop-{i}", daemon=True)
+            for i in range(1, self._concurrency + 1)
+        ]
+        with self._tracker.lock:
+            self.threads.extend(threads)
+        for thread in threads:
+            thread.start()
+
+    def wake(self) -> None:
+        """An in-process enqueue: every idle loop claims again now."""
+        tracker = self._tracker
+        with tracker.cond:
+            self._stats.add("wakes")
+            self._generation += 1
+            tracker.cond.notify_all()
+
+    def idle_threads(self) -> list[threading.Thread]:
+        """The loop threads not inside a step (the caller holds the worker's lock)."""
+        return [t for t in self.threads if t.ident not in self._tracker.stepping]
+
+    def _loop(self) -> None:
+        tracker = self._tracker
+        try:
+            while not tracker.halt.aborted:
+                # read before the claim: a wake that lands while it runs is not lost
+                generation = self._generation
+                began = time.monotonic()
+                try:
+                    ran = self.step(chain=True)
+                except Exception:  # a worker bug must not end the loop silently
+                    _log.exception("jaren_jobs: worker %r: a loop step raised", tracker.owner)
+                    ran = False
+                if not ran:
+                    self._idle(began, generation)
+        except BaseException as exc:
+            # only a handler's KeyboardInterrupt/SystemExit gets here; it was
+            # logged and halted the worker. Let it leave the thread.
+            if tracker.interrupted is not exc:  # pragma: no cover - defensive
+                _log.error("jaren_jobs: worker %r loop ended by %r", tracker.owner, exc)
+            raise
+
+    def _idle(self, began: float, generation: int) -> None:
+        """Sleep until the next poll is due or an in-process enqueue wakes the loop.
+
+        Polls are ``poll_seconds`` apart from start to start, so the time the
+        empty claim took does not stretch the interval (a job enqueued by
+        another process waits at most about one interval).
+        """
+        tracker = self._tracker
+        with tracker.cond:
+            if tracker.halt.aborted:
+                return
+            self._stats.add("polls")
+        self._observers.notify("on_idle", self._observers.on_idle)
+        end = began + self._poll
+        with tracker.cond:
+            while not tracker.halt.aborted and generation == self._generation:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return
+                tracker.cond.wait(left)
+
+    def step(self, *, chain: bool = False) -> bool:
+        """Claim and run: a queue of jobs (a started worker's loop, ``chain``), or one."""
+        tracker = self._tracker
+        if not tracker.enter_step():
+            return False
+        try:
+            looping = chain and self._settler.thread is not None
+            jobs = self._claims.claim(1 + self._claims.ahead() if looping else 1)
+            if not jobs:
+                return False
+            if looping:
+                self.run_queue(jobs)
+            else:
+                self.run_one(jobs[0])
+            return True
+        finally:
+            tracker.leave_step()
+
+    def run_one(self, claimed: ClaimedJob) -> None:
+        """run_once(): one job, run and settled in this thread."""
+        runner = self._runner
+        attempt = runner.begin(claimed)
+        if attempt is None:
+            return  # cancelled before it started
+        ran: list[Ran] = []
+        try:
+            outcome = runner.call(attempt, ran)
+        except BaseException as exc:
+            # only a handler's KeyboardInterrupt/SystemExit gets here
+            runner.end(attempt, runner.abandon(attempt, exc))
+            raise
+        if outcome is not None:
+            runner.end(attempt, outcome)
+        else:
+            self._settler.settle_all(ran)
+
+    def run_queue(self, jobs: list[ClaimedJob]) -> None:
+        """A started worker's loop: its queue of leased jobs (see :func:`run_queue`)."""
+        if self._host is not None and self._host(jobs):
+            return
+        claims = self._claims
+        batch = Batch(jobs)
+        rest: list[ClaimedJob] = []
+        claims.add_batch(batch)
+        try:
+            run_queue(
+                self._steps,
+                batch,
+                rest,
+                claims=claims,
+                runner=self._runner,
+                halt=self._tracker.halt.signal,
+            )
+        finally:
+            # a top-up still on its way is handed back with the rest
+            rest += batch.close()
+            claims.discard_batch(batch)
+            claims.hand_back(rest)

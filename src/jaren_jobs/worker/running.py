@@ -1,0 +1,179 @@
+"""Running attempts: an attempt begins, its handler is called, it ends with one outcome."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+
+from jaren_jobs.engine.engine import JobEngine
+from jaren_jobs.engine.hub import EngineHub
+from jaren_jobs.errors import StorageError, describe_error
+from jaren_jobs.records import ClaimedJob, CorruptJson, Outcome
+from jaren_jobs.worker.attempt import (
+    Attempt,
+    Handler,
+    JobContext,
+    Ran,
+    WorkerStopped,
+    stopping_reason,
+)
+from jaren_jobs.worker.claims import ClaimBook
+from jaren_jobs.worker.outcomes import Observers, outcome_of
+from jaren_jobs.worker.renewals import Renewer
+from jaren_jobs.worker.stats import COUNTER_OF, Stats
+from jaren_jobs.worker.tracking import Tracker
+
+__all__ = ["AttemptRunner"]
+
+_log = logging.getLogger("jaren_jobs.worker")
+
+
+class AttemptRunner:
+    """Begins, calls and ends the attempts of one worker: its handlers, each attempt's
+    registration (where a cancel finds it) and its one outcome."""
+
+    def __init__(
+        self,
+        *,
+        handlers: dict[str, Handler],
+        control: JobEngine,
+        hub: EngineHub,
+        tracker: Tracker,
+        claims: ClaimBook,
+        stats: Stats,
+        observers: Observers,
+        renewer: Renewer,
+        renew: bool,
+    ) -> None:
+        #: the handlers by kind (a lookup that raises fails the attempt)
+        self.handlers = handlers
+        self._control = control
+        self._hub = hub
+        self._tracker = tracker
+        self._lock = tracker.lock
+        self._claims = claims
+        self._stats = stats
+        self._observers = observers
+        self._renewer = renewer
+        self._renew = renew
+        self._owner = tracker.owner
+        self._keys = itertools.count(1)
+
+    def begin(self, claimed: ClaimedJob) -> Attempt | None:
+        """Start the attempt of a held job; None if a cancel with its lease came first."""
+        with self._lock:
+            held = self._claims.held.pop(id(claimed), None)
+            if held is not None and held.cancelled:
+                attempt = None  # never started: no attempt, no outcome
+            else:
+                self._stats.add("claims")
+                attempt = Attempt(claimed, next(self._keys), self._claims.next_seq())
+                attempts = self._tracker.attempts
+                first = not attempts
+                attempts[attempt.key] = attempt
+                if held is not None:
+                    held.attempt = attempt  # a cancel arriving through held.abort reaches it
+        if attempt is None:
+            self._claims.forget([held])
+            return None
+        with self._hub.lock:
+            self._hub.local_attempts[claimed.id] = attempt.cancel
+        if held is not None and held.forced is not None:
+            attempt.cancel(held.forced)
+        halt = self._tracker.halt.signal
+        if halt.aborted:  # else the tracker's callback of the halt reaches it
+            attempt.scope.abort(halt.reason)
+        renewer = self._renewer
+        if self._renew:
+            # a lease taken with a batch has been running since the claim
+            attempt.renew_at = (time.monotonic() if held is None else held.at) + renewer.every
+            if first:
+                renewer.scheduler.wake()
+        return attempt
+
+    def call(self, attempt: Attempt, ran: list[Ran]) -> Outcome | None:
+        """Run the handler; its result joins ``ran``. An outcome when it cannot run at all."""
+        claimed = attempt.claimed
+        if self._tracker.barred:
+            # a claim that landed while stop() quiesced: it could never
+            # settle, so its handler does not start at all
+            return outcome_of(
+                attempt,
+                "lost",
+                code=WorkerStopped.code,
+                reason="the worker stopped before this attempt could run; its lease will "
+                "expire and the job will be re-claimed",
+            )
+        if attempt.cancelled:
+            # cancel(id, lease=...) committed between the take and now
+            return outcome_of(attempt, "cancelled", reason="cancelled before its handler ran")
+        if attempt.cancel_requested:
+            # cancel(id, force=True) before the handler ran: it never runs; the
+            # settlement (a failure of a marked job) cancels the job
+            reason = attempt.scope.signal.reason
+            error = reason if isinstance(reason, Exception) else RuntimeError(str(reason))
+            attempt.error = error
+            ran.append((attempt, error, None))
+            return None
+        started = time.perf_counter()
+        try:
+            # inside the try: a lookup that raises fails this attempt, it is
+            # not an interrupt of the worker
+            handler = self.handlers[claimed.kind]
+            ctx = JobContext(attempt, self._control, attempt.scope.signal, self._owner)
+            if isinstance(claimed.payload, CorruptJson):
+                # a row written outside the library: the handler could only
+                # misread it, so the attempt fails (and dead-letters after
+                # its attempts) with an error that names the row
+                raise StorageError(
+                    f"job {claimed.id!r} holds a payload that is not JSON "
+                    f"({claimed.payload.error}); it was written outside jaren_jobs — "
+                    "fix the row and requeue the job, or cancel it",
+                    job_id=claimed.id,
+                )
+            result = handler(claimed.payload, ctx)
+        except Exception as exc:
+            attempt.error = exc
+            ran.append((attempt, exc, None))
+        else:
+            ran.append((attempt, None, result))
+        finally:
+            self._claims.measured(time.perf_counter() - started)
+        return None
+
+    def end(self, attempt: Attempt, outcome: Outcome) -> None:
+        """The attempt's one outcome: counted, logged, and seen by the observer."""
+        attempt.ended = True
+        with self._hub.lock:
+            if self._hub.local_attempts.get(attempt.job_id) == attempt.cancel:
+                del self._hub.local_attempts[attempt.job_id]
+        counter = COUNTER_OF[outcome.outcome]
+        with self._lock:
+            self._tracker.attempts.pop(attempt.key, None)
+            self._stats.add(counter)
+        self._observers.outcome(attempt, outcome)
+
+    def abandon(self, attempt: Attempt, exc: BaseException) -> Outcome:
+        """A handler raised KeyboardInterrupt/SystemExit: settle nothing, halt the worker."""
+        with attempt.lease_lock:
+            attempt.ended = True
+        self._tracker.interrupted = exc
+        _log.error(
+            "jaren_jobs: worker %r: the handler of job %r raised %s; the worker stops "
+            "claiming and the attempt is left unsettled (its lease expires and the job is "
+            "re-claimed). Call stop() or close the store to finish shutting down.",
+            self._owner,
+            attempt.job_id,
+            type(exc).__name__,
+            exc_info=exc,
+        )
+        why = f"a handler raised {type(exc).__name__}"
+        self._tracker.halt_for(stopping_reason(self._owner, why))
+        return outcome_of(
+            attempt,
+            "lost",
+            phase="failure",
+            reason=f"{describe_error(exc)} (the handler interrupted the worker; the attempt "
+            "was left for lease-expiry recovery)",
+        )
