@@ -40,6 +40,22 @@ def test_the_committed_module_is_what_the_generator_makes(spec: object) -> None:
     )
 
 
+def test_every_async_twin_is_generated_or_named_with_a_reason() -> None:
+    twins = {
+        str(path.relative_to(GEN.SRC))  # type: ignore[attr-defined]
+        for path in GEN.SRC.rglob("*_async.py")  # type: ignore[attr-defined]
+    }
+    generated = {spec.target for spec in SPECS}
+    hand: dict[str, str] = GEN.HAND_WRITTEN  # type: ignore[attr-defined]
+    assert twins - generated - set(hand) == set(), "a *_async.py neither generated nor named"
+    assert set(hand) - twins == set(), "HAND_WRITTEN names a twin that does not exist"
+    assert generated & set(hand) == set(), "a twin both generated and named hand-written"
+    assert all(len(reason) > 20 for reason in hand.values()), "each needs its reason"
+    for name in hand:
+        text = (GEN.SRC / name).read_text(encoding="utf-8")  # type: ignore[attr-defined]
+        assert not text.startswith("# GENERATED"), name
+
+
 def test_every_generated_module_says_so_and_names_its_source() -> None:
     for spec in SPECS:
         text = (GEN.SRC / spec.target).read_text(encoding="utf-8")  # type: ignore[attr-defined]

@@ -33,7 +33,21 @@ NOT_YET: dict[str, str] = {
 }
 # what the library itself calls on a sync transaction (the seam's TransactionState), not
 # the application: its async twin delegates to the sync transaction, which keeps them
-INTERNAL = {"Transaction.check_active", "Transaction.rolled_back", "Transaction.explain"}
+INTERNAL = {
+    "Transaction.check_active",
+    "Transaction.rolled_back",
+    "Transaction.explain",
+    # the thread worker's parts, read by the AsyncWorker that hosts it (its queue runs,
+    # renewals, grace end) and by tests; the AsyncWorker exposes the worker itself
+    "Jobs.worker_for_host",
+    "Worker.tracker",
+    "Worker.claims",
+    "Worker.runner",
+    "Worker.settler",
+    "Worker.renewer",
+    "Worker.loops",
+    "Worker.observers",
+}
 # names whose async form differs in kind, as SPEC §11 says
 # (stats() and leases() read what the worker holds in memory: no I/O, nothing to await)
 NOT_COROUTINES = {
