@@ -692,21 +692,7 @@ def store_backend(self) -> Any:
     Spec(
         source="engine/engine.py",
         awaited=_SESSION_AWAITED,
-        keep=frozenset(
-            {
-                "JobEngine",
-                "enqueue_tick",
-                "settle",
-                "settle_within",
-                "_woken",
-                "wait_plan",
-                "prepare_failure",
-                "session_of",
-                "settled_wake_of",
-                "runtime_of",
-                "__all__",
-            }
-        ),
+        keep=frozenset({"JobEngine", "__all__"}),
         names={
             "JobEngine": "AsyncJobEngine",
             "JobAdmin": "AsyncJobAdmin",
@@ -714,7 +700,18 @@ def store_backend(self) -> Any:
         },
         moved={"AsyncJobsSession": "jaren_jobs.backend_async"},
         modules={"jaren_jobs.engine.admin": "jaren_jobs.engine.admin_async"},
-        drop=frozenset({"JobEngine.wait", "JobEngine.page", "JobEngine.checkpoints_for"}),
+        drop=frozenset(
+            {
+                "JobEngine.wait",
+                "JobEngine.page",
+                "JobEngine.checkpoints_for",
+                # the worker's alone: an AsyncWorker runs on the sync engine
+                "JobEngine.root_scope",
+                "JobEngine.rescoped",
+                "JobEngine.claim_request",
+                "JobEngine.store_backend",
+            }
+        ),
         imports=("from jaren_jobs.engine.engine import EngineHub, _moved_or_refused, _utc",),
         docstring=(
             "The awaited engine shell (asyncio) over an\n"

@@ -20,7 +20,6 @@ from jaren_jobs.core.policy import backoff_seconds
 from jaren_jobs.cursor import Barrier, Cursor, drain_page
 from jaren_jobs.dag import CompiledDag, Task, TaskContext, compile_document, create_dag_job_runner
 from jaren_jobs.engine.checkpoints import CheckpointStore
-from jaren_jobs.engine.engine import JobEngine
 from jaren_jobs.errors import (
     CancelRequested,
     CursorAborted,
@@ -44,6 +43,7 @@ from jaren_jobs.errors import (
     TransactionEnded,
     UnknownJob,
 )
+from jaren_jobs.jobs import Jobs
 from jaren_jobs.periodic import Periodic
 from jaren_jobs.records import (
     ClaimedJob,
@@ -96,10 +96,10 @@ __all__ = [
     "ItemTooLarge",
     "Job",
     "JobContext",
-    "JobEngine",
     "JobError",
     "JobSettled",
     "JobState",
+    "Jobs",
     "JobsError",
     "JsonValue",
     "Lease",
@@ -140,3 +140,13 @@ __all__ = [
     "open_async_store",
     "open_store",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # the engine left the public names (``store.jobs`` is a Jobs, which has one); the
+    # old name still imports, for code written against an earlier release
+    if name == "JobEngine":
+        from jaren_jobs.engine.engine import JobEngine  # noqa: PLC0415 - lazy on purpose
+
+        return JobEngine
+    raise AttributeError(f"module 'jaren_jobs' has no attribute {name!r}")

@@ -23,7 +23,7 @@ from typing import Any
 from jaren_jobs.codec import check_aware, check_identifier, encode_json
 from jaren_jobs.core.commands import prepare_job
 from jaren_jobs.cron import CronExpression, load_zone, parse_cron
-from jaren_jobs.engine.engine import JobEngine, enqueue_tick
+from jaren_jobs.engine.engine import JobEngine
 from jaren_jobs.errors import DuplicateJob
 from jaren_jobs.records import Job
 from jaren_jobs.runtime import resolve_defaults
@@ -324,8 +324,7 @@ def _enqueue_tick(jobs: JobEngine, schedule: Periodic, tick: datetime) -> Job | 
         )
         return None
     try:
-        return enqueue_tick(
-            jobs,
+        return jobs.enqueue_tick(
             schedule.kind,
             schedule.payload,
             id=schedule.job_id(tick),

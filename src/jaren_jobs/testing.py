@@ -14,14 +14,9 @@ from jaren_jobs.backend import Missed
 from jaren_jobs.core.commands import ClaimRequest
 from jaren_jobs.core.fence import refusal
 from jaren_jobs.core.settle import Completion, SettleBatch
-from jaren_jobs.engine.engine import (
-    JobEngine,
-    claim_request_for,
-    runtime_of,
-    session_of,
-    settle_within,
-)
+from jaren_jobs.engine.engine import JobEngine
 from jaren_jobs.errors import LeaseLost
+from jaren_jobs.jobs import Jobs, engine_of
 from jaren_jobs.records import ClaimedJob, Lease
 
 __all__ = [
@@ -36,20 +31,24 @@ __all__ = [
 
 
 def claim_request(
-    jobs: JobEngine, kinds: Iterable[str], *, owner: str, lease_seconds: float | None = None
+    jobs: Jobs | JobEngine, kinds: Iterable[str], *, owner: str, lease_seconds: float | None = None
 ) -> ClaimRequest:
     """Checked claim arguments, as a worker builds them once for its repeated claims."""
-    return claim_request_for(jobs, kinds, owner=owner, lease_seconds=lease_seconds)
+    jobs = _engine(jobs)
+    return jobs.claim_request(kinds, owner=owner, lease_seconds=lease_seconds)
 
 
-def claim_within(jobs: JobEngine, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
+def claim_within(
+    jobs: Jobs | JobEngine, request: ClaimRequest, limit: int, what: str
+) -> list[ClaimedJob]:
     """A settle batch's claim alone: up to ``limit`` jobs, in claim order."""
-    now = runtime_of(jobs).now_ms()  # the claim reads the clock itself, as a worker's does
-    return settle_within(jobs, SettleBatch(claims=((request, limit),)), now, what).claimed[0]
+    jobs = _engine(jobs)
+    now = jobs.runtime.now_ms()  # the claim reads the clock itself, as a worker's does
+    return jobs.settle_within(SettleBatch(claims=((request, limit),)), now, what).claimed[0]
 
 
 def settle_done_many(
-    jobs: JobEngine, items: Sequence[tuple[Lease, str]], now: int, what: str
+    jobs: Jobs | JobEngine, items: Sequence[tuple[Lease, str]], now: int, what: str
 ) -> list[int | LeaseLost]:
     """Many completions at once, inside a write, as a settle batch runs them.
 
@@ -58,11 +57,10 @@ def settle_done_many(
     :class:`LeaseLost` a lone ``complete()`` would raise — returned, not
     raised. Items naming the same job act as if applied one after another.
     """
+    jobs = _engine(jobs)
     batch = SettleBatch(tuple(Completion(lease, text) for lease, text in items))
     answers: list[int | LeaseLost] = []
-    for (lease, _), answer in zip(
-        items, settle_within(jobs, batch, now, what).settled, strict=True
-    ):
+    for (lease, _), answer in zip(items, jobs.settle_within(batch, now, what).settled, strict=True):
         if not isinstance(answer, Missed):
             answers.append(1)
             continue
@@ -71,28 +69,37 @@ def settle_done_many(
     return answers
 
 
-def release_within(jobs: JobEngine, leases: Sequence[Lease], now: int, what: str) -> int:
+def release_within(jobs: Jobs | JobEngine, leases: Sequence[Lease], now: int, what: str) -> int:
     """Hand back leases whose attempts never started (inside a write); how many were held.
 
     Each job still held by exactly that lease is pending again at once, its
     claim's attempt undone; leases no longer held are skipped.
     """
-    return settle_within(jobs, SettleBatch(releases=tuple(leases)), now, what).released
+    jobs = _engine(jobs)
+    return jobs.settle_within(SettleBatch(releases=tuple(leases)), now, what).released
 
 
 T = TypeVar("T")
 
 
-def write(jobs: JobEngine, fn: Callable[[], T], what: str = "test") -> T:
+def _engine(jobs: Jobs | JobEngine) -> JobEngine:
+    """``store.jobs`` (a :class:`~jaren_jobs.Jobs`) or an engine view: the engine."""
+    return engine_of(jobs) if isinstance(jobs, Jobs) else jobs
+
+
+def write(jobs: Jobs | JobEngine, fn: Callable[[], T], what: str = "test") -> T:
     """Run ``fn`` inside one write of the engine view's session (its transaction or savepoint)."""
-    return session_of(jobs).write(fn, what)
+    jobs = _engine(jobs)
+    return jobs.session.write(fn, what)
 
 
-def scope_of(jobs: JobEngine) -> Any:
+def scope_of(jobs: Jobs | JobEngine) -> Any:
     """The scope (root or transaction) the engine view's session writes through."""
-    return session_of(jobs).scope
+    jobs = _engine(jobs)
+    return jobs.session.scope
 
 
-def now_ms(jobs: JobEngine) -> int:
+def now_ms(jobs: Jobs | JobEngine) -> int:
     """The engine view's clock, in epoch milliseconds."""
-    return runtime_of(jobs).now_ms()
+    jobs = _engine(jobs)
+    return jobs.runtime.now_ms()

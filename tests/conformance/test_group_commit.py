@@ -36,12 +36,12 @@ from jaren_jobs import (
     testing,
 )
 from jaren_jobs.core.settle import SettleBatch
-from jaren_jobs.engine import group_commit as batcher_module
 from jaren_jobs.engine.group_commit import SettlementBatcher
+from jaren_jobs.jobs import engine_of
 from tests.conftest import FakeClock, Sequence
 from tests.harness import Harness
 
-# the batcher and jaren_jobs.testing take the sync engine (store.jobs) itself; the AsyncWorker
+# the batcher and jaren_jobs.testing take the sync engine (engine_of(store.jobs)); the AsyncWorker
 # settles through this same batcher, which the worker tests run through the async API
 pytestmark = pytest.mark.requires("sync-api")
 
@@ -168,7 +168,7 @@ def test_concurrent_settlements_answer_exactly_as_lone_calls(backend: Harness) -
         kinds = {a[0] for thread in expected for a in thread}
         assert kinds == {"value", "JobSettled", "LeaseSuperseded", "LeaseExpired"}
 
-        batcher = SettlementBatcher(batched.jobs)
+        batcher = SettlementBatcher(engine_of(batched.jobs))
         answers: list[list[tuple[str, Any]]] = [[] for _ in range(THREADS)]
         not_durable: list[str] = []
         start = threading.Barrier(THREADS + 1)
@@ -216,7 +216,7 @@ def test_a_lone_settlement_waits_for_nobody(store: Store) -> None:
     store.jobs.enqueue("k")
     claimed = store.jobs.claim(["k"], owner="w")
     assert claimed is not None
-    batcher = SettlementBatcher(store.jobs)
+    batcher = SettlementBatcher(engine_of(store.jobs))
     statements: list[str] = []
     store.connection.set_trace_callback(statements.append)
     try:
@@ -239,16 +239,16 @@ def test_a_failing_batch_is_retried_one_settlement_at_a_time(
     store.jobs.enqueue_many([NewJob("k", n) for n in range(4)])
     claims = store.jobs.claim_many(["k"], owner="w", limit=4)
     poisoned = claims[2].id
-    engine = store.jobs
-    real = batcher_module.settle
+    engine = engine_of(store.jobs)
+    real = engine.settle
 
-    def settle(on: Any, batch: SettleBatch, what: str) -> Any:
+    def settle(batch: SettleBatch, what: str) -> Any:
         # a driver failure on any batch that settles the poisoned job, every time
         if any(item.lease.job_id == poisoned for item in batch.settlements):
             raise StorageError(f"{what}: disk I/O error (simulated)")
-        return real(on, batch, what)
+        return real(batch, what)
 
-    monkeypatch.setattr(batcher_module, "settle", settle)
+    monkeypatch.setattr(engine, "settle", settle)
     batcher = SettlementBatcher(engine)
     answers: dict[str, Any] = {}
 
@@ -294,7 +294,7 @@ def test_an_error_text_with_lone_surrogates_never_fails_its_batch(
     settlements it shares a transaction with (and make them replay one by one)."""
     store.jobs.enqueue_many([NewJob("k", n, id=f"j{n}") for n in range(3)])
     claims = store.jobs.claim_many(["k"], owner="w", limit=3)
-    batcher = SettlementBatcher(store.jobs)
+    batcher = SettlementBatcher(engine_of(store.jobs))
     group = [
         batcher.failure(claims[0].lease, "plain", retry=False),
         batcher.failure(claims[1].lease, OSError("open " + "caf\udce9.txt"), retry=False),
@@ -313,7 +313,7 @@ def test_mistakes_are_refused_before_anything_queues(store: Store) -> None:
     store.jobs.enqueue("k")
     claimed = store.jobs.claim(["k"], owner="w")
     assert claimed is not None
-    batcher = SettlementBatcher(store.jobs)
+    batcher = SettlementBatcher(engine_of(store.jobs))
     with pytest.raises(TypeError):
         batcher.complete(claimed.lease, {1, 2})
     with pytest.raises(LeaseRequired):
@@ -334,7 +334,7 @@ def test_a_claim_whose_transaction_fails_hands_out_no_job(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store.jobs.enqueue_many([NewJob("k", n) for n in range(3)])
-    engine = store.jobs
+    engine = engine_of(store.jobs)
     batcher = SettlementBatcher(engine)
     request = testing.claim_request(engine, ["k"], owner="w")
     scope = testing.scope_of(engine)
@@ -364,7 +364,7 @@ def test_one_settle_call_writes_completions_failures_releases_and_claims(
 ) -> None:
     store.jobs.enqueue_many([NewJob("k", n, id=f"j{n}") for n in range(6)])
     claims = store.jobs.claim_many(["k"], owner="w", limit=4)  # j0..j3
-    batcher = SettlementBatcher(store.jobs)
+    batcher = SettlementBatcher(engine_of(store.jobs))
     request = testing.claim_request(store.jobs, ["k"], owner="w")
     batch = SettleBatch(
         (
@@ -408,15 +408,15 @@ def test_queued_batches_share_one_settle_call_each_answered_its_own(
 ) -> None:
     store.jobs.enqueue_many([NewJob("k", n, id=f"j{n}") for n in range(4)])
     claims = store.jobs.claim_many(["k"], owner="w", limit=4)
-    engine = store.jobs
-    real = batcher_module.settle
+    engine = engine_of(store.jobs)
+    real = engine.settle
     calls: list[int] = []
 
-    def settle(on: Any, batch: SettleBatch, what: str) -> Any:
+    def settle(batch: SettleBatch, what: str) -> Any:
         calls.append(len(batch.settlements))
-        return real(on, batch, what)
+        return real(batch, what)
 
-    monkeypatch.setattr(batcher_module, "settle", settle)
+    monkeypatch.setattr(engine, "settle", settle)
     batcher = SettlementBatcher(engine)
     stale = store.jobs.renew(claims[3].lease)  # claims[3].lease is superseded now
     assert stale is not None

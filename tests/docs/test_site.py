@@ -134,7 +134,7 @@ def test_the_reference_shows_each_name_from_its_docstring(site: Path) -> None:
         assert f'id="{path}"' in html, f"{path} has no heading on the reference pages"
     # a docstring's own words, and one of a member inherited from the engine's base class
     assert "Add one job; wakes in-process workers once it is committed." in html
-    assert 'id="jaren_jobs.JobEngine.cancel"' in html
+    assert 'id="jaren_jobs.Jobs.cancel"' in html
     # the Sphinx roles of the docstrings render as code (tools/docs_roles.py), not as text
     leftover = re.findall(r":(?:class|func|meth|attr|exc|data|mod):", html)
     assert not leftover, f"{len(leftover)} Sphinx roles left as text on the reference pages"

@@ -46,6 +46,7 @@ from jaren_jobs import (
     open_store,
 )
 from jaren_jobs.codec import MAX_DEPTH
+from jaren_jobs.jobs import engine_of
 from tests.conftest import FakeClock, Sequence
 
 # ------------------------------------------------------------------ strategies
@@ -432,7 +433,7 @@ def test_error_texts_never_fail_the_group_commit_they_share(
     shared.jobs.enqueue_many(NewJob(kind, max_attempts=1) for _ in texts)
     claims = shared.jobs.claim_many([kind], owner="w", limit=len(texts))
     assert len(claims) == len(texts)
-    batcher = SettlementBatcher(shared.jobs)
+    batcher = SettlementBatcher(engine_of(shared.jobs))
     group = []
     for claimed, (text, failing) in zip(claims, texts, strict=True):
         if failing:

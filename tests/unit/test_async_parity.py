@@ -39,7 +39,6 @@ INTERNAL = {
     "Transaction.explain",
     # the thread worker's parts, read by the AsyncWorker that hosts it (its queue runs,
     # renewals, grace end) and by tests; the AsyncWorker exposes the worker itself
-    "Jobs.worker_for_host",
     "Worker.tracker",
     "Worker.claims",
     "Worker.runner",

@@ -22,13 +22,11 @@ from jaren_jobs.backend_async import AsyncJobsSession
 from jaren_jobs.core.commands import PageFilters, check_page
 from jaren_jobs.cursor import Barrier, Cursor, Streaming
 from jaren_jobs.engine.checkpoints_async import AsyncCheckpoints
-from jaren_jobs.engine.engine import wait_plan
-from jaren_jobs.engine.engine_async import AsyncJobEngine, runtime_of, session_of, settled_wake_of
-from jaren_jobs.engine.engine_async import wait_plan as native_wait_plan
+from jaren_jobs.engine.engine_async import AsyncJobEngine
+from jaren_jobs.jobs import Jobs, engine_of
 from jaren_jobs.periodic import Periodic
 from jaren_jobs.records import ClaimedJob, Counts, DueCounts, Job, JobError, Lease, NewJob, Outcome
 from jaren_jobs.signals import SignalLike
-from jaren_jobs.store import Jobs
 
 __all__ = ["AsyncCursor", "AsyncJobs"]
 
@@ -272,9 +270,9 @@ class AsyncJobs:
             if self._guard is not None:
                 self._guard()
             # on the loop: the store's listener is the loop's (LISTEN on an AsyncConnection)
-            plan = native_wait_plan(self._engine, id, timeout_seconds, signal)
+            plan = self._engine.wait_plan(id, timeout_seconds, signal)
         else:
-            plan = await self._run(wait_plan, self._jobs, id, timeout_seconds, signal)
+            plan = await self._run(engine_of(self._jobs).wait_plan, id, timeout_seconds, signal)
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
 
@@ -393,11 +391,11 @@ class AsyncJobs:
 
         # nothing checked here (page() reads nothing): each pull checks its transaction
         assert self._engine is not None
-        session: Any = session_of(self._engine)
+        session: Any = self._engine.session
         scope = session.scope
         return page_jobs_async(
             session.db,
-            runtime_of(self._engine),
+            self._engine.runtime,
             None if scope.root else scope._check,
             filters,
             signal=signal,
@@ -409,11 +407,11 @@ class AsyncJobs:
         if self._engine is None:
             return AsyncCheckpointStore(checkpoints, self._runner)
         native = AsyncCheckpoints(
-            session_of(self._engine),
-            runtime_of(self._engine).now_ms,
+            self._engine.session,
+            self._engine.runtime.now_ms,
             claimed.id,
             lambda: claimed.lease,
-            settled_wake_of(self._engine),
+            self._engine.settled_wake,
         )
         # the same shell, its calls awaited on the loop instead of run on a thread
         return AsyncCheckpointStore(cast(Any, native), cast(ThreadRunner, _Awaited()))

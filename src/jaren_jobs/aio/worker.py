@@ -44,9 +44,9 @@ from jaren_jobs.aio.queue_run import (
 )
 from jaren_jobs.aio.renewals import LoopRenewals, renew_on_loop, renew_on_thread
 from jaren_jobs.aio.runner import AsyncCheckpointStore, LoopPoster, ThreadRunner
+from jaren_jobs.jobs import Jobs, worker_for_host
 from jaren_jobs.records import ClaimedJob, Lease, StopOutcome, WorkerStats
 from jaren_jobs.signals import Signal
-from jaren_jobs.store import Jobs
 from jaren_jobs.worker import JobContext, Worker, WorkerStopped, is_async
 from jaren_jobs.worker.renewals import RenewalScheduler, Renewer
 
@@ -264,7 +264,7 @@ class AsyncWorker:
         wrapped = {kind: _wrap(self, kind, handler) for kind, handler in handlers.items()}
         # this AsyncWorker hosts the thread worker's queue runs (on the loop), its
         # renewals (a task on the loop) and its grace end (the handlers' tasks cancelled)
-        self._worker: Worker = jobs.worker_for_host(wrapped, self, **options)
+        self._worker: Worker = worker_for_host(jobs, wrapped, self, **options)
         self._native = session is not None
 
     # ------------------------------------------------------------ the worker's host

@@ -333,7 +333,7 @@ class JobEngine(JobAdmin):
         (:class:`~jaren_jobs.GateRefused`): the transaction holds the
         connection, so no other settlement could ever be seen from it.
         """
-        plan = wait_plan(self, id, timeout_seconds, signal)
+        plan = self.wait_plan(id, timeout_seconds, signal)
         event = threading.Event()
         plan.start(event.set)
         try:
@@ -394,108 +394,152 @@ class JobEngine(JobAdmin):
             self._hub.settled,
         )
 
+    # ------------------------------------------------------------ what the library needs
+    #
+    # Of an engine view, the worker, group commit, checkpoint stores and the facade
+    # (``Jobs``, which has an engine) need more than SPEC §3's calls: its session,
+    # runtime and scopes, batched settlement. Not public: ``store.jobs`` is a ``Jobs``.
 
-# ---------------------------------------------------------------- internals
-#
-# What the worker and group commit need of an engine, kept off ``store.jobs``
-# (whose public names are SPEC §3's): functions of this module, not methods.
+    @property
+    def session(self) -> JobsSession:
+        """The session under this view (checkpoint stores and test helpers reach it)."""
+        return self._session
 
+    @property
+    def hub(self) -> EngineHub:
+        """The store's in-process state this view shares (wake-ups, local attempts)."""
+        return self._hub
 
-def enqueue_tick(
-    engine: JobEngine,
-    kind: str,
-    payload: Any,
-    *,
-    id: str,
-    run_at: datetime,
-    max_attempts: int | None,
-    priority: int,
-    queue: str,
-) -> Job:
-    """``enqueue`` of a periodic tick: its ``run_at`` stays the tick even when
-    the tick is enqueued after it (SPEC §12), where a plain past ``run_at``
-    runs at the enqueue's now."""
-    what = "enqueue()"
-    prepared = engine._prepare(
-        kind,
-        payload,
-        job_id=id,
-        run_at=run_at,
-        delay_seconds=None,
-        max_attempts=max_attempts,
-        priority=priority,
-        queue=queue,
-        unique_key=None,
-        what=what,
-    )._replace(exact_run_at=True)
-    (job,) = engine._session.insert_jobs((prepared,), one_by_one=True, what=what)
-    engine._session.after_commit(engine._hub.wake)
-    return job
+    @property
+    def store_backend(self) -> StoreBackend:
+        """The open database under this view (the worker checks it is open, and its bound)."""
+        return self._session.store_backend
 
+    @property
+    def runtime(self) -> ResolvedRuntime:
+        """The runtime (clock, random, ids) this view reads."""
+        return self._runtime
 
-def session_of(engine: JobEngine) -> JobsSession:
-    """The session under an engine view (checkpoint stores and test helpers reach it so)."""
-    return engine._session
+    @property
+    def settled_wake(self) -> Callable[[], None]:
+        """What wakes the store's ``wait()``ers once a settlement commits."""
+        return self._hub.settled
 
+    def root_scope(self) -> Scope:
+        """The root scope of this view's store (the worker's tracked scopes wrap it).
 
-def store_backend_of(engine: JobEngine) -> StoreBackend:
-    """The open database under an engine view (the worker checks it is open, and its bound)."""
-    return engine._session.store_backend
+        A worker created through ``tx.jobs`` still works at the root: it never joins
+        an application transaction's fate.
+        """
+        return self._session.store_backend.root_session(self._runtime, self._hub.idle_claims).scope
 
+    def rescoped(self, scope: Scope) -> JobEngine:
+        """The same engine over another scope of the same store (a worker's tracked views)."""
+        return JobEngine(self._session.rescoped(scope), self._hub)
 
-def root_scope_of(engine: JobEngine) -> Scope:
-    """The root scope of an engine's store (the worker's tracked scopes wrap it).
+    def settle(self, batch: SettleBatch, what: str) -> SettleAnswer:
+        """Settle ``batch`` as one unit of work (see :mod:`jaren_jobs.core.settle`)."""
+        answer = self._session.settle(batch, what)
+        self._woken(batch, answer)
+        return answer
 
-    A worker created through ``tx.jobs`` still works at the root: it never joins
-    an application transaction's fate.
-    """
-    return engine._session.store_backend.root_session(
-        engine._runtime, engine._hub.idle_claims
-    ).scope
+    def settle_within(self, batch: SettleBatch, now: int, what: str) -> SettleAnswer:
+        """:meth:`settle`'s statements, for callers already inside a write, fenced at
+        ``now``."""
+        answer = self._session.settle_within(batch, now, what)
+        self._woken(batch, answer)
+        return answer
 
+    def _woken(self, batch: SettleBatch, answer: SettleAnswer) -> None:
+        """Once the batch commits: this process's waiters read again; a snooze wakes
+        workers."""
+        written = [
+            item for item, got in zip(batch.settlements, answer.settled, strict=True) if got is True
+        ]
+        ended = any(
+            cancelled_by_mark(got, item.lease)
+            for item, got in zip(batch.settlements, answer.settled, strict=True)
+        )
+        if ended or any(not isinstance(item, Snoozing) for item in written):
+            self._session.after_commit(self._hub.settled)
+        if any(isinstance(item, Snoozing) and item.delay_ms <= 0 for item in written):
+            self._session.after_commit(self._hub.wake)  # claimable again now
 
-def settled_wake_of(engine: JobEngine) -> Callable[[], None]:
-    """What wakes the store's ``wait()``ers once a settlement commits (checkpoint stores)."""
-    return engine._hub.settled
+    def wait_plan(self, id: object, timeout_seconds: object, signal: object) -> WaitPlan:
+        """``wait()``'s checked arguments and refusals before it waits (sync and async)."""
+        return plan_wait(
+            self._session,
+            self._hub,
+            self._runtime,
+            id=id,
+            timeout_seconds=timeout_seconds,
+            signal=signal,
+        )
 
+    def claim_request(
+        self,
+        kinds: Iterable[str],
+        *,
+        owner: str,
+        lease_seconds: float | None = None,
+        queues: Iterable[str] | None = None,
+    ) -> ClaimRequest:
+        """Checked claim arguments, for a worker's repeated claims in its settle batches."""
+        return claim_request(
+            self._defaults, kinds, owner, lease_seconds, "claim_many()", queues=queues
+        )
 
-def runtime_of(engine: JobEngine) -> ResolvedRuntime:
-    """The runtime (clock, random, ids) an engine view reads."""
-    return engine._runtime
+    def prepare_failure(
+        self,
+        lease: object,
+        error: object,
+        *,
+        retry: object,
+        backoff_base_seconds: float | None,
+        backoff_cap_seconds: float | None,
+        what: str,
+    ) -> Failure:
+        """A failure's checks before any write, with the engine's defaults (group commit)."""
+        return prepare_failure_with(
+            self._defaults,
+            lease,
+            error,
+            retry=retry,
+            backoff_base_seconds=backoff_base_seconds,
+            backoff_cap_seconds=backoff_cap_seconds,
+            what=what,
+        )
 
-
-def rescoped(engine: JobEngine, scope: Scope) -> JobEngine:
-    """The same engine over another scope of the same store (a worker's tracked views)."""
-    return JobEngine(engine._session.rescoped(scope), engine._hub)
-
-
-def settle(engine: JobEngine, batch: SettleBatch, what: str) -> SettleAnswer:
-    """Settle ``batch`` as one unit of work (see :mod:`jaren_jobs.core.settle`)."""
-    answer = engine._session.settle(batch, what)
-    _woken(engine, batch, answer)
-    return answer
-
-
-def settle_within(engine: JobEngine, batch: SettleBatch, now: int, what: str) -> SettleAnswer:
-    """:func:`settle`'s statements, for callers already inside a write, fenced at ``now``."""
-    answer = engine._session.settle_within(batch, now, what)
-    _woken(engine, batch, answer)
-    return answer
-
-
-def _woken(engine: JobEngine, batch: SettleBatch, answer: SettleAnswer) -> None:
-    """Once the batch commits: this process's waiters read again; a snooze wakes workers."""
-    written = [
-        item for item, got in zip(batch.settlements, answer.settled, strict=True) if got is True
-    ]
-    ended = any(
-        cancelled_by_mark(got, item.lease)
-        for item, got in zip(batch.settlements, answer.settled, strict=True)
-    )
-    if ended or any(not isinstance(item, Snoozing) for item in written):
-        engine._session.after_commit(engine._hub.settled)
-    if any(isinstance(item, Snoozing) and item.delay_ms <= 0 for item in written):
-        engine._session.after_commit(engine._hub.wake)  # claimable again now
+    def enqueue_tick(
+        self,
+        kind: str,
+        payload: Any,
+        *,
+        id: str,
+        run_at: datetime,
+        max_attempts: int | None,
+        priority: int,
+        queue: str,
+    ) -> Job:
+        """``enqueue`` of a periodic tick: its ``run_at`` stays the tick even when
+        the tick is enqueued after it (SPEC §12), where a plain past ``run_at``
+        runs at the enqueue's now."""
+        what = "enqueue()"
+        prepared = self._prepare(
+            kind,
+            payload,
+            job_id=id,
+            run_at=run_at,
+            delay_seconds=None,
+            max_attempts=max_attempts,
+            priority=priority,
+            queue=queue,
+            unique_key=None,
+            what=what,
+        )._replace(exact_run_at=True)
+        (job,) = self._session.insert_jobs((prepared,), one_by_one=True, what=what)
+        self._session.after_commit(self._hub.wake)
+        return job
 
 
 def cancelled_by_mark(answer: bool | Missed, lease: Lease) -> bool:
@@ -506,52 +550,4 @@ def cancelled_by_mark(answer: bool | Missed, lease: Lease) -> bool:
         and answer.row is not None
         and answer.row.state == "cancelled"
         and fence.settled_by(answer.row, lease)
-    )
-
-
-def wait_plan(engine: JobEngine, id: object, timeout_seconds: object, signal: object) -> WaitPlan:
-    """``wait()``'s checked arguments and refusals before it waits (sync and async alike)."""
-    return plan_wait(
-        engine._session,
-        engine._hub,
-        engine._runtime,
-        id=id,
-        timeout_seconds=timeout_seconds,
-        signal=signal,
-    )
-
-
-def claim_request_for(
-    engine: JobEngine,
-    kinds: Iterable[str],
-    *,
-    owner: str,
-    lease_seconds: float | None = None,
-    queues: Iterable[str] | None = None,
-) -> ClaimRequest:
-    """Checked claim arguments, for a worker's repeated claims inside its settle batches."""
-    return claim_request(
-        engine._defaults, kinds, owner, lease_seconds, "claim_many()", queues=queues
-    )
-
-
-def prepare_failure(
-    engine: JobEngine,
-    lease: object,
-    error: object,
-    *,
-    retry: object,
-    backoff_base_seconds: float | None,
-    backoff_cap_seconds: float | None,
-    what: str,
-) -> Failure:
-    """A failure's checks before any write, with the engine's defaults (group commit)."""
-    return prepare_failure_with(
-        engine._defaults,
-        lease,
-        error,
-        retry=retry,
-        backoff_base_seconds=backoff_base_seconds,
-        backoff_cap_seconds=backoff_cap_seconds,
-        what=what,
     )

@@ -306,118 +306,115 @@ class AsyncJobEngine(AsyncJobAdmin):
         """
         return await self._settle_one(prepare_snoozing(lease, delay_seconds), SNOOZE)
 
+    @property
+    def session(self) -> AsyncJobsSession:
+        """The session under this view (checkpoint stores and test helpers reach it)."""
+        return self._session
 
-async def enqueue_tick(
-    engine: AsyncJobEngine,
-    kind: str,
-    payload: Any,
-    *,
-    id: str,
-    run_at: datetime,
-    max_attempts: int | None,
-    priority: int,
-    queue: str,
-) -> Job:
-    """``enqueue`` of a periodic tick: its ``run_at`` stays the tick even when
-    the tick is enqueued after it (SPEC §12), where a plain past ``run_at``
-    runs at the enqueue's now."""
-    what = "enqueue()"
-    prepared = engine._prepare(
-        kind,
-        payload,
-        job_id=id,
-        run_at=run_at,
-        delay_seconds=None,
-        max_attempts=max_attempts,
-        priority=priority,
-        queue=queue,
-        unique_key=None,
-        what=what,
-    )._replace(exact_run_at=True)
-    (job,) = await engine._session.insert_jobs((prepared,), one_by_one=True, what=what)
-    engine._session.after_commit(engine._hub.wake)
-    return job
+    @property
+    def hub(self) -> EngineHub:
+        """The store's in-process state this view shares (wake-ups, local attempts)."""
+        return self._hub
 
+    @property
+    def runtime(self) -> ResolvedRuntime:
+        """The runtime (clock, random, ids) this view reads."""
+        return self._runtime
 
-def session_of(engine: AsyncJobEngine) -> AsyncJobsSession:
-    """The session under an engine view (checkpoint stores and test helpers reach it so)."""
-    return engine._session
+    @property
+    def settled_wake(self) -> Callable[[], None]:
+        """What wakes the store's ``wait()``ers once a settlement commits."""
+        return self._hub.settled
 
+    async def settle(self, batch: SettleBatch, what: str) -> SettleAnswer:
+        """Settle ``batch`` as one unit of work (see :mod:`jaren_jobs.core.settle`)."""
+        answer = await self._session.settle(batch, what)
+        self._woken(batch, answer)
+        return answer
 
-def settled_wake_of(engine: AsyncJobEngine) -> Callable[[], None]:
-    """What wakes the store's ``wait()``ers once a settlement commits (checkpoint stores)."""
-    return engine._hub.settled
+    async def settle_within(self, batch: SettleBatch, now: int, what: str) -> SettleAnswer:
+        """:meth:`settle`'s statements, for callers already inside a write, fenced at
+        ``now``."""
+        answer = await self._session.settle_within(batch, now, what)
+        self._woken(batch, answer)
+        return answer
 
-
-def runtime_of(engine: AsyncJobEngine) -> ResolvedRuntime:
-    """The runtime (clock, random, ids) an engine view reads."""
-    return engine._runtime
-
-
-async def settle(engine: AsyncJobEngine, batch: SettleBatch, what: str) -> SettleAnswer:
-    """Settle ``batch`` as one unit of work (see :mod:`jaren_jobs.core.settle`)."""
-    answer = await engine._session.settle(batch, what)
-    _woken(engine, batch, answer)
-    return answer
-
-
-async def settle_within(
-    engine: AsyncJobEngine, batch: SettleBatch, now: int, what: str
-) -> SettleAnswer:
-    """:func:`settle`'s statements, for callers already inside a write, fenced at ``now``."""
-    answer = await engine._session.settle_within(batch, now, what)
-    _woken(engine, batch, answer)
-    return answer
-
-
-def _woken(engine: AsyncJobEngine, batch: SettleBatch, answer: SettleAnswer) -> None:
-    """Once the batch commits: this process's waiters read again; a snooze wakes workers."""
-    written = [
-        item for item, got in zip(batch.settlements, answer.settled, strict=True) if got is True
-    ]
-    ended = any(
-        (
-            cancelled_by_mark(got, item.lease)
-            for item, got in zip(batch.settlements, answer.settled, strict=True)
+    def _woken(self, batch: SettleBatch, answer: SettleAnswer) -> None:
+        """Once the batch commits: this process's waiters read again; a snooze wakes
+        workers."""
+        written = [
+            item for item, got in zip(batch.settlements, answer.settled, strict=True) if got is True
+        ]
+        ended = any(
+            (
+                cancelled_by_mark(got, item.lease)
+                for item, got in zip(batch.settlements, answer.settled, strict=True)
+            )
         )
-    )
-    if ended or any(not isinstance(item, Snoozing) for item in written):
-        engine._session.after_commit(engine._hub.settled)
-    if any(isinstance(item, Snoozing) and item.delay_ms <= 0 for item in written):
-        engine._session.after_commit(engine._hub.wake)
+        if ended or any(not isinstance(item, Snoozing) for item in written):
+            self._session.after_commit(self._hub.settled)
+        if any(isinstance(item, Snoozing) and item.delay_ms <= 0 for item in written):
+            self._session.after_commit(self._hub.wake)
 
+    def wait_plan(self, id: object, timeout_seconds: object, signal: object) -> WaitPlan:
+        """``wait()``'s checked arguments and refusals before it waits (sync and async)."""
+        return plan_wait(
+            self._session,
+            self._hub,
+            self._runtime,
+            id=id,
+            timeout_seconds=timeout_seconds,
+            signal=signal,
+        )
 
-def wait_plan(
-    engine: AsyncJobEngine, id: object, timeout_seconds: object, signal: object
-) -> WaitPlan:
-    """``wait()``'s checked arguments and refusals before it waits (sync and async alike)."""
-    return plan_wait(
-        engine._session,
-        engine._hub,
-        engine._runtime,
-        id=id,
-        timeout_seconds=timeout_seconds,
-        signal=signal,
-    )
+    def prepare_failure(
+        self,
+        lease: object,
+        error: object,
+        *,
+        retry: object,
+        backoff_base_seconds: float | None,
+        backoff_cap_seconds: float | None,
+        what: str,
+    ) -> Failure:
+        """A failure's checks before any write, with the engine's defaults (group commit)."""
+        return prepare_failure_with(
+            self._defaults,
+            lease,
+            error,
+            retry=retry,
+            backoff_base_seconds=backoff_base_seconds,
+            backoff_cap_seconds=backoff_cap_seconds,
+            what=what,
+        )
 
-
-def prepare_failure(
-    engine: AsyncJobEngine,
-    lease: object,
-    error: object,
-    *,
-    retry: object,
-    backoff_base_seconds: float | None,
-    backoff_cap_seconds: float | None,
-    what: str,
-) -> Failure:
-    """A failure's checks before any write, with the engine's defaults (group commit)."""
-    return prepare_failure_with(
-        engine._defaults,
-        lease,
-        error,
-        retry=retry,
-        backoff_base_seconds=backoff_base_seconds,
-        backoff_cap_seconds=backoff_cap_seconds,
-        what=what,
-    )
+    async def enqueue_tick(
+        self,
+        kind: str,
+        payload: Any,
+        *,
+        id: str,
+        run_at: datetime,
+        max_attempts: int | None,
+        priority: int,
+        queue: str,
+    ) -> Job:
+        """``enqueue`` of a periodic tick: its ``run_at`` stays the tick even when
+        the tick is enqueued after it (SPEC §12), where a plain past ``run_at``
+        runs at the enqueue's now."""
+        what = "enqueue()"
+        prepared = self._prepare(
+            kind,
+            payload,
+            job_id=id,
+            run_at=run_at,
+            delay_seconds=None,
+            max_attempts=max_attempts,
+            priority=priority,
+            queue=queue,
+            unique_key=None,
+            what=what,
+        )._replace(exact_run_at=True)
+        (job,) = await self._session.insert_jobs((prepared,), one_by_one=True, what=what)
+        self._session.after_commit(self._hub.wake)
+        return job

@@ -53,7 +53,7 @@ from jaren_jobs.core.settle import (
     merge,
     what_of,
 )
-from jaren_jobs.engine.engine import JobEngine, prepare_failure, settle
+from jaren_jobs.engine.engine import JobEngine
 from jaren_jobs.records import ClaimedJob, Lease
 
 __all__ = ["Settled", "SettlementBatcher"]
@@ -195,8 +195,7 @@ class SettlementBatcher:
         backoff_cap_seconds: float | None = None,
     ) -> Failure:
         """A checked failure (see :meth:`completion`); the error is described here, once."""
-        return prepare_failure(
-            self._engine,
+        return self._engine.prepare_failure(
             lease,
             error,
             retry=retry,
@@ -294,7 +293,7 @@ class SettlementBatcher:
 
     def _transaction(self, groups: list[_Group]) -> None:
         merged, places = merge([group.batch for group in groups])
-        answer = settle(self._engine, merged, _what(merged))
+        answer = self._engine.settle(merged, _what(merged))
         self.batches += 1
         now = answer.now
         at = 0

@@ -9,7 +9,7 @@ from typing import Any
 
 from jaren_jobs.core.fence import FenceRow
 from jaren_jobs.engine.checkpoints import CheckpointStore
-from jaren_jobs.engine.engine import JobEngine, runtime_of, session_of, settled_wake_of
+from jaren_jobs.engine.engine import JobEngine
 from jaren_jobs.errors import (
     CancelRequested,
     LeaseLost,
@@ -175,11 +175,11 @@ class AttemptCheckpoints(CheckpointStore):
 
     def __init__(self, engine: JobEngine, attempt: Attempt) -> None:
         super().__init__(
-            session_of(engine),
-            runtime_of(engine).now_ms,
+            engine.session,
+            engine.runtime.now_ms,
             attempt.job_id,
             lambda: attempt.lease,
-            settled_wake_of(engine),
+            engine.settled_wake,
         )
         self._attempt = attempt
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaren_jobs.core.settle import SettleBatch
-from jaren_jobs.engine.engine import JobEngine, claim_request_for
+from jaren_jobs.engine.engine import JobEngine
 from jaren_jobs.engine.group_commit import SettlementBatcher
 from jaren_jobs.engine.hub import EngineHub
 from jaren_jobs.errors import CancelRequested, JobsError, StoreClosed
@@ -62,8 +62,8 @@ class ClaimBook:
         self._lease_seconds = lease_seconds
         self._queues = queues
         #: what a top-up leases, in the settling thread's transaction
-        self.request = claim_request_for(
-            control, kinds, owner=self._owner, lease_seconds=lease_seconds, queues=queues
+        self.request = control.claim_request(
+            kinds, owner=self._owner, lease_seconds=lease_seconds, queues=queues
         )
         self.refill: Callable[[Batch], bool] = lambda batch: False  # the settler's, wired
         self._seqs = itertools.count(1)  # order of issue of every lease held, for leases()

@@ -11,7 +11,7 @@ from typing import Protocol
 from jaren_jobs.backend import Missed, Renewal
 from jaren_jobs.core.fence import renewal_refusal
 from jaren_jobs.core.policy import lease_ms
-from jaren_jobs.engine.engine import JobEngine, runtime_of, session_of
+from jaren_jobs.engine.engine import JobEngine
 from jaren_jobs.errors import (
     CancelRequested,
     JobsError,
@@ -206,7 +206,7 @@ class Renewer:
                 # the session's answer, not engine.renew()'s raise: a refusal
                 # keeps the fence row it met, which decides the outcome later
                 # (this attempt may have settled the job itself), with no re-read
-                answer = session_of(self._control).renew(lease, lease_ms(self.lease_seconds), RENEW)
+                answer = self._control.session.renew(lease, lease_ms(self.lease_seconds), RENEW)
             except StoreClosed:
                 return  # stopping (or closed): no more renewals
             except JobsError as exc:
@@ -239,7 +239,7 @@ class Renewer:
         if isinstance(answer, Missed):
             # only the fence's refusals prove the attempt no longer holds
             # the job: abort its signal; it may never settle
-            now = runtime_of(self._control).now_ms()
+            now = self._control.runtime.now_ms()
             refused = renewal_refusal(answer.row, lease, now, RENEW)
             attempt.lost, attempt.lost_row = refused, answer.row
             attempt.scope.abort(refused)

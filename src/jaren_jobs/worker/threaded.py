@@ -24,13 +24,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
-from jaren_jobs.engine.engine import (
-    EngineHub,
-    JobEngine,
-    rescoped,
-    root_scope_of,
-    store_backend_of,
-)
+from jaren_jobs.engine.engine import EngineHub, JobEngine
 from jaren_jobs.engine.group_commit import SettlementBatcher
 from jaren_jobs.errors import JobsError
 from jaren_jobs.periodic import Periodic, Ticker
@@ -105,7 +99,7 @@ class Worker:
         self._hub = hub
         #: the queues this worker claims from (``None``: every queue)
         self.queues = queues
-        self._backend = store_backend_of(engine)
+        self._backend = engine.store_backend
         self._kinds = sorted(handlers)
         self.owner = owner
         self.concurrency = concurrency
@@ -129,8 +123,8 @@ class Worker:
         # the worker's own engine views: root-gated and tracked, even when the worker
         # was created through tx.jobs (a worker never joins an application
         # transaction's fate); claims abort at the halt, the rest at the bar
-        claims_view = rescoped(engine, tracker.scope(root_scope_of(engine), tracker.halt.signal))
-        control = rescoped(engine, tracker.scope(root_scope_of(engine), tracker.bar.signal))
+        claims_view = engine.rescoped(tracker.scope(engine.root_scope(), tracker.halt.signal))
+        control = engine.rescoped(tracker.scope(engine.root_scope(), tracker.bar.signal))
         # settlements of concurrent loops share one transaction (group commit)
         settlements = SettlementBatcher(control)
         claims = self._claims = ClaimBook(

@@ -30,7 +30,7 @@ from jaren_jobs import (
     Store,
 )
 from jaren_jobs.core.settle import Completion, SettleBatch
-from jaren_jobs.engine.engine import settle
+from jaren_jobs.jobs import engine_of
 from tests.conftest import FakeClock
 from tests.harness import PostgresUrl
 
@@ -181,7 +181,7 @@ def test_a_batch_of_completions_with_refusals_is_one_round_trip(
     store.jobs.cancel("c", lease=claimed[2].lease)
     batch = SettleBatch(tuple(Completion(c.lease, '"ok"') for c in claimed))
     with wire(store) as sent:
-        answer = settle(store.jobs, batch, "complete()")
+        answer = engine_of(store.jobs).settle(batch, "complete()")
     _one_round_trip(sent)
     assert answer.settled[0] is True
     assert answer.settled[1] is True

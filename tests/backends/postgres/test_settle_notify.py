@@ -18,7 +18,7 @@ from jaren_jobs.backends.postgres.session import settled_channel
 from jaren_jobs.backends.postgres.store import channel_name
 from jaren_jobs.core.commands import Failure
 from jaren_jobs.core.settle import Completion, SettleBatch, Snoozing
-from jaren_jobs.engine.engine import settle
+from jaren_jobs.jobs import engine_of
 from tests.backends.postgres.test_round_trips import _on_tables, wire
 from tests.harness import PostgresUrl
 
@@ -71,7 +71,9 @@ def test_a_batch_of_settlements_sends_one_notify_in_its_own_statements(
     failure = Failure(claimed[3].lease, "boom", False, 1.0, 1.0)
     snooze = Snoozing(claimed[4].lease, 60_000)
     with wire(store) as sent:
-        answer = settle(store.jobs, SettleBatch((*completions, failure, snooze)), "settle")
+        answer = engine_of(store.jobs).settle(
+            SettleBatch((*completions, failure, snooze)), "settle"
+        )
     assert answer.settled == (True,) * 5
     # completions (one statement), the failure, the snooze: three statements, one NOTIFY
     assert len(_on_tables(sent)) == 3, sent
