@@ -845,7 +845,7 @@ def __init__(
     self._outermost = self if outermost is None else outermost
     self._rolled_back = False
     self.depth = depth
-    self.jobs = Jobs(handle.session(self, hub.runtime, hub.idle_claims), hub)
+    self.jobs = Jobs(handle.session(self, hub.runtime), hub)
 """
 
 _PG_ENDED = """

@@ -33,6 +33,7 @@ from jaren_jobs.core.fence import FenceRow
 from jaren_jobs.core.settle import SettleBatch
 from jaren_jobs.errors import StorageError
 from jaren_jobs.records import ClaimedJob, Counts, Job, Lease
+from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike
 
 if TYPE_CHECKING:
@@ -289,7 +290,7 @@ class AppTransaction(Protocol):
     connection (its gate, or a connection taken from the pool) until
     :meth:`release`."""
 
-    def session(self, transaction: TransactionState, runtime: Any, idle_claims: Any) -> JobsSession:
+    def session(self, transaction: TransactionState, runtime: ResolvedRuntime) -> JobsSession:
         """The session ``tx.jobs`` runs on: every write a savepoint inside this transaction."""
         ...
 
@@ -365,7 +366,9 @@ class StoreBackend(Protocol):
         """Raise ``StoreClosed`` if the store is closed (or inherited through fork)."""
         ...
 
-    def root_session(self, runtime: Any, idle_claims: Any) -> JobsSession: ...
+    def root_session(self, runtime: ResolvedRuntime) -> JobsSession:
+        """The session ``store.jobs`` runs on: each write a transaction of its own."""
+        ...
 
     def connection(self) -> Any:
         """The connection ``store.connection`` hands out."""

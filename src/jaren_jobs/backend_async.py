@@ -25,6 +25,7 @@ from jaren_jobs.core.commands import ClaimRequest, PreparedJob
 from jaren_jobs.core.fence import FenceRow
 from jaren_jobs.core.settle import SettleBatch
 from jaren_jobs.records import ClaimedJob, Counts, Job, Lease
+from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike
 
 __all__ = ["AsyncAppTransaction", "AsyncJobsSession", "AsyncScope"]
@@ -159,9 +160,7 @@ class AsyncAppTransaction(Protocol):
     connection (its gate, or a connection taken from the pool) until
     :meth:`release`."""
 
-    def session(
-        self, transaction: TransactionState, runtime: Any, idle_claims: Any
-    ) -> AsyncJobsSession:
+    def session(self, transaction: TransactionState, runtime: ResolvedRuntime) -> AsyncJobsSession:
         """The session ``tx.jobs`` runs on: every write a savepoint inside this transaction."""
         ...
 

@@ -58,7 +58,7 @@ class Store:
         # store, several threads' transactions are open at once
         self._stacks = threading.local()
         self._close_lock = threading.Lock()
-        self.jobs = Jobs(backend.root_session(hub.runtime, hub.idle_claims), hub)
+        self.jobs = Jobs(backend.root_session(hub.runtime), hub)
 
     # ------------------------------------------------------------ lifecycle
 

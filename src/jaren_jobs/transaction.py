@@ -75,7 +75,7 @@ class Transaction:
         self._outermost = self if outermost is None else outermost
         self._rolled_back = False  # read on the outermost only
         self.depth = depth
-        self.jobs = Jobs(handle.session(self, hub.runtime, hub.idle_claims), hub)
+        self.jobs = Jobs(handle.session(self, hub.runtime), hub)
 
     def check_active(self, what: str) -> None:
         if not self._active:

@@ -48,7 +48,7 @@ class AsyncTransactionState:
         self._outermost = self if outermost is None else outermost
         self._rolled_back = False
         self.depth = depth
-        self.jobs = AsyncJobEngine(handle.session(self, hub.runtime, hub.idle_claims), hub)
+        self.jobs = AsyncJobEngine(handle.session(self, hub.runtime), hub)
 
     def check_active(self, what: str) -> None:
         if not self._active:

@@ -76,7 +76,7 @@ class AsyncStore:
         self._backend = self._native if self._native is not None else store._backend
         engine = session = None
         if self._native is not None:
-            session = self._native.root_session(self._hub.runtime, self._hub.idle_claims)
+            session = self._native.root_session(self._hub.runtime)
             engine = AsyncJobEngine(session, self._hub)
         self.jobs = AsyncJobs(
             store.jobs,

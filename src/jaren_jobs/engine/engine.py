@@ -431,7 +431,7 @@ class JobEngine(JobAdmin):
         A worker created through ``tx.jobs`` still works at the root: it never joins
         an application transaction's fate.
         """
-        return self._session.store_backend.root_session(self._runtime, self._hub.idle_claims).scope
+        return self._session.store_backend.root_session(self._runtime).scope
 
     def rescoped(self, scope: Scope) -> JobEngine:
         """The same engine over another scope of the same store (a worker's tracked views)."""

@@ -37,9 +37,6 @@ class EngineHub:
     lock: threading.Lock = field(default_factory=threading.Lock)
     # live workers of this store, so close() can stop them first
     workers: set[Stoppable] = field(default_factory=set)
-    # kinds -> (data_version, total_changes, next due ms) as of the last root
-    # claim of those kinds that found nothing; read and written under the gate
-    idle_claims: dict[tuple[str, ...], tuple[int, int, int | None]] = field(default_factory=dict)
     # wait() calls of this process, woken by every settlement's commit
     # (each a thread-safe callable that never blocks)
     settle_waiters: set[Callable[[], None]] = field(default_factory=set)

@@ -26,6 +26,7 @@ from jaren_jobs.backends.postgres.schema import ensure_schema, require_schema
 from jaren_jobs.backends.postgres.session import PostgresSession
 from jaren_jobs.errors import GateRefused, StorageError
 from jaren_jobs.gate import Gate
+from jaren_jobs.runtime import ResolvedRuntime
 
 __all__ = ["PostgresBackend", "PostgresTransaction", "is_postgres_url", "open_postgres"]
 
@@ -65,7 +66,7 @@ class PostgresBackend:
     def check_open(self, what: str) -> None:
         self.db.check_open(what)
 
-    def root_session(self, runtime: Any, idle_claims: Any) -> JobsSession:
+    def root_session(self, runtime: ResolvedRuntime) -> JobsSession:
         return PostgresSession(self.db, PgRootScope(self.db), runtime, self.channel, self)
 
     def connection(self) -> psycopg.Connection[Any]:
@@ -138,7 +139,7 @@ class PostgresTransaction:
     def gate(self) -> object:
         return self.db.gate
 
-    def session(self, transaction: TransactionState, runtime: Any, idle_claims: Any) -> JobsSession:
+    def session(self, transaction: TransactionState, runtime: ResolvedRuntime) -> JobsSession:
         return PostgresSession(
             self.db, PgTxScope(self.db, transaction), runtime, self.channel, self.backend
         )

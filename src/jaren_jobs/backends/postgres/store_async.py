@@ -28,6 +28,7 @@ from jaren_jobs.backends.postgres.connection_async import (
 from jaren_jobs.backends.postgres.errors import storage_error
 from jaren_jobs.backends.postgres.session_async import AsyncPostgresSession
 from jaren_jobs.errors import GateRefused
+from jaren_jobs.runtime import ResolvedRuntime
 
 __all__ = ["AsyncPostgresBackend", "AsyncPostgresTransaction"]
 _ENDED = "PostgreSQL rolled back the whole transaction; nothing in it will be committed: leave the with block and retry in a new store.transaction()"
@@ -58,7 +59,7 @@ class AsyncPostgresBackend:
     def check_open(self, what: str) -> None:
         self.db.check_open(what)
 
-    def root_session(self, runtime: Any, idle_claims: Any) -> AsyncJobsSession:
+    def root_session(self, runtime: ResolvedRuntime) -> AsyncJobsSession:
         return AsyncPostgresSession(self.db, AsyncPgRootScope(self.db), runtime, self.channel, self)
 
     def in_my_transaction(self) -> bool:
@@ -126,9 +127,7 @@ class AsyncPostgresTransaction:
     def gate(self) -> object:
         return self.db.gate
 
-    def session(
-        self, transaction: TransactionState, runtime: Any, idle_claims: Any
-    ) -> AsyncJobsSession:
+    def session(self, transaction: TransactionState, runtime: ResolvedRuntime) -> AsyncJobsSession:
         return AsyncPostgresSession(
             self.db, AsyncPgTxScope(self.db, transaction), runtime, self.channel, self.backend
         )

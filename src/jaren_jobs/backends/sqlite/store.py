@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from jaren_jobs.backend import AppParams, JobsSession, Rows, TransactionState
 from jaren_jobs.backends.sqlite import queries as sql
@@ -18,6 +17,7 @@ from jaren_jobs.backends.sqlite.connection import Database, RootScope, TxScope
 from jaren_jobs.backends.sqlite.errors import storage_error
 from jaren_jobs.backends.sqlite.session import IdleClaims, SqliteSession
 from jaren_jobs.errors import GateRefused, StorageError
+from jaren_jobs.runtime import ResolvedRuntime
 
 __all__ = ["SqliteBackend", "SqliteTransaction"]
 
@@ -34,6 +34,9 @@ class SqliteBackend:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        # the claims that found nothing, by kinds: a root claim answered from here
+        # (no write) until the database's write counter moves (see sequences.py)
+        self.idle_claims: IdleClaims = {}
 
     @property
     def closed(self) -> bool:
@@ -50,8 +53,8 @@ class SqliteBackend:
     def check_open(self, what: str) -> None:
         self.db.check_open(what)
 
-    def root_session(self, runtime: Any, idle_claims: IdleClaims) -> JobsSession:
-        return SqliteSession(self.db, RootScope(self.db), runtime, idle_claims, self)
+    def root_session(self, runtime: ResolvedRuntime) -> JobsSession:
+        return SqliteSession(self.db, RootScope(self.db), runtime, self.idle_claims, self)
 
     def connection(self) -> sqlite3.Connection:
         db = self.db
@@ -130,11 +133,9 @@ class SqliteTransaction:
     def gate(self) -> object:
         return self.db.gate
 
-    def session(
-        self, transaction: TransactionState, runtime: Any, idle_claims: IdleClaims
-    ) -> JobsSession:
+    def session(self, transaction: TransactionState, runtime: ResolvedRuntime) -> JobsSession:
         return SqliteSession(
-            self.db, TxScope(self.db, transaction), runtime, idle_claims, self.backend
+            self.db, TxScope(self.db, transaction), runtime, self.backend.idle_claims, self.backend
         )
 
     def execute(
