@@ -41,15 +41,7 @@ class AsyncJobAdmin:
     _runtime: ResolvedRuntime
 
     async def errors(self, id: str) -> list[JobError]:
-        """The job's error history (SPEC §13): one entry per failed attempt, oldest first.
-
-        Each :class:`~jaren_jobs.JobError` holds the attempt's number, when it
-        failed, the ``last_error`` text it left and the formatted traceback of
-        the exception that failed it (``None`` for a failure given as text).
-        Kept until the job is swept; an id no job has is
-        :class:`~jaren_jobs.UnknownJob`, as for
-        :meth:`~jaren_jobs.engine.engine.JobEngine.wait`.
-        """
+        """``errors``: see :meth:`jaren_jobs.Jobs.errors`, which documents it."""
         what = "errors()"
         if not isinstance(id, str):
             raise TypeError(f"{what}: id must be a str, got {type(id).__name__}")
@@ -60,22 +52,14 @@ class AsyncJobAdmin:
         return error_records(rows)
 
     async def counts(self, *, queue: str | None = None) -> Counts:
-        """Jobs per state, and pending + failed jobs per kind, from one snapshot.
-
-        ``queue``: only that queue's jobs (``None``: every queue).
-        """
+        """``counts``: see :meth:`jaren_jobs.Jobs.counts`, which documents it."""
         what = "counts()"
         if queue is None:
             return await self._session.count_jobs(what)
         return await self._session.count_jobs(what, check_queue(queue, f"{what}: queue"))
 
     async def due_counts(self, *, queue: str | None = None) -> DueCounts:
-        """The queued jobs split at the runtime clock's now: ready (``run_at`` passed) or
-        scheduled later, and how many leases have run out (SPEC §14's ``counts``).
-
-        ``queue``: only that queue's jobs (``None``: every queue). An
-        operator's read: one statement over the queued and leased jobs.
-        """
+        """``due_counts``: see :meth:`jaren_jobs.Jobs.due_counts`, which documents it."""
         what = "due_counts()"
         checked = None if queue is None else check_queue(queue, f"{what}: queue")
         return DueCounts(*await self._session.count_due(self._runtime.now_ms(), what, checked))
@@ -89,29 +73,7 @@ class AsyncJobAdmin:
         deadline: datetime | None = None,
         force: bool = False,
     ) -> bool:
-        """Cancel a job.
-
-        Queued (pending/failed): cancelled in one write, no lease needed.
-        Claimed: needs the current lease (:class:`LeaseRequired` otherwise,
-        even when that lease has expired) and is fenced; an in-flight attempt
-        of this process is aborted through its signal. ``True`` when this
-        call cancelled it; ``False`` when it already was cancelled, or the
-        lease's own attempt already settled it. Unknown or settled:
-        :class:`JobSettled`.
-
-        ``force=True`` (SPEC §13; no lease, so not with ``lease=``) also
-        stops a running job: a job no live attempt holds (queued, or leased
-        with a lease that ran out) is cancelled at once; a live-leased one is
-        *marked* and the call answers ``True``: the attempt holding it sees
-        ``ctx.signal`` abort (:class:`~jaren_jobs.CancelRequested`) — at
-        once in this process, by its next renewal in another (sooner through
-        PostgreSQL's NOTIFY) — and its worker settles it ``cancelled``. An
-        attempt that completes first stands (``done``); a failure or snooze
-        of a marked job cancels it (no retry). If the holder never settles,
-        the job is ``cancelled`` when its lease expires, never re-claimed. A
-        second forced cancel while the mark stands answers ``False`` (already
-        asked); done, dead or unknown is :class:`JobSettled`.
-        """
+        """``cancel``: see :meth:`jaren_jobs.Jobs.cancel`, which documents it."""
         return await cancel_job(
             self._session,
             self._hub,
@@ -132,20 +94,7 @@ class AsyncJobAdmin:
         drop_checkpoints: bool = False,
         reset_attempts: bool = False,
     ) -> bool:
-        """Return a failed, dead, cancelled or lease-expired job to pending, now.
-
-        Attempt history is kept: the job's ``attempts`` count goes on from
-        where it stood, unless ``reset_attempts=True`` starts it over at 0, so
-        a dead job gets its full ``max_attempts`` again. Either way the lease
-        generation keeps growing, so no lease of an earlier attempt can settle
-        the job again. A live lease is :class:`LeaseRequired` (requeue is not a
-        steal); done or unknown is :class:`JobSettled`; ``False`` when it
-        already is pending (its attempts are then left as they are).
-        ``drop_checkpoints=True`` also deletes the job's checkpoints in the
-        same transaction (a pending job's too), so a DAG run starts over
-        instead of resuming: the way out of a ``RunMismatch``. A refusal
-        deletes nothing.
-        """
+        """``requeue``: see :meth:`jaren_jobs.Jobs.requeue`, which documents it."""
         return await requeue_job(
             self._session,
             self._hub,
@@ -166,12 +115,7 @@ class AsyncJobAdmin:
         deadline: datetime | None = None,
         states: Iterable[str] | None = None,
     ) -> int:
-        """Delete settled jobs last changed before the horizon, oldest first, with checkpoints.
-
-        ``states``: only jobs in these settled states (some of ``done``,
-        ``dead``, ``cancelled``; ``None``: all three), e.g. ``["done"]`` to
-        keep the dead letters. One transaction; returns how many jobs were deleted.
-        """
+        """``sweep``: see :meth:`jaren_jobs.Jobs.sweep`, which documents it."""
         what = "sweep()"
         horizon = ms_from_datetime(check_aware(settled_before, f"{what}: settled_before"))
         bound = -1 if limit is None else check_positive_int(limit, f"{what}: limit")

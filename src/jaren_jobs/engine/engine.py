@@ -80,18 +80,7 @@ class JobEngine(JobAdmin):
         queue: str = "default",
         unique_key: str | None = None,
     ) -> Job:
-        """Add one job; wakes in-process workers once it is committed.
-
-        ``queue`` names the queue the job belongs to (a non-empty str).
-        With a ``unique_key``: while a job with that key is pending, failed or
-        leased, nothing is written and that job is returned (check
-        ``job.id``); once it is done, dead or cancelled the key is free.
-
-        Refuses (nothing written): a non-JSON payload (``TypeError`` /
-        ``ValueError``), an empty or non-str kind, queue or unique_key, a bad
-        ``max_attempts``, ``priority``, ``run_at`` or ``delay_seconds``, and
-        an id that exists (:class:`DuplicateJob`).
-        """
+        """``enqueue``: see :meth:`jaren_jobs.Jobs.enqueue`, which documents it."""
         what = "enqueue()"
         prepared = self._prepare(
             kind,
@@ -110,15 +99,7 @@ class JobEngine(JobAdmin):
         return job
 
     def enqueue_many(self, jobs: Iterable[NewJob]) -> list[Job]:
-        """Add many jobs in one transaction: all of them, or (on any refusal) none.
-
-        Refuses exactly as :meth:`enqueue` would for each item (naming the
-        item), an id named twice in the batch, and an id that exists
-        (:class:`DuplicateJob`, for the first such item in order). Each item
-        with a ``unique_key`` is deduplicated on its own, as :meth:`enqueue`
-        does: its place in the answer holds the job that holds the key (for
-        two items of one key, the first one's job).
-        """
+        """``enqueue_many``: see :meth:`jaren_jobs.Jobs.enqueue_many`, which documents it."""
         what = "enqueue_many()"
         if isinstance(jobs, (str, bytes, Mapping)):
             raise TypeError(f"{what} takes an iterable of NewJob")
@@ -186,15 +167,7 @@ class JobEngine(JobAdmin):
         lease_seconds: float | None = None,
         queues: Iterable[str] | None = None,
     ) -> ClaimedJob | None:
-        """Lease the next claimable job of these kinds, or ``None``.
-
-        Claimable: pending, failed, or leased with an expired lease (how a
-        crashed worker's job is rescued), with ``run_at`` passed; highest
-        priority first, then ``run_at``, ``created_at``, ``id``. The claim
-        mints the lease: a fresh token, generation + 1, attempts + 1.
-        ``queues`` (an iterable of queue names; ``None``: every queue) claims
-        only from those.
-        """
+        """``claim``: see :meth:`jaren_jobs.Jobs.claim`, which documents it."""
         what = "claim()"
         request = claim_request(self._defaults, kinds, owner, lease_seconds, what, queues=queues)
         claimed = self._session.claim(request, 1, what)
@@ -266,11 +239,7 @@ class JobEngine(JobAdmin):
         return settled
 
     def complete(self, lease: Lease, result: Any = None) -> bool:
-        """Mark the job done with ``result``; fenced, idempotent for the same attempt.
-
-        A result JSON cannot carry is ``TypeError`` before any write; text in
-        it that cannot be encoded (a lone surrogate) is ``ValueError``.
-        """
+        """``complete``: see :meth:`jaren_jobs.Jobs.complete`, which documents it."""
         what = "complete()"
         current, text = prepare_complete(lease, result, what)
         return self._settle_one(Completion(current, text), what)
@@ -284,11 +253,7 @@ class JobEngine(JobAdmin):
         backoff_base_seconds: float | None = None,
         backoff_cap_seconds: float | None = None,
     ) -> bool:
-        """Fail this attempt: retry after a jittered backoff, or dead-letter.
-
-        Dead-letters when ``attempts >= max_attempts`` or ``retry=False``.
-        ``last_error`` records a readable description of ``error``.
-        """
+        """``fail``: see :meth:`jaren_jobs.Jobs.fail`, which documents it."""
         what = "fail()"
         failure = prepare_failure_with(
             self._defaults,
@@ -302,16 +267,7 @@ class JobEngine(JobAdmin):
         return self._settle_one(failure, what)
 
     def snooze(self, lease: Lease, delay_seconds: float) -> bool:
-        """Put the job back to pending at ``now + delay_seconds`` without spending the attempt.
-
-        Fenced like :meth:`complete` (SPEC §12): the job's ``attempts`` go
-        back to what they were before this lease's claim, the lease is
-        cleared and the generation kept, so this lease (and any older one)
-        settles nothing afterwards. A repeat by the same attempt is
-        idempotent (``True``). ``delay_seconds`` is a finite number >= 0 (a
-        bool is refused). What a handler does by raising
-        :class:`~jaren_jobs.Snooze`.
-        """
+        """``snooze``: see :meth:`jaren_jobs.Jobs.snooze`, which documents it."""
         return self._settle_one(prepare_snoozing(lease, delay_seconds), SNOOZE)
 
     def wait(
@@ -321,18 +277,7 @@ class JobEngine(JobAdmin):
         timeout_seconds: float | None = None,
         signal: SignalLike | None = None,
     ) -> Job:
-        """Block until the job is done, dead or cancelled, wherever it runs; return it.
-
-        Woken at once by a settlement in this process, by PostgreSQL's
-        ``NOTIFY`` from another process, else by a short bounded poll.
-        ``timeout_seconds`` (finite, >= 0; ``None``: no bound) is measured in
-        real time: past it, :class:`~jaren_jobs.DeadlinePassed`. An aborted
-        ``signal`` (already, or while waiting) is
-        :class:`~jaren_jobs.OperationCancelled`; an id no job has is
-        :class:`~jaren_jobs.UnknownJob`. Refused inside ``store.transaction()``
-        (:class:`~jaren_jobs.GateRefused`): the transaction holds the
-        connection, so no other settlement could ever be seen from it.
-        """
+        """``wait``: see :meth:`jaren_jobs.Jobs.wait`, which documents it."""
         plan = self.wait_plan(id, timeout_seconds, signal)
         event = threading.Event()
         plan.start(event.set)
@@ -360,12 +305,7 @@ class JobEngine(JobAdmin):
         queue: str | None = None,
         order: str = "id",
     ) -> Cursor[Job]:
-        """A keyset cursor over jobs (see :mod:`jaren_jobs.cursor`); ``queue`` filters.
-
-        ``order="id"`` (the default) walks by id; ``order="newest"`` walks
-        newest first by ``updated_at`` (ties by id, descending), where
-        ``after`` is the id of the job to continue past (it must exist).
-        """
+        """``page``: see :meth:`jaren_jobs.Jobs.page`, which documents it."""
         filters = check_page(
             state=state,
             kind=kind,

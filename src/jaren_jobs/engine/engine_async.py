@@ -82,18 +82,7 @@ class AsyncJobEngine(AsyncJobAdmin):
         queue: str = "default",
         unique_key: str | None = None,
     ) -> Job:
-        """Add one job; wakes in-process workers once it is committed.
-
-        ``queue`` names the queue the job belongs to (a non-empty str).
-        With a ``unique_key``: while a job with that key is pending, failed or
-        leased, nothing is written and that job is returned (check
-        ``job.id``); once it is done, dead or cancelled the key is free.
-
-        Refuses (nothing written): a non-JSON payload (``TypeError`` /
-        ``ValueError``), an empty or non-str kind, queue or unique_key, a bad
-        ``max_attempts``, ``priority``, ``run_at`` or ``delay_seconds``, and
-        an id that exists (:class:`DuplicateJob`).
-        """
+        """``enqueue``: see :meth:`jaren_jobs.Jobs.enqueue`, which documents it."""
         what = "enqueue()"
         prepared = self._prepare(
             kind,
@@ -112,15 +101,7 @@ class AsyncJobEngine(AsyncJobAdmin):
         return job
 
     async def enqueue_many(self, jobs: Iterable[NewJob]) -> list[Job]:
-        """Add many jobs in one transaction: all of them, or (on any refusal) none.
-
-        Refuses exactly as :meth:`enqueue` would for each item (naming the
-        item), an id named twice in the batch, and an id that exists
-        (:class:`DuplicateJob`, for the first such item in order). Each item
-        with a ``unique_key`` is deduplicated on its own, as :meth:`enqueue`
-        does: its place in the answer holds the job that holds the key (for
-        two items of one key, the first one's job).
-        """
+        """``enqueue_many``: see :meth:`jaren_jobs.Jobs.enqueue_many`, which documents it."""
         what = "enqueue_many()"
         if isinstance(jobs, (str, bytes, Mapping)):
             raise TypeError(f"{what} takes an iterable of NewJob")
@@ -181,15 +162,7 @@ class AsyncJobEngine(AsyncJobAdmin):
         lease_seconds: float | None = None,
         queues: Iterable[str] | None = None,
     ) -> ClaimedJob | None:
-        """Lease the next claimable job of these kinds, or ``None``.
-
-        Claimable: pending, failed, or leased with an expired lease (how a
-        crashed worker's job is rescued), with ``run_at`` passed; highest
-        priority first, then ``run_at``, ``created_at``, ``id``. The claim
-        mints the lease: a fresh token, generation + 1, attempts + 1.
-        ``queues`` (an iterable of queue names; ``None``: every queue) claims
-        only from those.
-        """
+        """``claim``: see :meth:`jaren_jobs.Jobs.claim`, which documents it."""
         what = "claim()"
         request = claim_request(self._defaults, kinds, owner, lease_seconds, what, queues=queues)
         claimed = await self._session.claim(request, 1, what)
@@ -258,11 +231,7 @@ class AsyncJobEngine(AsyncJobAdmin):
         return settled
 
     async def complete(self, lease: Lease, result: Any = None) -> bool:
-        """Mark the job done with ``result``; fenced, idempotent for the same attempt.
-
-        A result JSON cannot carry is ``TypeError`` before any write; text in
-        it that cannot be encoded (a lone surrogate) is ``ValueError``.
-        """
+        """``complete``: see :meth:`jaren_jobs.Jobs.complete`, which documents it."""
         what = "complete()"
         current, text = prepare_complete(lease, result, what)
         return await self._settle_one(Completion(current, text), what)
@@ -276,11 +245,7 @@ class AsyncJobEngine(AsyncJobAdmin):
         backoff_base_seconds: float | None = None,
         backoff_cap_seconds: float | None = None,
     ) -> bool:
-        """Fail this attempt: retry after a jittered backoff, or dead-letter.
-
-        Dead-letters when ``attempts >= max_attempts`` or ``retry=False``.
-        ``last_error`` records a readable description of ``error``.
-        """
+        """``fail``: see :meth:`jaren_jobs.Jobs.fail`, which documents it."""
         what = "fail()"
         failure = prepare_failure_with(
             self._defaults,
@@ -294,16 +259,7 @@ class AsyncJobEngine(AsyncJobAdmin):
         return await self._settle_one(failure, what)
 
     async def snooze(self, lease: Lease, delay_seconds: float) -> bool:
-        """Put the job back to pending at ``now + delay_seconds`` without spending the attempt.
-
-        Fenced like :meth:`complete` (SPEC §12): the job's ``attempts`` go
-        back to what they were before this lease's claim, the lease is
-        cleared and the generation kept, so this lease (and any older one)
-        settles nothing afterwards. A repeat by the same attempt is
-        idempotent (``True``). ``delay_seconds`` is a finite number >= 0 (a
-        bool is refused). What a handler does by raising
-        :class:`~jaren_jobs.Snooze`.
-        """
+        """``snooze``: see :meth:`jaren_jobs.Jobs.snooze`, which documents it."""
         return await self._settle_one(prepare_snoozing(lease, delay_seconds), SNOOZE)
 
     @property
