@@ -12,12 +12,13 @@ ONE awaited session call, the same pure interpretation (``core.fence``). The hub
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from jaren_jobs.abackend import AsyncJobsSession
 
+from . import observe
 from .aadmin import AsyncJobAdmin
 from .backend import Missed, SettleAnswer
 from .codec import check_text
@@ -108,8 +109,14 @@ class AsyncJobEngine(AsyncJobAdmin):
             unique_key=unique_key,
             what=what,
         )
-        (job,) = await self._session.insert_jobs((prepared,), one_by_one=True, what=what)
+        items: Sequence[PreparedJob] = (prepared,)
+        sends = None
+        if observe.observers:
+            items, sends = observe.sending(items)
+        (job,) = await self._session.insert_jobs(items, one_by_one=True, what=what)
         self._session.after_commit(self._hub.wake)
+        if sends is not None:
+            sends.sent((job,), self._session.after_commit)
         return job
 
     async def enqueue_many(self, jobs: Iterable[NewJob]) -> list[Job]:
@@ -159,10 +166,14 @@ class AsyncJobEngine(AsyncJobAdmin):
             raise DuplicateJob(f"{what}: the batch names id {dup!r} twice", job_id=dup)
         if not prepared:
             return []
-        created = await self._session.insert_jobs(
-            prepared, one_by_one=minted_after_named, what=what
-        )
+        items: Sequence[PreparedJob] = prepared
+        sends = None
+        if observe.observers:
+            items, sends = observe.sending(items)
+        created = await self._session.insert_jobs(items, one_by_one=minted_after_named, what=what)
         self._session.after_commit(self._hub.wake)
+        if sends is not None:
+            sends.sent(created, self._session.after_commit)
         return created
 
     async def get(self, id: str) -> Job | None:

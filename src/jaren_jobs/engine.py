@@ -11,10 +11,11 @@ when the same attempt already settled it, which is idempotent.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from . import observe
 from .admin import JobAdmin
 from .backend import JobsSession, Missed, Scope, SettleAnswer, StoreBackend
 from .checkpoints import CheckpointStore
@@ -110,8 +111,14 @@ class JobEngine(JobAdmin):
             unique_key=unique_key,
             what=what,
         )
-        (job,) = self._session.insert_jobs((prepared,), one_by_one=True, what=what)
+        items: Sequence[PreparedJob] = (prepared,)
+        sends = None
+        if observe.observers:  # SPEC §17: a producer span, its context stored with the job
+            items, sends = observe.sending(items)
+        (job,) = self._session.insert_jobs(items, one_by_one=True, what=what)
         self._session.after_commit(self._hub.wake)
+        if sends is not None:
+            sends.sent((job,), self._session.after_commit)
         return job
 
     def enqueue_many(self, jobs: Iterable[NewJob]) -> list[Job]:
@@ -164,8 +171,14 @@ class JobEngine(JobAdmin):
         # One by one when a minted id follows a named one: a taken id then
         # stops the batch before any later id is minted, so the runtime's
         # uuid() is drawn exactly as often as one-by-one enqueues would draw it.
-        created = self._session.insert_jobs(prepared, one_by_one=minted_after_named, what=what)
+        items: Sequence[PreparedJob] = prepared
+        sends = None
+        if observe.observers:  # SPEC §17: a producer span, its context stored with the jobs
+            items, sends = observe.sending(items)
+        created = self._session.insert_jobs(items, one_by_one=minted_after_named, what=what)
         self._session.after_commit(self._hub.wake)
+        if sends is not None:
+            sends.sent(created, self._session.after_commit)
         return created
 
     # ------------------------------------------------------------ reads

@@ -17,6 +17,8 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "jaren_jobs"
 # Lowest first. A module may import modules of its own layer or below.
 LAYERS: list[set[str]] = [
     {"errors", "runtime", "signals", "codec", "records", "cron", "snooze", "tracebacks"},
+    # the observation seam (SPEC §17): a dependency-free leaf the engine and workers call
+    {"observe"},
     {"core"},
     {"gate", "agate", "rows", "backend", "abackend", "cursor"},
     {"backends"},
@@ -32,7 +34,9 @@ LAYERS: list[set[str]] = [
     {"aworker"},
     {"atx"},
     {"ajobs"},
-    {"astore", "dag", "contrib", "dashboard", "demo", "cli", "testing"},
+    # observability: the OpenTelemetry and Prometheus adapters (SPEC §17), which the
+    # dashboard and the CLI serve
+    {"astore", "dag", "contrib", "dashboard", "demo", "cli", "testing", "observability"},
     {"__init__", "__main__"},
 ]
 

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .. import observe
 from jaren_jobs.checkpoints import CheckpointStore
 from jaren_jobs.core.fence import FenceRow
 from jaren_jobs.engine import JobEngine, runtime_of, session_of, settled_wake_of
@@ -116,6 +117,7 @@ class _Attempt:
         "lease_seq",
         "lost",
         "lost_row",
+        "observed",
         "renew_at",
         "scope",
     )
@@ -142,6 +144,7 @@ class _Attempt:
         self.renew_at = 0.0  # time.monotonic() when the lease is next renewed
         # what the handler raised (or what failed it instead): its traceback is logged
         self.error: BaseException | None = None
+        self.observed: Any = None  # the observers' states (jaren_jobs.observe), if any
 
     @property
     def job_id(self) -> str:
@@ -374,6 +377,8 @@ def _begin(self: Worker, claimed: ClaimedJob) -> _Attempt | None:
         self._hub.local_attempts[claimed.id] = attempt.cancel
     if held is not None and held.forced is not None:
         attempt.cancel(held.forced)
+    if observe.observers:  # SPEC §17: a consumer span, the start delay
+        attempt.observed = observe.attempt_started(claimed, runtime_of(self._control).now_ms())
     halt = self._halt.signal
     if halt.aborted:  # else _abort_attempts, a callback of the halt, reaches it
         attempt.scope.abort(halt.reason)
@@ -405,6 +410,8 @@ def _end(self: Worker, attempt: _Attempt, outcome: Outcome) -> None:
         self._counts[counter] += 1
     # logged here, once per attempt, before the observer sees it
     self._log_outcome(attempt, outcome)
+    if attempt.observed is not None:  # SPEC §17
+        observe.attempt_ended(attempt.observed, attempt.claimed, outcome, attempt.error)
     self._notify("on_outcome", self._on_outcome, outcome)
 
 

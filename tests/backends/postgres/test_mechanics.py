@@ -47,7 +47,7 @@ def test_every_migration_from_empty_gives_the_current_schema(pg: PostgresUrl) ->
         "id", "kind", "payload", "state", "priority", "run_at", "attempts", "max_attempts",
         "lease_until", "lease_owner", "lease_generation", "lease_token", "settled_generation",
         "claim_key", "last_error", "result", "created_at", "updated_at", "seq",
-        "queue", "unique_key", "cancel_requested_at",
+        "queue", "unique_key", "cancel_requested_at", "trace_context",
     ]  # fmt: skip
     # times are bigint epoch ms, payloads JSON text (byte-exact)
     kinds = dict(columns)
