@@ -184,6 +184,7 @@ def test_claims_by_queue_and_unique_keys_use_their_indexes(pg: PostgresUrl) -> N
         {
             "id": "x", "kind": "busy", "payload": "null", "priority": 0, "run_at": now,
             "max_attempts": 5, "now": now, "queue": "default", "key": "u7",
+            "trace": None,
         },
     )  # fmt: skip
     assert "_jaren_jobs_unique" in unique, unique
