@@ -95,7 +95,7 @@ class AsyncJobsSession(Protocol):
         """Pending ready/scheduled, failed ready/scheduled, leases run out, at ``now``."""
         ...
 
-    def queue_gauges(self, now: int, what: str) -> list[tuple[Any, ...]]:
+    async def queue_gauges(self, now: int, what: str) -> list[tuple[Any, ...]]:
         """Per (queue, effective state): ``(queue, state, jobs, earliest ready run_at (epoch
         ms) or None, expired unmarked leases)``, in one statement (SPEC §17's gauges)."""
         ...

@@ -18,7 +18,6 @@ from typing import Any
 
 from jaren_jobs.abackend import AsyncJobsSession
 
-from . import observe
 from .aadmin import AsyncJobAdmin
 from .backend import Missed, SettleAnswer
 from .codec import check_text
@@ -39,6 +38,7 @@ from .engine import EngineHub, cancelled_by_mark
 from .errors import DuplicateJob, JobSettled, LeaseLost
 from .history import prepare_failure_with, prepare_snoozing
 from .hub import EngineHub
+from .observe import hooks
 from .records import ClaimedJob, Job, Lease, NewJob
 from .runtime import ResolvedRuntime, check_positive_int
 from .waiting import WaitPlan, plan_wait
@@ -111,8 +111,8 @@ class AsyncJobEngine(AsyncJobAdmin):
         )
         items: Sequence[PreparedJob] = (prepared,)
         sends = None
-        if observe.observers:
-            items, sends = observe.sending(items)
+        if hooks.observers:
+            items, sends = hooks.sending(items)
         (job,) = await self._session.insert_jobs(items, one_by_one=True, what=what)
         self._session.after_commit(self._hub.wake)
         if sends is not None:
@@ -168,8 +168,8 @@ class AsyncJobEngine(AsyncJobAdmin):
             return []
         items: Sequence[PreparedJob] = prepared
         sends = None
-        if observe.observers:
-            items, sends = observe.sending(items)
+        if hooks.observers:
+            items, sends = hooks.sending(items)
         created = await self._session.insert_jobs(items, one_by_one=minted_after_named, what=what)
         self._session.after_commit(self._hub.wake)
         if sends is not None:

@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from . import observe
 from .admin import JobAdmin
 from .backend import JobsSession, Missed, Scope, SettleAnswer, StoreBackend
 from .checkpoints import CheckpointStore
@@ -42,6 +41,7 @@ from .errors import (
 )
 from .history import prepare_failure_with, prepare_snoozing
 from .hub import EngineHub
+from .observe import hooks
 from .records import ClaimedJob, Job, Lease, NewJob
 from .runtime import ResolvedRuntime, check_positive_int
 from .signals import SignalLike
@@ -113,8 +113,8 @@ class JobEngine(JobAdmin):
         )
         items: Sequence[PreparedJob] = (prepared,)
         sends = None
-        if observe.observers:  # SPEC §17: a producer span, its context stored with the job
-            items, sends = observe.sending(items)
+        if hooks.observers:  # SPEC §17: a producer span, its context stored with the job
+            items, sends = hooks.sending(items)
         (job,) = self._session.insert_jobs(items, one_by_one=True, what=what)
         self._session.after_commit(self._hub.wake)
         if sends is not None:
@@ -173,8 +173,8 @@ class JobEngine(JobAdmin):
         # uuid() is drawn exactly as often as one-by-one enqueues would draw it.
         items: Sequence[PreparedJob] = prepared
         sends = None
-        if observe.observers:  # SPEC §17: a producer span, its context stored with the jobs
-            items, sends = observe.sending(items)
+        if hooks.observers:  # SPEC §17: a producer span, its context stored with the jobs
+            items, sends = hooks.sending(items)
         created = self._session.insert_jobs(items, one_by_one=minted_after_named, what=what)
         self._session.after_commit(self._hub.wake)
         if sends is not None:

@@ -2,8 +2,9 @@
 
 The engine and the workers call in at a few places — an enqueue, an
 attempt's start and its one outcome, a settlement batch — each behind a
-check of :data:`observers`, a process-wide tuple that is empty unless
-``jaren_jobs.observability`` installed an observer. Nothing here imports
+check of ``hooks.observers``, a process-wide tuple that is empty unless
+``jaren_jobs.observability`` installed an observer (an attribute of one
+object, so ``from jaren_jobs.observe import hooks`` sees every change). Nothing here imports
 OpenTelemetry or ``prometheus_client``; the adapters in
 :mod:`jaren_jobs.observability` subclass :class:`Observer`.
 
@@ -18,12 +19,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Observer", "Sending", "add", "attempt_ended", "attempt_started", "remove", "sending"]
+__all__ = ["Hooks", "Observer", "Sending", "add", "hooks", "remove"]
 
 _log = logging.getLogger("jaren_jobs.observe")
 
-#: the installed observers; the call sites test it first (``if observe.observers:``)
-observers: tuple[Observer, ...] = ()
 _lock = threading.Lock()
 _complained: set[tuple[int, str]] = set()
 
@@ -44,7 +43,9 @@ class Observer:
     def attempt_started(self, job: Any, now_ms: int) -> Any:
         return None
 
-    def attempt_ended(self, state: Any, job: Any, outcome: Any, error: BaseException | None) -> None:
+    def attempt_ended(
+        self, state: Any, job: Any, outcome: Any, error: BaseException | None
+    ) -> None:
         return None
 
     def settlement_batch(self, size: int) -> None:
@@ -61,25 +62,22 @@ class Sending:
     def sent(self, jobs: Sequence[Any], after_commit: Callable[[Callable[[], None]], None]) -> None:
         """The insert returned ``jobs``; ``after_commit`` runs a callback once (and only
         if) the enqueuing transaction commits."""
-        return None
 
 
 def add(observer: Observer) -> None:
     """Install ``observer`` for the whole process (a second add of it does nothing)."""
-    global observers
     with _lock:
-        if observer not in observers:
-            observers = (*observers, observer)
+        if observer not in hooks.observers:
+            hooks.observers = (*hooks.observers, observer)
 
 
 def remove(observer: Observer) -> None:
     """Uninstall ``observer`` (not installed: nothing happens)."""
-    global observers
     with _lock:
-        observers = tuple(o for o in observers if o is not observer)
+        hooks.observers = tuple(o for o in hooks.observers if o is not observer)
 
 
-def _failed(observer: Observer, hook: str, exc: Exception) -> None:
+def _failed(observer: object, hook: str, exc: Exception) -> None:
     key = (id(observer), hook)
     if key not in _complained:
         _complained.add(key)
@@ -95,7 +93,7 @@ class _Sendings(Sending):
             try:
                 items = part.stamp(items)
             except Exception as exc:
-                _failed(part, "stamp", exc)  # type: ignore[arg-type]
+                _failed(part, "stamp", exc)
         return items
 
     def sent(self, jobs: Sequence[Any], after_commit: Callable[[Callable[[], None]], None]) -> None:
@@ -103,53 +101,63 @@ class _Sendings(Sending):
             try:
                 part.sent(jobs, after_commit)
             except Exception as exc:
-                _failed(part, "sent", exc)  # type: ignore[arg-type]
+                _failed(part, "sent", exc)
 
 
-def sending(items: Sequence[Any]) -> tuple[Sequence[Any], Sending]:
-    """An enqueue call begins: the items to insert (stamped) and what hears the answer."""
-    parts: list[Sending] = []
-    for observer in observers:
-        try:
-            part = observer.enqueueing(items)
-        except Exception as exc:
-            _failed(observer, "enqueueing", exc)
-            continue
-        if part is not None:
-            parts.append(part)
-    sends = _Sendings(parts)
-    return sends.stamp(items), sends
+class Hooks:
+    """What the engine and the workers call; ``observers`` is empty unless observed."""
+
+    __slots__ = ("observers",)
+
+    def __init__(self) -> None:
+        self.observers: tuple[Observer, ...] = ()
+
+    def sending(self, items: Sequence[Any]) -> tuple[Sequence[Any], Sending]:
+        """An enqueue call begins: the items to insert (stamped) and what hears the answer."""
+        parts: list[Sending] = []
+        for observer in self.observers:
+            try:
+                part = observer.enqueueing(items)
+            except Exception as exc:
+                _failed(observer, "enqueueing", exc)
+                continue
+            if part is not None:
+                parts.append(part)
+        sends = _Sendings(parts)
+        return sends.stamp(items), sends
+
+    def attempt_started(self, job: Any, now_ms: int) -> tuple[tuple[Observer, Any], ...]:
+        """An attempt of ``job`` (a ClaimedJob) starts at ``now_ms``: each observer's state."""
+        states: list[tuple[Observer, Any]] = []
+        for observer in self.observers:
+            try:
+                states.append((observer, observer.attempt_started(job, now_ms)))
+            except Exception as exc:
+                _failed(observer, "attempt_started", exc)
+        return tuple(states)
+
+    @staticmethod
+    def attempt_ended(
+        states: tuple[tuple[Observer, Any], ...],
+        job: Any,
+        outcome: Any,
+        error: BaseException | None,
+    ) -> None:
+        """The attempt's one outcome (an ``Outcome``), with the exception its handler raised."""
+        for observer, state in states:
+            try:
+                observer.attempt_ended(state, job, outcome, error)
+            except Exception as exc:
+                _failed(observer, "attempt_ended", exc)
+
+    def settlement_batch(self, size: int) -> None:
+        """A worker's settling thread committed ``size`` settlements in one transaction."""
+        for observer in self.observers:
+            try:
+                observer.settlement_batch(size)
+            except Exception as exc:
+                _failed(observer, "settlement_batch", exc)
 
 
-def attempt_started(job: Any, now_ms: int) -> tuple[tuple[Observer, Any], ...]:
-    """An attempt of ``job`` (a ClaimedJob) starts at ``now_ms``: each observer's state."""
-    states: list[tuple[Observer, Any]] = []
-    for observer in observers:
-        try:
-            states.append((observer, observer.attempt_started(job, now_ms)))
-        except Exception as exc:
-            _failed(observer, "attempt_started", exc)
-    return tuple(states)
-
-
-def attempt_ended(
-    states: tuple[tuple[Observer, Any], ...],
-    job: Any,
-    outcome: Any,
-    error: BaseException | None,
-) -> None:
-    """The attempt's one outcome (an ``Outcome``), with the exception its handler raised."""
-    for observer, state in states:
-        try:
-            observer.attempt_ended(state, job, outcome, error)
-        except Exception as exc:
-            _failed(observer, "attempt_ended", exc)
-
-
-def settlement_batch(size: int) -> None:
-    """A worker's settling thread committed ``size`` settlements in one transaction."""
-    for observer in observers:
-        try:
-            observer.settlement_batch(size)
-        except Exception as exc:
-            _failed(observer, "settlement_batch", exc)
+#: the process's hooks: the call sites test ``hooks.observers`` first
+hooks = Hooks()

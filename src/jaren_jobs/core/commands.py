@@ -186,7 +186,19 @@ def prepare_job(
         unique_key = check_queue(unique_key, f"{what}: unique_key")
     return _new_prepared(
         PreparedJob,
-        (job_id, kind, text, run_at_ms, delay_ms, attempts, priority, queue, unique_key, False, None),
+        (
+            job_id,
+            kind,
+            text,
+            run_at_ms,
+            delay_ms,
+            attempts,
+            priority,
+            queue,
+            unique_key,
+            False,
+            None,
+        ),
     )
 
 

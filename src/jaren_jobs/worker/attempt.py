@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .. import observe
 from jaren_jobs.checkpoints import CheckpointStore
 from jaren_jobs.core.fence import FenceRow
 from jaren_jobs.engine import JobEngine, runtime_of, session_of, settled_wake_of
@@ -19,6 +18,7 @@ from jaren_jobs.errors import (
     StoreClosed,
     describe_error,
 )
+from jaren_jobs.observe import hooks
 from jaren_jobs.records import (
     ClaimedJob,
     CorruptJson,
@@ -377,8 +377,8 @@ def _begin(self: Worker, claimed: ClaimedJob) -> _Attempt | None:
         self._hub.local_attempts[claimed.id] = attempt.cancel
     if held is not None and held.forced is not None:
         attempt.cancel(held.forced)
-    if observe.observers:  # SPEC §17: a consumer span, the start delay
-        attempt.observed = observe.attempt_started(claimed, runtime_of(self._control).now_ms())
+    if hooks.observers:  # SPEC §17: a consumer span, the start delay
+        attempt.observed = hooks.attempt_started(claimed, runtime_of(self._control).now_ms())
     halt = self._halt.signal
     if halt.aborted:  # else _abort_attempts, a callback of the halt, reaches it
         attempt.scope.abort(halt.reason)
@@ -411,7 +411,7 @@ def _end(self: Worker, attempt: _Attempt, outcome: Outcome) -> None:
     # logged here, once per attempt, before the observer sees it
     self._log_outcome(attempt, outcome)
     if attempt.observed is not None:  # SPEC §17
-        observe.attempt_ended(attempt.observed, attempt.claimed, outcome, attempt.error)
+        hooks.attempt_ended(attempt.observed, attempt.claimed, outcome, attempt.error)
     self._notify("on_outcome", self._on_outcome, outcome)
 
 

@@ -8,12 +8,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import observe
 from jaren_jobs.batcher import Settled
 from jaren_jobs.codec import ms_from_datetime
 from jaren_jobs.core.fence import FenceRow
 from jaren_jobs.core.settle import Completion, SettleBatch, Settlement, Snoozing
 from jaren_jobs.engine import ClaimRequest
+from jaren_jobs.observe import hooks
 from jaren_jobs.records import (
     ClaimedJob,
     Lease,
@@ -91,8 +91,8 @@ def _submit(
     settling = [entry for entry in entries if entry.item is not None]
     batch = SettleBatch(tuple(e.item for e in settling if e.item is not None), (), tuple(claims))
     settled = self._settlements.submit(batch)
-    if observe.observers:  # SPEC §17: the settlement batch sizes
-        observe.settlement_batch(len(settling))
+    if hooks.observers:  # SPEC §17: the settlement batch sizes
+        hooks.settlement_batch(len(settling))
     for index, entry in enumerate(settling):
         entry.met, entry.wrote = settled.error(index), settled.wrote[index]
         entry.row = settled.row(index)

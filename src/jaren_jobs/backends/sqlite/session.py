@@ -177,7 +177,9 @@ class SqliteSession:
 
     def queue_gauges(self, now: int, what: str) -> list[tuple[Any, ...]]:
         def work() -> list[tuple[Any, ...]]:
-            return [tuple(row) for row in self._db.all(listing.QUEUE_GAUGES, {"now": now}, doing=what)]
+            return [
+                tuple(row) for row in self._db.all(listing.QUEUE_GAUGES, {"now": now}, doing=what)
+            ]
 
         return self._scope.read(work, what)
 
