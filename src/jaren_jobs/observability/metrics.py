@@ -25,11 +25,13 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import make_wsgi_app
 from prometheus_client.registry import Collector
 
+from jaren_jobs.astore import AsyncStore
 from jaren_jobs.codec import ms_from_datetime
 from jaren_jobs.engine import runtime_of, session_of
 from jaren_jobs.errors import JobsError
 from jaren_jobs.observe import Observer, add, remove
 from jaren_jobs.records import STATES
+from jaren_jobs.store import Store
 
 __all__ = ["MetricsServer", "register_metrics", "serve_metrics"]
 
@@ -193,9 +195,14 @@ def register_metrics(
     the same store again does nothing, another store is a ``ValueError``.
     """
     target = REGISTRY if registry is None else registry
-    sync = getattr(store, "store", store)  # an AsyncStore's synchronous store
-    if not hasattr(sync, "jobs") or not hasattr(sync.jobs, "enqueue"):
-        raise TypeError(f"register_metrics() takes a jaren_jobs store, got {type(store).__name__}")
+    if isinstance(store, AsyncStore):
+        sync = store.store  # scrapes read from the scraping thread, never the loop
+    elif isinstance(store, Store):
+        sync = store
+    else:
+        raise TypeError(
+            f"register_metrics() takes a jaren_jobs Store or AsyncStore, got {type(store).__name__}"
+        )
     with _lock:
         known = _registered.get(id(target))
         if known is not None and known[0] is target:
