@@ -37,15 +37,26 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield schema.url
 
 
+def _rolled_back(store: jaren_jobs.Store) -> None:
+    with store.transaction() as tx:
+        tx.jobs.enqueue("ok", id="rolled-back")
+        raise RuntimeError("the request fails: its transaction rolls back")
+
+
+async def _rolled_back_async(store: jaren_jobs.AsyncStore) -> None:
+    async with store.transaction() as tx:
+        await tx.jobs.enqueue("ok", id="rolled-back")
+        raise RuntimeError("the request fails: its transaction rolls back")
+
+
 def enqueue_sync(database: str, traced: Traced) -> dict[str, Any]:
     with jaren_jobs.open_store(database) as store:
         with traced.tracer.start_as_current_span("request") as request:
             with store.transaction() as tx:
                 tx.jobs.enqueue("ok", {"n": 1}, id="ok-1")
                 tx.jobs.enqueue("flaky", id="flaky-1", max_attempts=3)
-            with pytest.raises(RuntimeError), store.transaction() as tx:
-                tx.jobs.enqueue("ok", id="rolled-back")
-                raise RuntimeError("the request fails: its transaction rolls back")
+            with pytest.raises(RuntimeError, match="rolls back"):
+                _rolled_back(store)
         assert store.jobs.get("rolled-back") is None
     return {"request": request}
 
@@ -56,10 +67,8 @@ async def _enqueue_async(database: str, traced: Traced) -> dict[str, Any]:
             async with store.transaction() as tx:
                 await tx.jobs.enqueue("ok", {"n": 1}, id="ok-1")
                 await tx.jobs.enqueue("flaky", id="flaky-1", max_attempts=3)
-            with pytest.raises(RuntimeError):
-                async with store.transaction() as tx:
-                    await tx.jobs.enqueue("ok", id="rolled-back")
-                    raise RuntimeError("the request fails: its transaction rolls back")
+            with pytest.raises(RuntimeError, match="rolls back"):
+                await _rolled_back_async(store)
         assert await store.jobs.get("rolled-back") is None
     return {"request": request}
 
