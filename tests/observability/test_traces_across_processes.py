@@ -21,11 +21,13 @@ from typing import Any
 import pytest
 
 import jaren_jobs
-from tests.observability.conftest import Traced
+from tests.observability.support import Traced, traced
 from tests.processes.pg_support import base_url, schema_on
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 120
+
+__all__ = ["traced"]  # the fixture, imported
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

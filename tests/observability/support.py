@@ -1,8 +1,13 @@
-"""Fixtures of the observability tests: a real OpenTelemetry SDK with its in-memory exporter."""
+"""What the observability tests share: a real OpenTelemetry SDK with its in-memory exporter.
+
+``traced`` is a fixture; a test module imports it (the conformance suite's
+tests/conformance/test_observability.py, and tests/observability/).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -21,7 +26,7 @@ class Traced:
         self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.tracer = self.provider.get_tracer("tests")
 
-    def spans(self, name: str | None = None) -> list:  # type: ignore[type-arg]
+    def spans(self, name: str | None = None) -> list[Any]:
         found = list(self.exporter.get_finished_spans())
         return found if name is None else [s for s in found if s.name == name]
 
@@ -35,3 +40,6 @@ def traced() -> Iterator[Traced]:
     finally:
         uninstrument()
         scene.provider.shutdown()
+
+
+__all__ = ["Traced", "traced"]
