@@ -33,7 +33,7 @@ from jaren_jobs.observe import Observer, add, remove
 from jaren_jobs.records import STATES
 from jaren_jobs.store import Store
 
-__all__ = ["MetricsServer", "register_metrics", "serve_metrics"]
+__all__ = ["MetricsServer", "register_metrics", "serve_metrics", "unregister_metrics"]
 
 _log = logging.getLogger("jaren_jobs.observability")
 
@@ -83,6 +83,9 @@ class _Metrics(Observer):
         )
         # labelled children by label values: a dict lookup per attempt, not labels()
         self._children: dict[tuple[Any, ...], Any] = {}
+
+    def collectors(self) -> tuple[Any, ...]:
+        return (self.attempts, self.duration, self.delay, self.in_flight, self.batches)
 
     def _child(self, metric: Any, *values: str) -> Any:
         key = (id(metric), *values)
@@ -178,8 +181,8 @@ class _StoreGauges(Collector):
         )
 
 
-# per registry: its metrics observer and the store whose gauges it reads
-_registered: dict[int, tuple[CollectorRegistry, _Metrics, Any]] = {}
+# per registry: its metrics observer, the store whose gauges it reads, and those gauges
+_registered: dict[int, tuple[CollectorRegistry, _Metrics, Any, _StoreGauges]] = {}
 _lock = threading.Lock()
 
 
@@ -213,18 +216,23 @@ def register_metrics(
                 "give each store a registry of its own"
             )
         metrics = _Metrics(target)
-        target.register(_StoreGauges(sync, cache_seconds))
-        _registered[id(target)] = (target, metrics, sync)
+        gauges = _StoreGauges(sync, cache_seconds)
+        target.register(gauges)
+        _registered[id(target)] = (target, metrics, sync, gauges)
         add(metrics)
 
 
 def unregister_metrics(registry: CollectorRegistry | None = None) -> None:
-    """Stop feeding ``registry``'s counters (its families stay registered)."""
+    """Take jaren_jobs' metrics out of ``registry`` again (not there: nothing happens)."""
     target = REGISTRY if registry is None else registry
     with _lock:
         known = _registered.pop(id(target), None)
-    if known is not None:
-        remove(known[1])
+    if known is None:
+        return
+    _, metrics, _, gauges = known
+    remove(metrics)
+    for collector in (*metrics.collectors(), gauges):
+        target.unregister(collector)
 
 
 class _Quiet(WSGIRequestHandler):
