@@ -23,6 +23,7 @@ def test_register_metrics_takes_a_store(tmp_path: Path) -> None:
 
 def test_one_store_per_registry_and_registering_it_again_does_nothing(tmp_path: Path) -> None:
     registry = CollectorRegistry()
+    before = hooks.observers
     with (
         jaren_jobs.open_store(tmp_path / "a.db") as first,
         jaren_jobs.open_store(tmp_path / "b.db") as second,
@@ -37,7 +38,7 @@ def test_one_store_per_registry_and_registering_it_again_does_nothing(tmp_path: 
             assert b"jaren_jobs_jobs" in generate_latest(registry)
         finally:
             unregister_metrics(registry)
-    assert hooks.observers == ()
+    assert hooks.observers == before
     assert b"jaren_jobs" not in generate_latest(registry)
 
 

@@ -16,11 +16,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import make_wsgi_app
 from prometheus_client.registry import Collector
@@ -33,7 +42,13 @@ from jaren_jobs.observe import Observer, add, remove
 from jaren_jobs.records import STATES
 from jaren_jobs.store import Store
 
-__all__ = ["MetricsServer", "register_metrics", "serve_metrics", "unregister_metrics"]
+__all__ = [
+    "MetricsServer",
+    "exposition",
+    "register_metrics",
+    "serve_metrics",
+    "unregister_metrics",
+]
 
 _log = logging.getLogger("jaren_jobs.observability")
 
@@ -233,6 +248,27 @@ def unregister_metrics(registry: CollectorRegistry | None = None) -> None:
     remove(metrics)
     for collector in (*metrics.collectors(), gauges):
         target.unregister(collector)
+
+
+# the dashboard's registries: one per store, made at its first /metrics
+_exposed: weakref.WeakKeyDictionary[Any, CollectorRegistry] = weakref.WeakKeyDictionary()
+_exposing = threading.Lock()
+
+
+def exposition(store: Any) -> tuple[bytes, str]:
+    """The text a ``/metrics`` endpoint answers for ``store``, and its content type.
+
+    The store's metrics go in a registry of their own, made at the first call
+    and kept while the store lives (the dashboard's ``/metrics``).
+    """
+    with _exposing:  # two first requests at once make one registry
+        registry = _exposed.get(store)
+        if registry is None:
+            registry = CollectorRegistry()
+            register_metrics(store, registry=registry)
+            _exposed[store] = registry
+            weakref.finalize(store, unregister_metrics, registry)
+    return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
 class _Quiet(WSGIRequestHandler):
