@@ -34,7 +34,7 @@ def test_the_dashboard_serves_the_stores_metrics(store: Store) -> None:
     assert jobs[("mail", "pending")] == 1.0
     assert sum(jobs.values()) == 2.0
     # the attempt families are there, empty until a worker of this process runs
-    assert "# TYPE jaren_jobs_attempts counter" in text
+    assert "# TYPE jaren_jobs_attempts_total counter" in text
     assert "# TYPE jaren_jobs_attempt_duration_seconds histogram" in text
 
 
