@@ -112,8 +112,9 @@ class Hooks:
     def __init__(self) -> None:
         self.observers: tuple[Observer, ...] = ()
 
-    def sending(self, items: Sequence[Any]) -> tuple[Sequence[Any], Sending]:
-        """An enqueue call begins: the items to insert (stamped) and what hears the answer."""
+    def sending(self, items: Sequence[Any]) -> tuple[Sequence[Any], Sending | None]:
+        """An enqueue call begins: the items to insert (stamped), and what hears the
+        answer (``None`` when no observer asked to)."""
         parts: list[Sending] = []
         for observer in self.observers:
             try:
@@ -123,6 +124,8 @@ class Hooks:
                 continue
             if part is not None:
                 parts.append(part)
+        if not parts:
+            return items, None
         sends = _Sendings(parts)
         return sends.stamp(items), sends
 

@@ -100,8 +100,11 @@ class _Send(Sending):
 
     def __init__(self, tracer: trace.Tracer, items: Sequence[Any]) -> None:
         by_queue: dict[str, list[int]] = {}
-        for index, item in enumerate(items):
-            by_queue.setdefault(item.queue, []).append(index)
+        if len(items) == 1:
+            by_queue[items[0].queue] = [0]  # enqueue(): the common case
+        else:
+            for index, item in enumerate(items):
+                by_queue.setdefault(item.queue, []).append(index)
         self._spans: list[tuple[Span, list[int]]] = []
         for queue, indexes in by_queue.items():
             attributes: dict[str, Any] = {
@@ -119,15 +122,17 @@ class _Send(Sending):
             self._spans.append((span, indexes))
 
     def stamp(self, items: Sequence[Any]) -> Sequence[Any]:
-        stamped = list(items)
+        stamped: list[Any] | None = None
         for span, indexes in self._spans:
             context = span.get_span_context()
             if not context.is_valid:
                 continue  # a no-op tracer: nothing to join
+            if stamped is None:
+                stamped = list(items)
             parent = format_traceparent(context)
             for index in indexes:
                 stamped[index] = stamped[index]._replace(trace_context=parent)
-        return stamped
+        return items if stamped is None else stamped
 
     def sent(self, jobs: Sequence[Any], after_commit: Callable[[Callable[[], None]], None]) -> None:
         for span, indexes in self._spans:
