@@ -96,49 +96,38 @@ def _error_type(exc: BaseException) -> str:
 
 
 class _Send(Sending):
-    """One enqueue call: a producer span per queue it writes to."""
+    """One enqueue call: a producer span per job (``enqueue_many``: per item)."""
 
     def __init__(self, tracer: trace.Tracer, items: Sequence[Any]) -> None:
-        by_queue: dict[str, list[int]] = {}
-        if len(items) == 1:
-            by_queue[items[0].queue] = [0]  # enqueue(): the common case
-        else:
-            for index, item in enumerate(items):
-                by_queue.setdefault(item.queue, []).append(index)
-        self._spans: list[tuple[Span, list[int]]] = []
-        for queue, indexes in by_queue.items():
-            attributes: dict[str, Any] = {
-                "messaging.system": SYSTEM,
-                "messaging.operation.type": "send",
-                "messaging.operation.name": "send",
-                "messaging.destination.name": queue,
-            }
-            kinds = {items[i].kind for i in indexes}
-            if len(kinds) == 1:
-                attributes["jaren_jobs.kind"] = next(iter(kinds))
-            if len(items) > 1:
-                attributes["messaging.batch.message_count"] = len(indexes)
-            span = tracer.start_span(f"send {queue}", kind=SpanKind.PRODUCER, attributes=attributes)
-            self._spans.append((span, indexes))
+        start = tracer.start_span
+        self._spans: list[Span] = [
+            start(
+                f"send {item.queue}",
+                kind=SpanKind.PRODUCER,
+                attributes={
+                    "messaging.system": SYSTEM,
+                    "messaging.operation.type": "send",
+                    "messaging.operation.name": "send",
+                    "messaging.destination.name": item.queue,
+                    "jaren_jobs.kind": item.kind,
+                },
+            )
+            for item in items
+        ]
 
     def stamp(self, items: Sequence[Any]) -> Sequence[Any]:
-        stamped: list[Any] | None = None
-        for span, indexes in self._spans:
+        stamped = list(items)
+        for index, span in enumerate(self._spans):
             context = span.get_span_context()
-            if not context.is_valid:
-                continue  # a no-op tracer: nothing to join
-            if stamped is None:
-                stamped = list(items)
-            parent = format_traceparent(context)
-            for index in indexes:
-                stamped[index] = stamped[index]._replace(trace_context=parent)
-        return items if stamped is None else stamped
+            if context.is_valid:  # else a no-op tracer: nothing to join
+                stamped[index] = stamped[index]._replace(trace_context=format_traceparent(context))
+        return stamped
 
     def sent(self, jobs: Sequence[Any], after_commit: Callable[[Callable[[], None]], None]) -> None:
-        for span, indexes in self._spans:
-            if len(indexes) == 1:
-                span.set_attribute("messaging.message.id", jobs[indexes[0]].id)
-            # the span ends when the jobs are visible to workers: at the commit. A
+        for span, job in zip(self._spans, jobs, strict=True):
+            # a unique key's holder is answered in place of a new job: its id, as sent
+            span.set_attribute("messaging.message.id", job.id)
+            # the span ends when the job is visible to workers: at the commit. A
             # rolled-back enqueue never ends it, so no span claims a send that never was
             after_commit(span.end)
 
