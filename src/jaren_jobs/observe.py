@@ -51,6 +51,9 @@ class Observer:
     def settlement_batch(self, size: int) -> None:
         return None
 
+    def checkpoint_saved(self, state: Any, job: Any, node_id: str) -> None:
+        return None
+
 
 class Sending:
     """One enqueue call as an observer sees it: it may stamp the items (their
@@ -152,6 +155,15 @@ class Hooks:
                 observer.attempt_ended(state, job, outcome, error)
             except Exception as exc:
                 _failed(observer, "attempt_ended", exc)
+
+    @staticmethod
+    def checkpoint_saved(states: tuple[tuple[Observer, Any], ...], job: Any, node_id: str) -> None:
+        """The attempt saved a checkpoint (a DAG node's value) under ``node_id``."""
+        for observer, state in states:
+            try:
+                observer.checkpoint_saved(state, job, node_id)
+            except Exception as exc:
+                _failed(observer, "checkpoint_saved", exc)
 
     def settlement_batch(self, size: int) -> None:
         """A worker's settling thread committed ``size`` settlements in one transaction."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from jaren_jobs import JobContext, NewJob, Snooze, Store
+from jaren_jobs import JobContext, NewJob, Snooze, Store, create_dag_job_runner
 from jaren_jobs.observability.tracing import format_traceparent
 from tests.conformance.test_worker import Outcomes
 from tests.conftest import FakeClock
@@ -230,3 +230,26 @@ def test_no_lease_token_in_any_span(store: Store, traced: Traced) -> None:
         texts.append(str(span.status.description))
     assert len(texts) > 10
     assert not [t for t in texts if token in t]
+
+
+def test_a_dag_runs_nodes_appear_as_events_of_its_attempt(store: Store, traced: Traced) -> None:
+    document = {
+        "nodes": {"fetch": {"task": "fetch"}, "count": {"task": "count", "needs": ["fetch"]}},
+        "output": "count",
+    }
+    tasks = {
+        "fetch": lambda inputs, ctx: inputs["input"]["text"],
+        "count": lambda inputs, ctx: len(inputs["fetch"].split()),
+    }
+    store.jobs.enqueue("wordcount", {"input": {"text": "to be or not"}}, id="run")
+    runner = create_dag_job_runner(store, documents={"wordcount": document}, tasks=tasks)
+    try:
+        while runner.run_once():
+            pass
+    finally:
+        runner.stop()
+    assert store.jobs.get("run").result == 4
+    (span,) = traced.spans("process default")
+    assert attrs(span)["jaren_jobs.outcome"] == "completed"
+    nodes = [e.attributes["jaren_jobs.node"] for e in span.events if e.name == "checkpoint"]
+    assert nodes == ["fetch", "count"]

@@ -169,6 +169,10 @@ class _Tracing(Observer):
             },
         )
 
+    def checkpoint_saved(self, state: Any, job: Any, node_id: str) -> None:
+        if not node_id.startswith("\x1f"):  # the DAG runner's own records are no node
+            state.add_event("checkpoint", {"jaren_jobs.node": node_id})
+
     def attempt_ended(
         self, state: Any, job: Any, outcome: Any, error: BaseException | None
     ) -> None:

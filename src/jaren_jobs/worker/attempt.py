@@ -213,6 +213,8 @@ class _AttemptCheckpoints(CheckpointStore):
     def save(self, run_id: str, node_id: str, value: Any) -> None:
         with self._attempt.lease_lock:
             super().save(run_id, node_id, value)
+        if self._attempt.observed is not None:  # SPEC §17: DAG nodes as span events
+            hooks.checkpoint_saved(self._attempt.observed, self._attempt.claimed, node_id)
 
     def complete(self, run_id: str, result: Any = None) -> bool:
         with self._attempt.lease_lock:
