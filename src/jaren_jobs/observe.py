@@ -54,6 +54,13 @@ class Observer:
     def checkpoint_saved(self, state: Any, job: Any, node_id: str) -> None:
         return None
 
+    def entering(self, state: Any) -> Any:
+        """A plain handler of the attempt starts (in this thread): what ``leaving`` needs."""
+        return None
+
+    def leaving(self, state: Any, entered: Any) -> None:
+        return None
+
 
 class Sending:
     """One enqueue call as an observer sees it: it may stamp the items (their
@@ -155,6 +162,24 @@ class Hooks:
                 observer.attempt_ended(state, job, outcome, error)
             except Exception as exc:
                 _failed(observer, "attempt_ended", exc)
+
+    @staticmethod
+    def call(states: tuple[tuple[Observer, Any], ...], handler: Any, *args: Any) -> Any:
+        """``handler(*args)`` with each observer around it (a span current while it runs)."""
+        entered: list[tuple[Observer, Any, Any]] = []
+        for observer, state in states:
+            try:
+                entered.append((observer, state, observer.entering(state)))
+            except Exception as exc:
+                _failed(observer, "entering", exc)
+        try:
+            return handler(*args)
+        finally:
+            for observer, state, token in reversed(entered):
+                try:
+                    observer.leaving(state, token)
+                except Exception as exc:
+                    _failed(observer, "leaving", exc)
 
     @staticmethod
     def checkpoint_saved(states: tuple[tuple[Observer, Any], ...], job: Any, node_id: str) -> None:

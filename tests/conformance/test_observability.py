@@ -253,3 +253,19 @@ def test_a_dag_runs_nodes_appear_as_events_of_its_attempt(store: Store, traced: 
     assert attrs(span)["jaren_jobs.outcome"] == "completed"
     nodes = [e.attributes["jaren_jobs.node"] for e in span.events if e.name == "checkpoint"]
     assert nodes == ["fetch", "count"]
+
+
+def test_a_plain_handlers_own_spans_are_children_of_its_attempt(
+    store: Store, traced: Traced
+) -> None:
+    def traced_handler(payload: Any, ctx: JobContext) -> Any:
+        with traced.tracer.start_as_current_span("resize the image"):
+            return "done"
+
+    store.jobs.enqueue("k", id="j")
+    drain(store, {"k": traced_handler})
+    (process,) = traced.spans("process default")
+    (work,) = traced.spans("resize the image")
+    assert work.parent is not None
+    assert work.parent.span_id == process.context.span_id
+    assert work.context.trace_id == process.context.trace_id

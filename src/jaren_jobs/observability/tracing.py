@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import (
     NonRecordingSpan,
@@ -168,6 +169,12 @@ class _Tracing(Observer):
                 "jaren_jobs.attempt": job.lease.attempt,
             },
         )
+
+    def entering(self, state: Any) -> Any:
+        return otel_context.attach(trace.set_span_in_context(state))
+
+    def leaving(self, state: Any, entered: Any) -> None:
+        otel_context.detach(entered)
 
     def checkpoint_saved(self, state: Any, job: Any, node_id: str) -> None:
         if not node_id.startswith("\x1f"):  # the DAG runner's own records are no node

@@ -347,7 +347,10 @@ def _call(self: Worker, attempt: _Attempt, ran: list[_Ran]) -> Outcome | None:
                 "fix the row and requeue the job, or cancel it",
                 job_id=claimed.id,
             )
-        result = handler(claimed.payload, ctx)
+        if attempt.observed is None:
+            result = handler(claimed.payload, ctx)
+        else:  # SPEC §17: the attempt's span is current while its handler runs
+            result = hooks.call(attempt.observed, handler, claimed.payload, ctx)
     except Exception as exc:
         attempt.error = exc
         ran.append((attempt, exc, None))
