@@ -9,13 +9,14 @@ batches, the stored context a claim hands back, the outcomes as attributes
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from typing import Any
 
 import pytest
 
-from jaren_jobs import JobContext, NewJob, Snooze, Store, create_dag_job_runner
+from jaren_jobs import AsyncStore, JobContext, NewJob, Snooze, Store, create_dag_job_runner
 from jaren_jobs.observability.tracing import format_traceparent
 from tests.conformance.test_worker import Outcomes
 from tests.conftest import FakeClock
@@ -269,3 +270,24 @@ def test_a_plain_handlers_own_spans_are_children_of_its_attempt(
     assert work.parent is not None
     assert work.parent.span_id == process.context.span_id
     assert work.context.trace_id == process.context.trace_id
+
+
+def test_an_async_handlers_own_spans_are_children_of_its_attempt(
+    astore: AsyncStore, traced: Traced
+) -> None:
+    async def traced_handler(payload: Any, ctx: Any) -> Any:
+        await asyncio.sleep(0)
+        with traced.tracer.start_as_current_span("resize the image"):
+            return "done"
+
+    async def scenario() -> None:
+        await astore.jobs.enqueue("k", id="j")
+        async with astore.jobs.create_worker({"k": traced_handler}) as worker:
+            await astore.jobs.wait("j", timeout_seconds=WAIT)
+        assert worker.stats().completions == 1  # stopped: every outcome reported
+
+    asyncio.run(scenario())
+    (process,) = traced.spans("process default")
+    (work,) = traced.spans("resize the image")
+    assert work.parent is not None
+    assert work.parent.span_id == process.context.span_id
