@@ -291,3 +291,31 @@ def test_an_async_handlers_own_spans_are_children_of_its_attempt(
     (work,) = traced.spans("resize the image")
     assert work.parent is not None
     assert work.parent.span_id == process.context.span_id
+
+
+class _RollBack(Exception):
+    pass
+
+
+def test_a_rolled_back_enqueue_sends_no_span_and_runs_no_attempt(
+    store: Store, traced: Traced
+) -> None:
+    try:
+        with store.transaction() as tx:
+            tx.jobs.enqueue("k", id="gone")
+            raise _RollBack
+    except _RollBack:
+        pass
+    with store.transaction() as tx:
+        tx.jobs.enqueue("k", id="kept")
+        try:
+            with store.transaction() as inner:  # a savepoint, rolled back alone
+                inner.jobs.enqueue("k", id="gone-too")
+                raise _RollBack
+        except _RollBack:
+            pass
+    sends = [attrs(s)["messaging.message.id"] for s in traced.spans("send default")]
+    assert sends == ["kept"]
+    drain(store, {"k": lambda p, c: None})
+    process = [attrs(s)["messaging.message.id"] for s in traced.spans("process default")]
+    assert process == ["kept"]
