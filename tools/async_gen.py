@@ -631,6 +631,7 @@ _SESSION_AWAITED = frozenset(
         "job_errors",
         "count_jobs",
         "count_due",
+        "queue_gauges",
         "claim",
         "renew",
         "cancel_queued",

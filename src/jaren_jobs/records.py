@@ -222,9 +222,15 @@ class Lease:
 
 @dataclass(frozen=True)
 class ClaimedJob(Job):
-    """A job a claim returned, with the lease that settles it."""
+    """A job a claim returned, with the lease that settles it.
+
+    ``trace_context`` is the W3C ``traceparent`` of the span that enqueued it,
+    when it was enqueued while traced (SPEC §17), else ``None``; it is stored
+    as written (a foreign writer's text is not checked here).
+    """
 
     lease: Lease = field(repr=False)
+    trace_context: str | None = field(default=None, repr=False, compare=False, kw_only=True)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ BENCH = ROOT / "bench"
 # by a top-level file or folder of the package (a folder covers everything in it).
 LAYERS: list[set[str]] = [
     {"errors", "runtime", "signals", "codec", "records", "cron", "snooze", "tracebacks"},
+    # the observation seam (SPEC §17): a dependency-free leaf the engine and workers call
+    {"observe"},
     {"core"},  # pure: see test_the_core_is_pure
     {"gate", "gate_async", "backend", "backend_async", "cursor"},
     {"backends"},
@@ -33,7 +35,9 @@ LAYERS: list[set[str]] = [
     {"worker", "jobs", "transaction", "transaction_async"},
     {"store"},
     {"aio"},  # the asyncio front door, over the sync one
-    {"dag", "dashboard", "demo", "cli", "testing"},
+    # observability: the OpenTelemetry and Prometheus adapters (SPEC §17), which the
+    # dashboard and the CLI serve
+    {"dag", "dashboard", "demo", "cli", "testing", "observability"},
     {"__init__", "__main__"},
 ]
 

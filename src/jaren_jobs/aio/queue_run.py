@@ -133,7 +133,15 @@ class _Pending:
     inside a queue run: the run awaits it in a task of its own (cancelled when the job
     is cancelled or its lease lost, or when stop's grace period ends)."""
 
-    __slots__ = ("_cancelling", "_context", "_coroutine", "_task", "_worker", "run_cancelled")
+    __slots__ = (
+        "_called_in",
+        "_cancelling",
+        "_context",
+        "_coroutine",
+        "_task",
+        "_worker",
+        "run_cancelled",
+    )
 
     def __init__(
         self, worker: _Host, coroutine: Coroutine[Any, Any, Any], context: JobContext
@@ -143,6 +151,9 @@ class _Pending:
         self._worker = worker
         self._coroutine = coroutine
         self._context = context
+        # the context the handler was called in (the attempt's span current, SPEC §17):
+        # its task runs in it, as a plain handler runs in the caller's
+        self._called_in = contextvars.copy_context()
         self._task: asyncio.Task[Any] | None = None
 
     async def run(self, attempt: Attempt) -> Ran:
@@ -153,8 +164,9 @@ class _Pending:
         """
         worker = self._worker
         ctx = self._context
-        # the run's context (copied into the task) already marks it as this worker's handler
-        task = worker._loop.create_task(self._coroutine)
+        # the context it was called in (copied into the task) already marks it as this
+        # worker's handler
+        task = self._called_in.run(worker._loop.create_task, self._coroutine)
         self._task = task
         with worker._lock:
             worker._running.add(self)

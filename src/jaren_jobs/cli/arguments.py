@@ -107,6 +107,16 @@ def _non_empty(text: str) -> str:
     return _utf8(text)
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {clip(text)}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {clip(text)}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -288,6 +298,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument(
         "--json", action="store_true", help="the ready line and the final report as JSON"
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="N",
+        help="serve Prometheus metrics at http://127.0.0.1:N/metrics (0: any free port; "
+        "needs jaren_jobs[prometheus])",
     )
 
     demo = add_command("demo", "a self-contained run on a temporary database")

@@ -113,6 +113,53 @@ def cmd_worker(store: Store, args: argparse.Namespace, out: TextIO) -> int:
     except (TypeError, ValueError) as exc:
         # the handlers came from the user's module: a bad entry is their input
         raise CliError(f"{args.handlers}: {exc}") from None
+    metrics = _serve_metrics(store, args, out) if args.metrics_port is not None else None
+    try:
+        return _work(store, worker, handlers, args, out, queues=options.get("queues"))
+    finally:
+        if metrics is not None:
+            metrics()
+
+
+def _serve_metrics(store: Store, args: argparse.Namespace, out: TextIO) -> Callable[[], None]:
+    """``--metrics-port``: the store's metrics (SPEC §17) at /metrics; what stops serving."""
+    try:
+        from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+        from jaren_jobs.observability.metrics import (  # noqa: PLC0415 - the optional extra
+            register_metrics,
+            serve_metrics,
+            unregister_metrics,
+        )
+    except ImportError:
+        raise CliError(
+            "--metrics-port needs prometheus_client: pip install 'jaren_jobs[prometheus]'"
+        ) from None
+    registry = CollectorRegistry()
+    register_metrics(store, registry=registry)
+    try:
+        server = serve_metrics(registry, port=args.metrics_port)
+    except OSError as exc:
+        unregister_metrics(registry)
+        raise CliError(f"--metrics-port {args.metrics_port}: {exc.strerror or exc}") from None
+    _emit(out, args, f"metrics at {server.url}", {"event": "metrics", "url": server.url})
+
+    def close() -> None:
+        server.close()
+        unregister_metrics(registry)
+
+    return close
+
+
+def _work(
+    store: Store,
+    worker: Any,
+    handlers: dict[str, Any],
+    args: argparse.Namespace,
+    out: TextIO,
+    *,
+    queues: list[str] | None,
+) -> int:
     stop = threading.Event()
 
     def request_stop(signum: int, frame: object) -> None:
@@ -132,7 +179,6 @@ def cmd_worker(store: Store, args: argparse.Namespace, out: TextIO) -> int:
     previous = {
         sig: os_signal.signal(sig, request_stop) for sig in (os_signal.SIGINT, os_signal.SIGTERM)
     }
-    queues = options.get("queues")
     ran_dry = False
     # a path is bytes: one that is not UTF-8 is shown escaped, never a traceback
     ready_text = (

@@ -119,6 +119,8 @@ class PreparedJob(NamedTuple):
     unique_key: str | None
     # a periodic tick keeps its run_at even when enqueued after it (SPEC §12)
     exact_run_at: bool
+    # the enqueuing span's W3C traceparent (SPEC §17), set only while traced
+    trace_context: str | None = None
 
     def run_at(self, now: int) -> int:
         """When the job may first run, for an insert at ``now`` (epoch ms)."""
@@ -184,7 +186,19 @@ def prepare_job(
         unique_key = check_queue(unique_key, f"{what}: unique_key")
     return _new_prepared(
         PreparedJob,
-        (job_id, kind, text, run_at_ms, delay_ms, attempts, priority, queue, unique_key, False),
+        (
+            job_id,
+            kind,
+            text,
+            run_at_ms,
+            delay_ms,
+            attempts,
+            priority,
+            queue,
+            unique_key,
+            False,
+            None,
+        ),
     )
 
 

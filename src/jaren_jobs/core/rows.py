@@ -199,6 +199,8 @@ def claimed_from_row(
             "claim_key": claim_key(row[15]) if key is None else key,
         },
     )
+    # a claim's row ends with the trace context (CLAIM_COLUMNS; a plain job row has none)
+    fields["trace_context"] = row[19] if len(row) > 19 else None
     return assemble(ClaimedJob, fields)
 
 

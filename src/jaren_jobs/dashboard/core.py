@@ -357,6 +357,8 @@ class Dashboard:
         jobs = self.store.jobs
         if path.startswith("/static/"):
             return self._static(path[len("/static/") :])
+        if path == "/metrics":
+            return _metrics(self.store)
         if path == "/api/counts":
             return _json(200, jobs.counts().to_dict())
         if path == "/api/overview":
@@ -562,6 +564,16 @@ class Dashboard:
                 if len(found) > self.bulk_cap:
                     break
         return found
+
+
+def _metrics(store: Store) -> Response:
+    """``/metrics`` (SPEC §17): the store's Prometheus metrics, with the extra installed."""
+    try:
+        from jaren_jobs.observability.metrics import exposition  # noqa: PLC0415 - optional
+    except ImportError:
+        raise HttpError(404, "/metrics needs prometheus_client (jaren_jobs[prometheus])") from None
+    body, content_type = exposition(store)
+    return Response(200, [("Content-Type", content_type)], body)
 
 
 def _field_text(value: object) -> str:

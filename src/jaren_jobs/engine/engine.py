@@ -11,7 +11,7 @@ when the same attempt already settled it, which is idempotent.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,7 @@ from jaren_jobs.engine.checkpoints import CheckpointStore
 from jaren_jobs.engine.hub import EngineHub
 from jaren_jobs.engine.waiting import WaitPlan, plan_wait
 from jaren_jobs.errors import DuplicateJob, JobSettled, LeaseLost, LeaseRequired
+from jaren_jobs.observe import hooks
 from jaren_jobs.records import ClaimedJob, Job, Lease, NewJob
 from jaren_jobs.runtime import ResolvedRuntime, check_positive_int
 from jaren_jobs.signals import SignalLike
@@ -94,8 +95,14 @@ class JobEngine(JobAdmin):
             unique_key=unique_key,
             what=what,
         )
-        (job,) = self._session.insert_jobs((prepared,), one_by_one=True, what=what)
+        items: Sequence[PreparedJob] = (prepared,)
+        sends = None
+        if hooks.observers:  # SPEC §17: a producer span, its context stored with the job
+            items, sends = hooks.sending(items)
+        (job,) = self._session.insert_jobs(items, one_by_one=True, what=what)
         self._session.after_commit(self._hub.wake)
+        if sends is not None:
+            sends.sent((job,), self._session.after_commit)
         return job
 
     def enqueue_many(self, jobs: Iterable[NewJob]) -> list[Job]:
@@ -140,8 +147,14 @@ class JobEngine(JobAdmin):
         # One by one when a minted id follows a named one: a taken id then
         # stops the batch before any later id is minted, so the runtime's
         # uuid() is drawn exactly as often as one-by-one enqueues would draw it.
-        created = self._session.insert_jobs(prepared, one_by_one=minted_after_named, what=what)
+        items: Sequence[PreparedJob] = prepared
+        sends = None
+        if hooks.observers:  # SPEC §17: a producer span, its context stored with the jobs
+            items, sends = hooks.sending(items)
+        created = self._session.insert_jobs(items, one_by_one=minted_after_named, what=what)
         self._session.after_commit(self._hub.wake)
+        if sends is not None:
+            sends.sent(created, self._session.after_commit)
         return created
 
     # ------------------------------------------------------------ reads

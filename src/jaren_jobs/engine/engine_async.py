@@ -12,7 +12,7 @@ ONE awaited session call, the same pure interpretation (``core.fence``). The hub
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -38,6 +38,7 @@ from jaren_jobs.engine.engine import EngineHub, cancelled_by_mark
 from jaren_jobs.engine.hub import EngineHub
 from jaren_jobs.engine.waiting import WaitPlan, plan_wait
 from jaren_jobs.errors import DuplicateJob, JobSettled, LeaseLost
+from jaren_jobs.observe import hooks
 from jaren_jobs.records import ClaimedJob, Job, Lease, NewJob
 from jaren_jobs.runtime import ResolvedRuntime, check_positive_int
 
@@ -96,8 +97,14 @@ class AsyncJobEngine(AsyncJobAdmin):
             unique_key=unique_key,
             what=what,
         )
-        (job,) = await self._session.insert_jobs((prepared,), one_by_one=True, what=what)
+        items: Sequence[PreparedJob] = (prepared,)
+        sends = None
+        if hooks.observers:
+            items, sends = hooks.sending(items)
+        (job,) = await self._session.insert_jobs(items, one_by_one=True, what=what)
         self._session.after_commit(self._hub.wake)
+        if sends is not None:
+            sends.sent((job,), self._session.after_commit)
         return job
 
     async def enqueue_many(self, jobs: Iterable[NewJob]) -> list[Job]:
@@ -139,10 +146,14 @@ class AsyncJobEngine(AsyncJobAdmin):
             raise DuplicateJob(f"{what}: the batch names id {dup!r} twice", job_id=dup)
         if not prepared:
             return []
-        created = await self._session.insert_jobs(
-            prepared, one_by_one=minted_after_named, what=what
-        )
+        items: Sequence[PreparedJob] = prepared
+        sends = None
+        if hooks.observers:
+            items, sends = hooks.sending(items)
+        created = await self._session.insert_jobs(items, one_by_one=minted_after_named, what=what)
         self._session.after_commit(self._hub.wake)
+        if sends is not None:
+            sends.sent(created, self._session.after_commit)
         return created
 
     async def get(self, id: str) -> Job | None:

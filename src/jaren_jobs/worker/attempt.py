@@ -15,6 +15,7 @@ from jaren_jobs.errors import (
     LeaseLost,
     StoreClosed,
 )
+from jaren_jobs.observe import hooks
 from jaren_jobs.records import (
     ClaimedJob,
     Lease,
@@ -96,6 +97,7 @@ class Attempt:
         "lease_seq",
         "lost",
         "lost_row",
+        "observed",
         "renew_at",
         "scope",
     )
@@ -122,6 +124,7 @@ class Attempt:
         self.renew_at = 0.0  # time.monotonic() when the lease is next renewed
         # what the handler raised (or what failed it instead): its traceback is logged
         self.error: BaseException | None = None
+        self.observed: Any = None  # the observers' states (jaren_jobs.observe), if any
 
     @property
     def job_id(self) -> str:
@@ -190,6 +193,8 @@ class AttemptCheckpoints(CheckpointStore):
     def save(self, run_id: str, node_id: str, value: Any) -> None:
         with self._attempt.lease_lock:
             super().save(run_id, node_id, value)
+        if self._attempt.observed is not None:  # SPEC §17: DAG nodes as span events
+            hooks.checkpoint_saved(self._attempt.observed, self._attempt.claimed, node_id)
 
     def complete(self, run_id: str, result: Any = None) -> bool:
         with self._attempt.lease_lock:

@@ -360,11 +360,6 @@ class Observers:
         self.on_renewal = on_renewal
         self.on_idle = on_idle
 
-    def outcome(self, attempt: Attempt, outcome: Outcome) -> None:
-        """One attempt's outcome: logged here, once, before the observer sees it."""
-        log_outcome(self._tracker.owner, attempt, outcome)
-        self.notify("on_outcome", self.on_outcome, outcome)
-
     def notify(self, name: str, observer: Callable[..., Any] | None, *args: Any) -> None:
         if observer is None:
             return

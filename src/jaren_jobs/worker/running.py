@@ -9,6 +9,7 @@ import time
 from jaren_jobs.engine.engine import JobEngine
 from jaren_jobs.engine.hub import EngineHub
 from jaren_jobs.errors import StorageError, describe_error
+from jaren_jobs.observe import hooks
 from jaren_jobs.records import ClaimedJob, CorruptJson, Outcome
 from jaren_jobs.worker.attempt import (
     Attempt,
@@ -19,7 +20,7 @@ from jaren_jobs.worker.attempt import (
     stopping_reason,
 )
 from jaren_jobs.worker.claims import ClaimBook
-from jaren_jobs.worker.outcomes import Observers, outcome_of
+from jaren_jobs.worker.outcomes import Observers, log_outcome, outcome_of
 from jaren_jobs.worker.renewals import Renewer
 from jaren_jobs.worker.stats import COUNTER_OF, Stats
 from jaren_jobs.worker.tracking import Tracker
@@ -81,6 +82,8 @@ class AttemptRunner:
             self._hub.local_attempts[claimed.id] = attempt.cancel
         if held is not None and held.forced is not None:
             attempt.cancel(held.forced)
+        if hooks.observers:  # SPEC §17: a consumer span, the start delay
+            attempt.observed = hooks.attempt_started(claimed, self._control.runtime.now_ms())
         halt = self._tracker.halt.signal
         if halt.aborted:  # else the tracker's callback of the halt reaches it
             attempt.scope.abort(halt.reason)
@@ -132,7 +135,10 @@ class AttemptRunner:
                     "fix the row and requeue the job, or cancel it",
                     job_id=claimed.id,
                 )
-            result = handler(claimed.payload, ctx)
+            if attempt.observed is None:
+                result = handler(claimed.payload, ctx)
+            else:  # SPEC §17: the attempt's span is current while its handler runs
+                result = hooks.call(attempt.observed, handler, claimed.payload, ctx)
         except Exception as exc:
             attempt.error = exc
             ran.append((attempt, exc, None))
@@ -143,7 +149,7 @@ class AttemptRunner:
         return None
 
     def end(self, attempt: Attempt, outcome: Outcome) -> None:
-        """The attempt's one outcome: counted, logged, and seen by the observer."""
+        """The attempt's one outcome: counted, logged, traced, and seen by the observer."""
         attempt.ended = True
         with self._hub.lock:
             if self._hub.local_attempts.get(attempt.job_id) == attempt.cancel:
@@ -152,7 +158,12 @@ class AttemptRunner:
         with self._lock:
             self._tracker.attempts.pop(attempt.key, None)
             self._stats.add(counter)
-        self._observers.outcome(attempt, outcome)
+        # logged here, once per attempt, before the observers hear of it
+        log_outcome(self._owner, attempt, outcome)
+        if attempt.observed is not None:  # SPEC §17
+            hooks.attempt_ended(attempt.observed, attempt.claimed, outcome, attempt.error)
+        observers = self._observers
+        observers.notify("on_outcome", observers.on_outcome, outcome)
 
     def abandon(self, attempt: Attempt, exc: BaseException) -> Outcome:
         """A handler raised KeyboardInterrupt/SystemExit: settle nothing, halt the worker."""

@@ -20,6 +20,7 @@ from jaren_jobs.codec import ms_from_datetime
 from jaren_jobs.core.settle import Completion, SettleBatch, Settlement, Snoozing
 from jaren_jobs.engine.engine import ClaimRequest
 from jaren_jobs.engine.group_commit import Settled, SettlementBatcher
+from jaren_jobs.observe import hooks
 from jaren_jobs.records import ClaimedJob, Lease, Outcome
 from jaren_jobs.snooze import Snooze, snooze_ms
 from jaren_jobs.worker.attempt import Attempt, Ran, WorkerStopped
@@ -162,6 +163,8 @@ class Settler:
             tuple(e.item for e in settling if e.item is not None), (), tuple(claims)
         )
         settled = self._settlements.submit(batch)
+        if hooks.observers:  # SPEC §17: the settlement batch sizes
+            hooks.settlement_batch(len(settling))
         for index, entry in enumerate(settling):
             entry.met, entry.wrote = settled.error(index), settled.wrote[index]
             entry.row = settled.row(index)

@@ -47,7 +47,7 @@ def test_every_migration_from_empty_gives_the_current_schema(pg: PostgresUrl) ->
         "id", "kind", "payload", "state", "priority", "run_at", "attempts", "max_attempts",
         "lease_until", "lease_owner", "lease_generation", "lease_token", "settled_generation",
         "claim_key", "last_error", "result", "created_at", "updated_at", "seq",
-        "queue", "unique_key", "cancel_requested_at",
+        "queue", "unique_key", "cancel_requested_at", "trace_context",
     ]  # fmt: skip
     # times are bigint epoch ms, payloads JSON text (byte-exact)
     kinds = dict(columns)
@@ -184,6 +184,7 @@ def test_claims_by_queue_and_unique_keys_use_their_indexes(pg: PostgresUrl) -> N
         {
             "id": "x", "kind": "busy", "payload": "null", "priority": 0, "run_at": now,
             "max_attempts": 5, "now": now, "queue": "default", "key": "u7",
+            "trace": None,
         },
     )  # fmt: skip
     assert "_jaren_jobs_unique" in unique, unique

@@ -25,6 +25,8 @@ JOB_COLUMNS = (
     "lease_until, lease_owner, lease_generation, last_error, result, created_at, "
     "updated_at, lease_token, queue, unique_key, cancel_requested_at"
 )
+# what a claim returns: JOB_COLUMNS, then the trace context its attempt's span joins
+CLAIM_COLUMNS = f"{JOB_COLUMNS}, trace_context"
 
 # A leased job marked by cancel(id, force=True) whose lease has run out is
 # cancelled: no live holder can settle it any more, and no claim rescues it.
@@ -84,8 +86,8 @@ def qualified(statement: str, schema: str) -> str:
 # application's transaction.
 ENQUEUE = f"""INSERT INTO {JOBS}
   (id, kind, payload, state, priority, run_at, attempts, max_attempts,
-   lease_generation, created_at, updated_at, queue, unique_key)
-  VALUES (%s, %s, %s, 'pending', %s, %s, 0, %s, 0, %s, %s, %s, %s)
+   lease_generation, created_at, updated_at, queue, unique_key, trace_context)
+  VALUES (%s, %s, %s, 'pending', %s, %s, 0, %s, 0, %s, %s, %s, %s, %s)
   ON CONFLICT DO NOTHING"""
 
 # An enqueue with a unique key, in one round trip: whether it inserted,
@@ -95,9 +97,9 @@ ENQUEUE = f"""INSERT INTO {JOBS}
 # caller then reads it with a statement of its own (GET_KEY_HOLDER).
 ENQUEUE_UNIQUE = f"""WITH ins AS (INSERT INTO {JOBS}
     (id, kind, payload, state, priority, run_at, attempts, max_attempts,
-     lease_generation, created_at, updated_at, queue, unique_key)
+     lease_generation, created_at, updated_at, queue, unique_key, trace_context)
     VALUES (%(id)s, %(kind)s, %(payload)s, 'pending', %(priority)s, %(run_at)s, 0,
-      %(max_attempts)s, 0, %(now)s, %(now)s, %(queue)s, %(key)s)
+      %(max_attempts)s, 0, %(now)s, %(now)s, %(queue)s, %(key)s, %(trace)s)
     ON CONFLICT DO NOTHING RETURNING 1)
 SELECT (SELECT count(*) FROM ins), EXISTS (SELECT 1 FROM {JOBS} WHERE id = %(id)s), h.*
   FROM (SELECT 1) AS one LEFT JOIN (SELECT {JOB_COLUMNS} FROM {JOBS}
@@ -117,12 +119,12 @@ REQUEUE_KEY_HOLDER = f"""SELECT other.id FROM {JOBS} AS j
 # a batch in one statement: arrays, one element per job
 ENQUEUE_MANY = f"""INSERT INTO {JOBS}
   (id, kind, payload, state, priority, run_at, attempts, max_attempts,
-   lease_generation, created_at, updated_at, queue, unique_key)
-  SELECT i, k, p, 'pending', pr, r, 0, m, 0, %(now)s, %(now)s, q, u
+   lease_generation, created_at, updated_at, queue, unique_key, trace_context)
+  SELECT i, k, p, 'pending', pr, r, 0, m, 0, %(now)s, %(now)s, q, u, tc
   FROM unnest(%(ids)s::text[], %(kinds)s::text[], %(payloads)s::text[],
               %(priorities)s::bigint[], %(run_ats)s::bigint[], %(maxes)s::bigint[],
-              %(queues)s::text[], %(keys)s::text[])
-    AS t(i, k, p, pr, r, m, q, u)
+              %(queues)s::text[], %(keys)s::text[], %(traces)s::text[])
+    AS t(i, k, p, pr, r, m, q, u, tc)
   ON CONFLICT DO NOTHING"""
 
 NOTIFY = "SELECT pg_notify(%(channel)s, '')"
@@ -201,7 +203,7 @@ CLAIM_ROWS = f"""UPDATE {JOBS} AS j SET state = 'leased', lease_owner = %(owner)
     updated_at = %(now)s
   FROM unnest(%(ids)s::text[], %(tokens)s::text[], %(keys)s::bytea[]) AS p(id, token, key)
   WHERE j.id = p.id
-  RETURNING {", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))}"""
+  RETURNING {", ".join("j." + c.strip() for c in CLAIM_COLUMNS.split(","))}"""
 
 
 def _qualified(alias: str, columns: str) -> str:
@@ -482,6 +484,15 @@ _DUE_COUNTS = f"""SELECT
   FROM {JOBS} WHERE state IN ('pending', 'failed', 'leased')"""
 DUE_COUNTS = _DUE_COUNTS
 DUE_COUNTS_QUEUE = _DUE_COUNTS + " AND queue = %(queue)s"
+
+# the gauges of a metrics scrape (SPEC §17), one statement: jobs per queue and
+# effective state, the earliest ready run_at and the expired (unmarked) leases
+# of each group. Every row is read once: a scrape caches the answer briefly
+QUEUE_GAUGES = f"""SELECT queue, {EFFECTIVE_STATE} AS effective, count(*),
+  min(CASE WHEN state IN ('pending', 'failed') AND run_at <= %(now)s THEN run_at END),
+  count(*) FILTER (WHERE state = 'leased' AND cancel_requested_at IS NULL
+    AND lease_until <= %(now)s)
+  FROM {JOBS} GROUP BY 1, 2"""
 
 
 @lru_cache(maxsize=16)

@@ -159,6 +159,7 @@ class PostgresSession:
                 now,
                 prepared.queue,
                 None,
+                prepared.trace_context,
             ),
             doing=what,
         )
@@ -182,6 +183,7 @@ class PostgresSession:
             "now": now,
             "queue": prepared.queue,
             "key": key,
+            "trace": prepared.trace_context,
         }
         # a holder that settles between the insert and the read frees the
         # key: the insert is tried again (a few times: each try is a change
@@ -223,6 +225,7 @@ class PostgresSession:
             "maxes": [p.max_attempts for p in prepared],
             "queues": [p.queue for p in prepared],
             "keys": [p.unique_key for p in prepared],
+            "traces": [p.trace_context for p in prepared],
         }
 
         def insert() -> None:
@@ -291,6 +294,12 @@ class PostgresSession:
         def work() -> tuple[int, ...]:
             row = self._db.one(statement, params, doing=what)
             return (0,) * 5 if row is None else tuple(int(n) for n in row)
+
+        return self._scope.read(work, what)
+
+    def queue_gauges(self, now: int, what: str) -> list[tuple[Any, ...]]:
+        def work() -> list[tuple[Any, ...]]:
+            return [tuple(row) for row in self._db.all(sql.QUEUE_GAUGES, {"now": now}, doing=what)]
 
         return self._scope.read(work, what)
 

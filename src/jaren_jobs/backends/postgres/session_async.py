@@ -139,6 +139,7 @@ class AsyncPostgresSession:
                 now,
                 prepared.queue,
                 None,
+                prepared.trace_context,
             ),
             doing=what,
         )
@@ -162,6 +163,7 @@ class AsyncPostgresSession:
             "now": now,
             "queue": prepared.queue,
             "key": key,
+            "trace": prepared.trace_context,
         }
         for _ in range(_UNIQUE_TRIES):
             row = await self._db.one(sql.ENQUEUE_UNIQUE, params, doing=what)
@@ -200,6 +202,7 @@ class AsyncPostgresSession:
             "maxes": [p.max_attempts for p in prepared],
             "queues": [p.queue for p in prepared],
             "keys": [p.unique_key for p in prepared],
+            "traces": [p.trace_context for p in prepared],
         }
 
         async def insert() -> None:
@@ -273,6 +276,15 @@ class AsyncPostgresSession:
         async def work() -> tuple[int, ...]:
             row = await self._db.one(statement, params, doing=what)
             return (0,) * 5 if row is None else tuple(int(n) for n in row)
+
+        return await self._scope.read(work, what)
+
+    async def queue_gauges(self, now: int, what: str) -> list[tuple[Any, ...]]:
+
+        async def work() -> list[tuple[Any, ...]]:
+            return [
+                tuple(row) for row in await self._db.all(sql.QUEUE_GAUGES, {"now": now}, doing=what)
+            ]
 
         return await self._scope.read(work, what)
 

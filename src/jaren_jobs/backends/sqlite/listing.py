@@ -55,6 +55,15 @@ _DUE_COUNTS = f"""SELECT
 DUE_COUNTS = _DUE_COUNTS
 DUE_COUNTS_QUEUE = _DUE_COUNTS + " AND queue = :queue"
 
+# the gauges of a metrics scrape (SPEC §17), one statement: jobs per queue and
+# effective state, the earliest ready run_at and the expired (unmarked) leases
+# of each group. Every row is read once: a scrape caches the answer briefly
+QUEUE_GAUGES = f"""SELECT queue, {EFFECTIVE_STATE} AS effective, COUNT(*),
+  MIN(CASE WHEN state IN ('pending', 'failed') AND run_at <= :now THEN run_at END),
+  COALESCE(SUM(CASE WHEN state = 'leased' AND cancel_requested_at IS NULL
+    AND lease_until <= :now THEN 1 ELSE 0 END), 0)
+  FROM {JOBS} GROUP BY queue, effective"""
+
 # ----------------------------------------------------------------- pages
 
 

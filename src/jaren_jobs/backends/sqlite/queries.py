@@ -1,12 +1,9 @@
 """Every SQL statement jaren_jobs runs, named, in one place (the SQLite dialect).
 
-No other module writes SQL but :mod:`.listing` (the operator's statements: counts,
-pages, a job's error history, the sweep).
-Statements whose text depends on a *count* (how many kinds a claim names) are
-built here from that count alone; user input is always a bound parameter,
-never text. Python's ``sqlite3`` keeps a
-per-connection cache of prepared statements keyed by text, so each statement
-is prepared once and reused.
+No other module writes SQL but :mod:`.listing` (the operator's statements). Statements
+whose text depends on a *count* (how many kinds a claim names) are built from that count
+alone; user input is always a bound parameter, never text. ``sqlite3`` caches prepared
+statements by text per connection, so each is prepared once.
 """
 
 from __future__ import annotations
@@ -19,10 +16,10 @@ CHECKPOINTS = '"_jaren_job_checkpoints"'
 ERRORS = '"_jaren_job_errors"'
 META = '"_jaren_meta"'
 
-# 1: the fenced schema; 2: the (state, kind) index without leased rows; 3: claim_key;
-# 4: queue, unique_key and their indexes (§12); 5: the error history (§13); 6:
-# cancel_requested_at, a forced cancel's mark (§13); 7: the history keyed by generation
-SCHEMA_VERSION = 7
+# 1: fenced; 2: the (state, kind) index sans leased rows; 3: claim_key; 4: queue, unique_key
+# (§12); 5: error history (§13); 6: cancel_requested_at (§13); 7: history keyed by
+# generation; 8: trace_context, the enqueuing span's W3C traceparent (§17)
+SCHEMA_VERSION = 8
 
 # the column order every job SELECT/RETURNING uses; engine rows map by index.
 # The free texts (payload, result, last_error) come back as their bytes, which
@@ -35,6 +32,8 @@ JOB_COLUMNS = (
     "CAST(result AS BLOB), created_at, updated_at, lease_token, queue, unique_key, "
     "cancel_requested_at"
 )
+# what a claim returns: JOB_COLUMNS, then the trace context its attempt's span joins
+CLAIM_COLUMNS = f"{JOB_COLUMNS}, trace_context"
 
 # A leased job marked by cancel(id, force=True) whose lease has run out is
 # cancelled: no live holder can settle it any more, and no claim rescues it.
@@ -126,6 +125,8 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     # schema 6: when cancel(id, force=True) asked the running attempt to stop
     # (epoch ms); NULL: nobody asked. Older rows were never asked.
     ("_jaren_jobs", "cancel_requested_at", "INTEGER"),
+    # schema 8: the enqueuing span's W3C traceparent (§17); NULL: untraced
+    ("_jaren_jobs", "trace_context", "TEXT"),
 )
 
 
@@ -174,9 +175,8 @@ def drop_index(name: str) -> str:
 
 # No conflict target: a taken id and a unique key some active job holds both
 # insert nothing (the caller reads which it was); neither raises
-# ENQUEUE leaves queue and unique_key to their column defaults (the default
-# queue, no key): the common job binds 8 parameters, as before queues
-# existed. ENQUEUE_QUEUED binds both (10).
+# ENQUEUE leaves queue, unique_key and trace_context to their defaults (the common
+# job binds 8 parameters); ENQUEUE_QUEUED binds all three (11).
 ENQUEUE = f"""INSERT INTO {JOBS}
   (id, kind, payload, state, priority, run_at, attempts, max_attempts,
    lease_generation, created_at, updated_at)
@@ -184,8 +184,8 @@ ENQUEUE = f"""INSERT INTO {JOBS}
   ON CONFLICT DO NOTHING"""
 ENQUEUE_QUEUED = f"""INSERT INTO {JOBS}
   (id, kind, payload, state, priority, run_at, attempts, max_attempts,
-   lease_generation, created_at, updated_at, queue, unique_key)
-  VALUES (?, ?, ?, 'pending', ?, ?, 0, ?, 0, ?, ?, ?, ?)
+   lease_generation, created_at, updated_at, queue, unique_key, trace_context)
+  VALUES (?, ?, ?, 'pending', ?, ?, 0, ?, 0, ?, ?, ?, ?, ?)
   ON CONFLICT DO NOTHING"""
 
 # the job holding a unique key, if any (pinned to the unique index: the
@@ -207,7 +207,7 @@ REQUEUE_KEY_HOLDER = f"""SELECT other.id FROM {JOBS} AS j
 @lru_cache(maxsize=32)
 def enqueue_rows(count: int, queued: bool = False) -> str:
     """ENQUEUE for ``count`` rows in one statement: ENQUEUE's 8 parameters per row, in order
-    (``queued``: ENQUEUE_QUEUED's 10).
+    (``queued``: ENQUEUE_QUEUED's 11).
 
     One multi-row INSERT costs SQLite less than ``count`` executions of
     ENQUEUE. Callers use a few fixed counts, so the connection's statement
@@ -216,8 +216,8 @@ def enqueue_rows(count: int, queued: bool = False) -> str:
     if count < 1:
         raise ValueError("a multi-row insert names at least one row")
     if queued:
-        values = ",\n    ".join(["(?, ?, ?, 'pending', ?, ?, 0, ?, 0, ?, ?, ?, ?)"] * count)
-        columns = "created_at, updated_at, queue, unique_key"
+        values = ",\n    ".join(["(?, ?, ?, 'pending', ?, ?, 0, ?, 0, ?, ?, ?, ?, ?)"] * count)
+        columns = "created_at, updated_at, queue, unique_key, trace_context"
     else:
         values = ",\n    ".join(["(?, ?, ?, 'pending', ?, ?, 0, ?, 0, ?, ?)"] * count)
         columns = "created_at, updated_at"
@@ -259,7 +259,7 @@ def claim_next(kind_count: int, queue_count: int = 0) -> str:
     claim_key = :claim_key, attempts = attempts + 1, updated_at = :now
   WHERE id = (SELECT id FROM ({_claimable(kind_count, "1", queue_count)})
     ORDER BY {_CLAIM_ORDER} LIMIT 1)
-  RETURNING {JOB_COLUMNS}"""
+  RETURNING {CLAIM_COLUMNS}"""
 
 
 def _claimable(kind_count: int, limit: str, queue_count: int = 0) -> str:
@@ -385,7 +385,7 @@ def claim_rows(rows: int) -> str:
   WHERE {JOBS}.rowid = picked.column1 AND run_at <= ?3
     AND (+state IN ('pending', 'failed')
       OR (+state = 'leased' AND lease_until <= ?3 AND cancel_requested_at IS NULL))
-  RETURNING {JOB_COLUMNS}"""
+  RETURNING {CLAIM_COLUMNS}"""
 
 
 @lru_cache(maxsize=64)

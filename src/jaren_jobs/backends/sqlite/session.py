@@ -175,6 +175,14 @@ class SqliteSession:
 
         return self._scope.read(work, what)
 
+    def queue_gauges(self, now: int, what: str) -> list[tuple[Any, ...]]:
+        def work() -> list[tuple[Any, ...]]:
+            return [
+                tuple(row) for row in self._db.all(listing.QUEUE_GAUGES, {"now": now}, doing=what)
+            ]
+
+        return self._scope.read(work, what)
+
     def claim(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
         if self._nothing_claimable(request.idle_key, what):
             return []
@@ -315,10 +323,14 @@ class SqliteSession:
             now,
             now,
         )
-        if prepared.unique_key is None and prepared.queue == "default":
+        if (
+            prepared.unique_key is None
+            and prepared.queue == "default"
+            and prepared.trace_context is None
+        ):
             inserted = self._db.changes(sql.ENQUEUE, params, doing=what)
         else:
-            params += (prepared.queue, prepared.unique_key)
+            params += (prepared.queue, prepared.unique_key, prepared.trace_context)
             inserted = self._db.changes(sql.ENQUEUE_QUEUED, params, doing=what)
         if not inserted:
             if prepared.unique_key is not None and (
@@ -347,12 +359,15 @@ class SqliteSession:
         run_ats = [p.run_at(now) for p in prepared]
         params: list[Any] = []
         add = params.extend
-        queued = any(p.unique_key is not None or p.queue != "default" for p in prepared)
-        width = _ROW_PARAMS + 2 if queued else _ROW_PARAMS
+        queued = any(
+            p.unique_key is not None or p.queue != "default" or p.trace_context is not None
+            for p in prepared
+        )
+        width = _ROW_PARAMS + 3 if queued else _ROW_PARAMS
         if queued:
             for job_id, p, run_at in zip(ids, prepared, run_ats, strict=True):
                 row = (job_id, p.kind, p.payload, p.priority, run_at, p.max_attempts, now, now)
-                add((*row, p.queue, p.unique_key))
+                add((*row, p.queue, p.unique_key, p.trace_context))
         else:
             for job_id, p, run_at in zip(ids, prepared, run_ats, strict=True):
                 add((job_id, p.kind, p.payload, p.priority, run_at, p.max_attempts, now, now))

@@ -1,0 +1,227 @@
+"""OpenTelemetry traces (SPEC §17): a producer span per enqueue, a consumer span per attempt.
+
+The enqueuing span's context is stored with the job as a W3C ``traceparent``
+(the ``trace_context`` column), so each attempt's span is a child of the span
+that enqueued it — in whatever process or host runs it. Spans follow
+OpenTelemetry's messaging conventions; nothing here ever sees a lease token
+(attributes are read from the job's public fields and the attempt's
+:class:`~jaren_jobs.Outcome`).
+
+Needs ``opentelemetry-api`` (the extra ``jaren_jobs[otel]``); spans are
+recorded by whatever SDK the application configured.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TracerProvider,
+)
+
+from jaren_jobs.errors import JobsError
+from jaren_jobs.observe import Observer, Sending, add, remove
+
+__all__ = ["format_traceparent", "instrument", "parse_traceparent", "uninstrument"]
+
+_log = logging.getLogger("jaren_jobs.observability")
+
+SYSTEM = "jaren_jobs"
+_VERSION = "0.1.0"
+
+# version 00 as W3C Trace Context writes it; a later version's first four fields
+# read the same (the spec's forward-compatibility rule), so they are accepted too
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
+
+
+# a lost attempt's error.type: the refusal's class name, by its code
+def _coded(cls: type[JobsError]) -> dict[str, str]:
+    found = {cls.code: cls.__name__} if "code" in vars(cls) else {}
+    for sub in cls.__subclasses__():
+        found = {**_coded(sub), **found}  # a class names its code before its subclasses
+    return found
+
+
+_REFUSALS = _coded(JobsError)
+
+
+def format_traceparent(span_context: SpanContext) -> str:
+    """A span context as a W3C ``traceparent`` header value (version 00)."""
+    return (
+        f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-"
+        f"{int(span_context.trace_flags):02x}"
+    )
+
+
+def parse_traceparent(value: object) -> SpanContext | None:
+    """The remote span context a stored ``traceparent`` names, or ``None`` if it is not one.
+
+    Anything else — another type, a malformed text, an all-zero id, version
+    ``ff`` — is ``None``: a row written by an older release or a foreign
+    writer never fails an attempt.
+    """
+    if type(value) is not str:
+        return None
+    match = _TRACEPARENT.fullmatch(value)
+    if match is None:
+        return None
+    version, trace_hex, span_hex, flags_hex, rest = match.groups()
+    if version == "ff" or (version == "00" and rest is not None):
+        return None
+    trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
+    if not trace_id or not span_id:
+        return None
+    return SpanContext(
+        trace_id, span_id, is_remote=True, trace_flags=TraceFlags(int(flags_hex, 16) & 0x01)
+    )
+
+
+def _error_type(exc: BaseException) -> str:
+    cls = type(exc)
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class _Send(Sending):
+    """One enqueue call: a producer span per job (``enqueue_many``: per item)."""
+
+    def __init__(self, tracer: trace.Tracer, items: Sequence[Any]) -> None:
+        start = tracer.start_span
+        self._spans: list[Span] = [
+            start(
+                f"send {item.queue}",
+                kind=SpanKind.PRODUCER,
+                attributes={
+                    "messaging.system": SYSTEM,
+                    "messaging.operation.type": "send",
+                    "messaging.operation.name": "send",
+                    "messaging.destination.name": item.queue,
+                    "jaren_jobs.kind": item.kind,
+                },
+            )
+            for item in items
+        ]
+
+    def stamp(self, items: Sequence[Any]) -> Sequence[Any]:
+        stamped = list(items)
+        for index, span in enumerate(self._spans):
+            context = span.get_span_context()
+            if context.is_valid:  # else a no-op tracer: nothing to join
+                stamped[index] = stamped[index]._replace(trace_context=format_traceparent(context))
+        return stamped
+
+    def sent(self, jobs: Sequence[Any], after_commit: Callable[[Callable[[], None]], None]) -> None:
+        for span, job in zip(self._spans, jobs, strict=True):
+            # a unique key's holder is answered in place of a new job: its id, as sent
+            span.set_attribute("messaging.message.id", job.id)
+            # the span ends when the job is visible to workers: at the commit. A
+            # rolled-back enqueue never ends it, so no span claims a send that never was
+            after_commit(span.end)
+
+
+class _Tracing(Observer):
+    def __init__(self, tracer: trace.Tracer) -> None:
+        self._tracer = tracer
+
+    def enqueueing(self, items: Sequence[Any]) -> Sending | None:
+        return _Send(self._tracer, items)
+
+    def attempt_started(self, job: Any, now_ms: int) -> Any:
+        stored = job.trace_context
+        parent = None
+        if stored is not None:
+            remote = parse_traceparent(stored)
+            if remote is None:
+                _log.debug(
+                    "jaren_jobs: job %r holds a trace context that is not a W3C traceparent "
+                    "(%.80r); its attempt's span starts a trace of its own",
+                    job.id,
+                    stored,
+                )
+            else:
+                parent = trace.set_span_in_context(NonRecordingSpan(remote))
+        queue = job.queue
+        return self._tracer.start_span(
+            f"process {queue}",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": SYSTEM,
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "process",
+                "messaging.destination.name": queue,
+                "messaging.message.id": job.id,
+                "jaren_jobs.kind": job.kind,
+                "jaren_jobs.attempt": job.lease.attempt,
+            },
+        )
+
+    def entering(self, state: Any) -> Any:
+        return otel_context.attach(trace.set_span_in_context(state))
+
+    def leaving(self, state: Any, entered: Any) -> None:
+        otel_context.detach(entered)
+
+    def checkpoint_saved(self, state: Any, job: Any, node_id: str) -> None:
+        if not node_id.startswith("\x1f"):  # the DAG runner's own records are no node
+            state.add_event("checkpoint", {"jaren_jobs.node": node_id})
+
+    def attempt_ended(
+        self, state: Any, job: Any, outcome: Any, error: BaseException | None
+    ) -> None:
+        span: Span = state
+        name = outcome.outcome
+        span.set_attribute("jaren_jobs.outcome", name)
+        if name == "failed" and error is not None:
+            span.record_exception(error)
+            span.set_attribute("error.type", _error_type(error))
+            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"[:200]))
+        elif name == "failed":
+            span.set_status(Status(StatusCode.ERROR))
+        elif name == "lost":
+            refusal = _REFUSALS.get(outcome.code or "", "LeaseLost")
+            span.set_attribute("error.type", refusal)
+            span.set_status(Status(StatusCode.ERROR, refusal))
+        span.end()
+
+
+_installed: _Tracing | None = None
+_lock = threading.Lock()
+
+
+def instrument(*, tracer_provider: TracerProvider | None = None) -> None:
+    """Trace every enqueue and every attempt of every store in this process (SPEC §17).
+
+    ``tracer_provider``: where the spans go (default: the global provider).
+    Idempotent; a later call with another provider replaces the earlier one.
+    """
+    global _installed
+    tracer = trace.get_tracer("jaren_jobs", _VERSION, tracer_provider=tracer_provider)
+    with _lock:
+        if _installed is not None:
+            remove(_installed)
+        _installed = _Tracing(tracer)
+        add(_installed)
+
+
+def uninstrument() -> None:
+    """Stop tracing (idempotent). Attempts already started still end their spans."""
+    global _installed
+    with _lock:
+        if _installed is not None:
+            remove(_installed)
+            _installed = None

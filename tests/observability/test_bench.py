@@ -1,0 +1,25 @@
+"""``python -m bench.observability`` runs and reports every configuration (no speed asserted)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_the_cost_benchmark_reports_every_configuration() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.observability", "--jobs", "40", "--rounds", "1"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0] for line in done.stdout.splitlines()[2:7]}
+    assert rows == {"none", "otel-api", "otel", "prometheus", "both"}
+    assert "the seam with nothing observing" in done.stdout
