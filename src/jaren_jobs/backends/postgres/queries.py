@@ -449,7 +449,15 @@ def sweep_only(count: int) -> str:
     )
 
 
-COUNT_BY_STATE = f"SELECT {EFFECTIVE_STATE}, count(*) FROM {JOBS} GROUP BY 1"
+# counts(): the stored states from "_jaren_jobs_unleased" alone (an index-only
+# scan, never the table), and the few leased rows from their own index, where a
+# marked lease that ran out reads as cancelled (EFFECTIVE_STATE). The outer sum
+# folds that 'cancelled' into the stored one. Exact, from one snapshot.
+COUNT_BY_STATE = f"""SELECT s, sum(n) FROM (
+    SELECT state AS s, count(*) AS n FROM {JOBS} WHERE state <> 'leased' GROUP BY state
+    UNION ALL
+    SELECT {EFFECTIVE_STATE}, count(*) FROM {JOBS} WHERE state = 'leased' GROUP BY 1
+  ) AS counted GROUP BY s"""
 COUNT_PENDING_KINDS = f"""SELECT kind, count(*) FROM {JOBS}
   WHERE state IN ('pending', 'failed') GROUP BY kind"""
 COUNT_QUEUE_BY_STATE = f"""SELECT {EFFECTIVE_STATE}, count(*) FROM {JOBS}
@@ -458,49 +466,91 @@ COUNT_QUEUE_PENDING_KINDS = f"""SELECT kind, count(*) FROM {JOBS}
   WHERE state IN ('pending', 'failed') AND queue = %(queue)s GROUP BY kind"""
 
 
+# due_counts(): the queued jobs split at now, and the leases that ran out (one
+# snapshot, one statement). Each state is its own literal so that its index
+# answers it: the queued ones from "_jaren_jobs_state_id" (which carries run_at;
+# an index-only scan), the leases from "_jaren_jobs_leased". A marked lease that
+# ran out is not counted: it reads as cancelled (EFFECTIVE_STATE)
+def _due_counts(only: str) -> str:
+    def queued(state: str) -> str:
+        return f"""(SELECT count(*) FILTER (WHERE run_at <= %(now)s) AS ready,
+      count(*) FILTER (WHERE run_at > %(now)s) AS later
+    FROM {JOBS} WHERE state = '{state}'{only}) AS {state}"""
+
+    return f"""SELECT pending.ready, pending.later, failed.ready, failed.later, leased.expired
+  FROM {queued("pending")}, {queued("failed")},
+  (SELECT count(*) AS expired FROM {JOBS} WHERE state = 'leased'
+    AND cancel_requested_at IS NULL AND lease_until <= %(now)s{only}) AS leased"""
+
+
+DUE_COUNTS = _due_counts("")
+DUE_COUNTS_QUEUE = _due_counts(" AND queue = %(queue)s")
+
+
 def page_jobs(filters: PageFilters) -> str:
     """A keyset page, filtered by state, kind and/or queue (values are bound), in
     ``filters.order``: by id, or newest first (``updated_at`` then id, descending)."""
     return _page_statement(
         filters.order,
-        filters.state is not None,
+        filters.state,
         filters.kind is not None,
         filters.queue is not None,
     )
 
 
-# due_counts(): the queued jobs split at now, and the leases that ran out (one
-# snapshot, one statement; an operator's read, not a hot path). A marked lease
-# that ran out is not counted: it reads as cancelled (EFFECTIVE_STATE)
-_DUE_COUNTS = f"""SELECT
-  COALESCE(SUM(CASE WHEN state = 'pending' AND run_at <= %(now)s THEN 1 ELSE 0 END), 0),
-  COALESCE(SUM(CASE WHEN state = 'pending' AND run_at > %(now)s THEN 1 ELSE 0 END), 0),
-  COALESCE(SUM(CASE WHEN state = 'failed' AND run_at <= %(now)s THEN 1 ELSE 0 END), 0),
-  COALESCE(SUM(CASE WHEN state = 'failed' AND run_at > %(now)s THEN 1 ELSE 0 END), 0),
-  COALESCE(SUM(CASE WHEN state = 'leased' AND cancel_requested_at IS NULL
-    AND lease_until <= %(now)s THEN 1 ELSE 0 END), 0)
-  FROM {JOBS} WHERE state IN ('pending', 'failed', 'leased')"""
-DUE_COUNTS = _DUE_COUNTS
-DUE_COUNTS_QUEUE = _DUE_COUNTS + " AND queue = %(queue)s"
+# The stored rows a state filter reads, per effective state (EFFECTIVE_STATE):
+# each a condition on one stored state, written as a literal (a state is one of
+# STATES, checked by the engine, never input text) so that the planner matches
+# it to a partial index even in a generic prepared plan. 'cancelled' is also a
+# marked lease that ran out.
+_STORED: dict[str, tuple[str, ...]] = {
+    "pending": ("state = 'pending'",),
+    "failed": ("state = 'failed'",),
+    "done": ("state = 'done'",),
+    "dead": ("state = 'dead'",),
+    "leased": (f"state = 'leased' AND NOT ({MARKED_EXPIRED})",),
+    "cancelled": ("state = 'cancelled'", MARKED_EXPIRED),
+}
+# newest first over every state: the unleased rows from "_jaren_jobs_newest",
+# merged with the few leased ones
+_EVERY_STATE = ("state <> 'leased'", "state = 'leased'")
 
 
-@lru_cache(maxsize=16)
-def _page_statement(order_by: str, by_state: bool, by_kind: bool, by_queue: bool) -> str:
-    # one statement per shape (the values are bound, never part of the text)
+@lru_cache(maxsize=64)
+def _page_statement(order_by: str, state: str | None, by_kind: bool, by_queue: bool) -> str:
+    # one statement per shape and state (the values are bound, never part of the text)
     if order_by == "newest":
-        where = ["(updated_at < %(after_at)s OR (updated_at = %(after_at)s AND id < %(after)s))"]
+        # a row comparison, so that the index seeks to it rather than filtering
+        # every newer row (jobs enqueued together share one updated_at)
+        seek = "(updated_at, id) < (%(after_at)s, %(after)s)"
         order = "updated_at DESC, id DESC"
     else:
-        where = ["id > %(after)s"]
+        seek = "id > %(after)s"
         order = "id"
-    if by_state:
-        where.append(f"{EFFECTIVE_STATE} = %(state)s")
+    where = [seek]
     if by_kind:
         where.append("kind = %(kind)s")
     if by_queue:
         where.append("queue = %(queue)s")
-    return f"""SELECT {READ_COLUMNS} FROM {JOBS} WHERE {" AND ".join(where)}
+    if state is None and order_by != "newest":
+        # by id over every state: the primary key is the order
+        branches: tuple[str, ...] = ("",)
+    else:
+        # each stored state read from its own index ("_jaren_jobs_state_id" or
+        # "_jaren_jobs_state_newest"; leased rows from "_jaren_jobs_leased"), at
+        # most one row each, merged: never a scan of the other states' rows (the
+        # CASE of EFFECTIVE_STATE matches no index)
+        branches = _EVERY_STATE if state is None else _STORED[state]
+    selects = [
+        f"""SELECT {READ_COLUMNS} FROM {JOBS}
+  WHERE {" AND ".join([*where, f"({branch})"] if branch else where)}
   ORDER BY {order} LIMIT %(limit)s"""
+        for branch in branches
+    ]
+    if len(selects) == 1:
+        return selects[0]
+    merged = "\n  UNION ALL ".join(f"({select})" for select in selects)
+    return f"{merged}\n  ORDER BY {order} LIMIT %(limit)s"
 
 
 # where a newest-first page given an ``after`` id starts: that job's updated_at
