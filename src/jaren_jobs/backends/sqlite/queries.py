@@ -20,9 +20,9 @@ ERRORS = '"_jaren_job_errors"'
 META = '"_jaren_meta"'
 
 # 1: the fenced schema; 2: the (state, kind) index without leased rows; 3: claim_key;
-# 4: queue, unique_key and their indexes (§12); 5: the error history (§13); 6:
-# cancel_requested_at, a forced cancel's mark (§13); 7: the history keyed by generation
-SCHEMA_VERSION = 7
+# 4: queue, unique_key and their indexes (§12); 5: the error history (§13); 6: a forced
+# cancel's mark (§13); 7: the history keyed by generation; 8: listing.LISTING_INDEXES
+SCHEMA_VERSION = 8
 
 # the column order every job SELECT/RETURNING uses; engine rows map by index.
 # The free texts (payload, result, last_error) come back as their bytes, which

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from jaren_jobs.errors import JobsError, SchemaError
 
+from . import listing
 from . import queries as sql
 from .connection import Database
 
@@ -79,7 +80,7 @@ def _upgrade(db: Database) -> None:
         present = {row[0] for row in db.all(sql.table_columns(table), doing=what)}
         if column not in present:
             db.run(sql.add_column(table, column, definition), doing=what)
-    for statement in sql.CREATE_INDEXES:
+    for statement in (*sql.CREATE_INDEXES, *listing.LISTING_INDEXES):
         db.run(statement, doing=what)
     for name in sql.DROPPED_INDEXES:
         db.run(sql.drop_index(name), doing=what)
