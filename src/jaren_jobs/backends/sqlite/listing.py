@@ -35,6 +35,7 @@ COUNT_QUEUE_PENDING_KINDS = f"""SELECT kind, COUNT(*)
   FROM {JOBS} INDEXED BY "_jaren_jobs_ready_queue"
   WHERE state IN ('pending', 'failed') AND queue = :queue GROUP BY kind"""
 
+
 # due_counts(): the queued jobs split at now, and the leases that ran out (one
 # snapshot, one statement). Each queued state is read from "_jaren_jobs_state_id",
 # which carries run_at (never the table); the leases from their own index. A
@@ -49,7 +50,8 @@ def _due_counts(only: str) -> str:
     return f"""SELECT pending.ready, pending.later, failed.ready, failed.later, leased.expired
   FROM {queued("pending")}, {queued("failed")},
   (SELECT COUNT(*) AS expired FROM {JOBS} INDEXED BY "_jaren_jobs_leased"
-    WHERE state = 'leased' AND cancel_requested_at IS NULL AND lease_until <= :now{only}) AS leased"""
+    WHERE state = 'leased' AND cancel_requested_at IS NULL AND lease_until <= :now{only})
+    AS leased"""
 
 
 DUE_COUNTS = _due_counts("")
@@ -94,7 +96,8 @@ _LEASED = ("state = 'leased'", "_jaren_jobs_leased", "_jaren_jobs_leased")
 
 
 def _stored(state: str) -> tuple[str, str, str]:
-    return (f"state = '{state}' AND {_UNLEASED}", "_jaren_jobs_state_id", "_jaren_jobs_state_newest")
+    condition = f"state = '{state}' AND {_UNLEASED}"
+    return (condition, "_jaren_jobs_state_id", "_jaren_jobs_state_newest")
 
 
 _STORED: dict[str, tuple[tuple[str, str, str], ...]] = {
