@@ -627,6 +627,7 @@ _SESSION_AWAITED = frozenset(
         "cancel_leased",
         "cancel_forced",
         "requeue",
+        "run_now",
         "sweep",
         "settle",
         "settle_within",

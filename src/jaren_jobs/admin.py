@@ -27,7 +27,7 @@ from .records import Counts, DueCounts, JobError, Lease
 from .runtime import ResolvedRuntime, check_positive_int
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
 
-__all__ = ["JobAdmin", "cancel_job", "requeue_job"]
+__all__ = ["JobAdmin", "cancel_job", "requeue_job", "run_now_job"]
 
 
 class JobAdmin:
@@ -160,6 +160,30 @@ class JobAdmin:
             deadline=deadline,
             drop_checkpoints=drop_checkpoints,
             reset_attempts=reset_attempts,
+        )
+
+    def run_now(
+        self,
+        id: str,
+        *,
+        signal: SignalLike | None = None,
+        deadline: datetime | None = None,
+    ) -> bool:
+        """Make a queued job due now: one waiting on its ``run_at`` (a delay, a schedule)
+        or on a retry's backoff.
+
+        A pending or failed job whose ``run_at`` is still ahead gets ``run_at``
+        = now, in one write guarded on that state (a claim that took it first
+        wins, and this call then refuses); nothing else changes (attempts,
+        error, priority) and workers are woken. ``True`` when this call moved
+        it; ``False`` when it was due already. A claimed job (running, or
+        with a lease that ran out, which the next claim takes up) is
+        :class:`LeaseRequired`; done, dead, cancelled or unknown is
+        :class:`JobSettled` (a dead or cancelled job is run again with
+        :meth:`requeue`).
+        """
+        return run_now_job(
+            self._session, self._hub, self._runtime, id, signal=signal, deadline=deadline
         )
 
     def sweep(
@@ -331,4 +355,36 @@ def requeue_job(
         leased="holds a live lease — requeue is not a steal; cancel the attempt with its "
         "lease, or wait for the lease to expire",
         settled="a completed job is not re-run; enqueue new work under a new id",
+    )
+
+
+def run_now_job(
+    session: JobsSession,
+    hub: EngineHub,
+    runtime: ResolvedRuntime,
+    id: object,
+    *,
+    signal: SignalLike | None,
+    deadline: datetime | None,
+) -> bool:
+    """``store.jobs.run_now`` (see :meth:`JobAdmin.run_now`)."""
+    what = "run_now()"
+    job_id = check_id(id, f"{what}: id")
+    sig = check_signal_arg(signal, what)
+    dl = check_deadline_arg(deadline, what)
+    refuse_if_cancelled(sig, dl, runtime.now(), what)
+    answer = session.run_now(job_id, what, sig)
+    if answer is True:
+        session.after_commit(hub.wake)
+        return True
+    if isinstance(answer, FenceRow) and answer.state in ("pending", "failed"):
+        return False  # due already: the next claim takes it
+    return moved_or_refused(
+        answer,
+        job_id,
+        what,
+        unchanged="pending",  # not reached: answered above
+        leased="is claimed — an attempt holds it, or its lease ran out and the next claim "
+        "takes it up; run now is for a queued job waiting on its run_at",
+        settled="run now moves a queued job; a dead or cancelled one is run again with requeue()",
     )

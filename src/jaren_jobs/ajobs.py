@@ -326,6 +326,17 @@ class AsyncJobs:
             deadline=deadline,
         )
 
+    async def run_now(
+        self,
+        id: str,
+        *,
+        signal: SignalLike | None = None,
+        deadline: datetime | None = None,
+    ) -> bool:
+        """Make a queued job waiting on its ``run_at`` or a retry's backoff due now (see
+        ``store.jobs.run_now``)."""
+        return await self._run(self._jobs.run_now, id, signal=signal, deadline=deadline)
+
     async def sweep(
         self,
         *,

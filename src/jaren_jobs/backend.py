@@ -181,6 +181,11 @@ class JobsSession(Protocol):
         signal: SignalLike | None,
     ) -> bool | FenceRow | None: ...
 
+    def run_now(self, job_id: str, what: str, signal: SignalLike | None) -> bool | FenceRow | None:
+        """``run_now(id)``: a pending or failed job whose ``run_at`` is still ahead is due now
+        (``True``); otherwise the row as it stands (``None``: no such job)."""
+        ...
+
     def sweep(
         self,
         horizon_ms: int,

@@ -416,6 +416,19 @@ class AsyncPostgresSession:
 
         return await self._scope.write(work, what, signal)
 
+    async def run_now(
+        self, job_id: str, what: str, signal: SignalLike | None
+    ) -> bool | FenceRow | None:
+
+        async def work() -> bool | FenceRow | None:
+            params = {"id": job_id, "now": self._runtime.now_ms()}
+            if await self._db.changes(sql.RUN_NOW, params, doing=what):
+                await self._notify(what)
+                return True
+            return await self._fence_row(job_id, what)
+
+        return await self._scope.write(work, what, signal)
+
     async def sweep(
         self,
         horizon_ms: int,

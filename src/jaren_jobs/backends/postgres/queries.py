@@ -427,6 +427,10 @@ REQUEUE = f"""UPDATE {JOBS} SET state = 'pending', run_at = %(now)s, lease_until
       WHERE other.unique_key = {JOBS}.unique_key AND other.unique_key IS NOT NULL
         AND other.{ACTIVE}))"""
 
+# run_now(): a queued job waiting on its run_at (a delay, a retry's backoff) is due now
+RUN_NOW = f"""UPDATE {JOBS} SET run_at = %(now)s, updated_at = %(now)s
+  WHERE id = %(id)s AND state IN ('pending', 'failed') AND run_at > %(now)s"""
+
 _SWEEP_SELECTION = f"""SELECT id FROM {JOBS}
     WHERE state IN ('done', 'dead', 'cancelled') AND updated_at < %(horizon)s
     ORDER BY updated_at, id LIMIT %(limit)s"""

@@ -441,6 +441,16 @@ class PostgresSession:
 
         return self._scope.write(work, what, signal)
 
+    def run_now(self, job_id: str, what: str, signal: SignalLike | None) -> bool | FenceRow | None:
+        def work() -> bool | FenceRow | None:
+            params = {"id": job_id, "now": self._runtime.now_ms()}
+            if self._db.changes(sql.RUN_NOW, params, doing=what):
+                self._notify(what)  # workers elsewhere: a job is ready now
+                return True
+            return self._fence_row(job_id, what)
+
+        return self._scope.write(work, what, signal)
+
     def sweep(
         self,
         horizon_ms: int,

@@ -265,6 +265,15 @@ class SqliteSession:
 
         return self._scope.write(work, what, signal)
 
+    def run_now(self, job_id: str, what: str, signal: SignalLike | None) -> bool | FenceRow | None:
+        def work() -> bool | FenceRow | None:
+            params = {"id": job_id, "now": self._runtime.now_ms()}
+            if self._db.changes(sql.RUN_NOW, params, doing=what):
+                return True
+            return self._seq.fence_row_within(job_id, what)
+
+        return self._scope.write(work, what, signal)
+
     def sweep(
         self,
         horizon_ms: int,
