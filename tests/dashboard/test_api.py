@@ -305,29 +305,65 @@ def test_overview_throughput_oldest_ready_and_leases(db: Store, clock: FakeClock
         assert third["throughput"]["done"] == [0] * 12  # older than the hour
 
 
-def test_run_now_and_the_job_page_flash(db: Store) -> None:
+def test_run_now_single_json_and_bulk_and_the_job_page_flash(db: Store, clock: FakeClock) -> None:
     filled = fill(db)
     failed = db.jobs.get(filled.failed)
     assert failed is not None
-    assert failed.run_at > failed.updated_at  # waiting out its backoff
+    assert failed.run_at.timestamp() > clock.now()  # waiting out its backoff
+    for index in range(3):
+        db.jobs.enqueue("later", {"i": index}, id=f"l-{index}", delay_seconds=3600)
     with serving(create_app(db, read_only=False)) as base, httpx.Client(base_url=base) as client:
         token = _csrf(client)
+        # the job page offers it only for a queued job whose run_at is ahead
+        assert 'data-testid="action-run_now"' in client.get("/job", params={"id": "l-0"}).text
+        assert (
+            'data-testid="action-run_now"' in client.get("/job", params={"id": filled.failed}).text
+        )
+        for due in (filled.pending[0], filled.dead):
+            assert 'data-testid="action-run_now"' not in client.get("/job", params={"id": due}).text
         answer = client.post(
             "/actions/job", data={"csrf_token": token, "id": filled.failed, "action": "run_now"}
         )
         assert answer.status_code == 303
         job = db.jobs.get(filled.failed)
         assert job is not None
-        assert job.state == "pending"
-        assert job.attempts == 1  # the attempt count is kept
+        # still a retry, due now: the attempt count and the error are kept
+        assert (job.state, job.attempts, job.run_at.timestamp()) == ("failed", 1, clock.now())
         shown = client.get(answer.headers["location"])
         assert 'data-testid="flash">made due now<' in shown.text
-        # a pending job scheduled later cannot be moved forward through the public API
+        again = client.post(
+            "/actions/job", data={"csrf_token": token, "id": filled.failed, "action": "run_now"}
+        )
+        assert "already+due" in again.headers["location"]
+        # a settled job: 409 with the store's reason, and nothing written
         refused = client.post(
-            "/actions/job", data={"csrf_token": token, "id": filled.pending[0], "action": "run_now"}
+            "/actions/job", data={"csrf_token": token, "id": filled.dead, "action": "run_now"}
         )
         assert refused.status_code == 409
-        assert "run now is for a job waiting out a retry" in refused.text
+        assert "requeue" in refused.text
+        # the JSON API: CSRF like every action, then the answer
+        assert client.post("/api/jobs/l-0/run_now").status_code == 403
+        assert db.jobs.get("l-0").run_at.timestamp() > clock.now()  # type: ignore[union-attr]
+        api = client.post("/api/jobs/l-0/run_now", headers={"X-CSRF-Token": token})
+        assert api.status_code == 200
+        assert api.json() == {
+            "id": "l-0",
+            "action": "run_now",
+            "changed": True,
+            "message": "made due now",
+            "state": "pending",
+        }
+        # in bulk, by filter: counted, confirmed, then done
+        form = {"csrf_token": token, "mode": "filter", "kind": "later", "action": "run_now"}
+        preview = client.post("/actions/bulk", data=form)
+        assert "Run now <b>3</b> jobs" in preview.text
+        assert db.jobs.get("l-1").run_at.timestamp() > clock.now()  # type: ignore[union-attr]
+        done = client.post("/actions/bulk", data={**form, "confirm": "yes"})
+        assert "run now: 3 of 3 done" in done.text
+        assert all(
+            db.jobs.get(f"l-{i}").run_at.timestamp() == clock.now()  # type: ignore[union-attr]
+            for i in range(3)
+        )
         # the flash shows only the dashboard's own words
         crafted = client.get("/job", params={"id": filled.dead, "done": "your account is closed"})
         assert crafted.status_code == 200

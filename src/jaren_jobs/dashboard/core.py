@@ -52,6 +52,7 @@ FLASHES = frozenset(
         "already pending",
         "requeued with its attempts reset",
         "made due now",
+        "already due",
     }
 )
 ORDERS = ("id", "newest")
@@ -336,11 +337,11 @@ class Dashboard:
         merged = {**fields, **form}
         if path.startswith("/api/jobs/"):
             rest = path[len("/api/jobs/") :]
-            for verb in ("cancel", "requeue"):
+            for verb in ("cancel", "requeue", "run_now"):
                 if rest.endswith("/" + verb) and len(rest) > len(verb) + 1:
                     job_id = rest[: -len(verb) - 1]
                     return _json(200, self._act(job_id, verb, merged))
-            raise HttpError(404, "no such action: POST /api/jobs/<id>/cancel or /requeue")
+            raise HttpError(404, "no such action: POST /api/jobs/<id>/cancel, /requeue or /run_now")
         view = self._view(request, session)
         if path == "/actions/job":
             target = one(merged, "id", allow_long=True)
@@ -422,7 +423,8 @@ class Dashboard:
             done = one(fields, "done")
             if done not in FLASHES:
                 done = None  # only the dashboard's own words: a crafted link says nothing
-            return _html(200, pages.job_page(view, job, self._errors(job.id), done))
+            ahead = job.run_at.timestamp() > self.store.runtime.now()
+            return _html(200, pages.job_page(view, job, self._errors(job.id), done, waiting=ahead))
         raise HttpError(404, f"no page at {_clip(path)}")
 
     # ------------------------------------------------------------ reads
@@ -504,14 +506,8 @@ class Dashboard:
                 if changed and reset:
                     message = "requeued with its attempts reset"
             elif verb == "run_now":
-                if job.state != "failed":
-                    raise HttpError(
-                        409,
-                        "run now is for a job waiting out a retry's backoff (state failed); "
-                        f"this one is {job.state}",
-                    )
-                changed = jobs.requeue(job.id)
-                message = "made due now"
+                changed = jobs.run_now(job.id)
+                message = "made due now" if changed else "already due"
             else:
                 raise HttpError(400, f"no action {_clip(verb)}: cancel, requeue or run_now")
         except (JobSettled, LeaseRequired) as exc:
@@ -531,8 +527,8 @@ class Dashboard:
 
     def _bulk(self, view: pages.View, fields: Mapping[str, list[str]]) -> str:
         verb = one(fields, "action") or ""
-        if verb not in ("cancel", "requeue"):
-            raise HttpError(400, f"bulk action must be cancel or requeue; got {_clip(verb)}")
+        if verb not in ("cancel", "requeue", "run_now"):
+            raise HttpError(400, f"bulk action is cancel, requeue or run_now; not {_clip(verb)}")
         mode = one(fields, "mode") or "ids"
         if mode == "ids":
             ids = [value for value in fields.get("ids", []) if value]
