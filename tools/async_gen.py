@@ -621,6 +621,7 @@ _SESSION_AWAITED = frozenset(
         "job_errors",
         "count_jobs",
         "count_due",
+        "count_settled",
         "claim",
         "renew",
         "cancel_queued",

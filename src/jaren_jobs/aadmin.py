@@ -23,11 +23,12 @@ from .core.fence import FenceRow, moved_or_refused
 from .errors import CancelRequested, JobSettled, LeaseRequired, UnknownJob
 from .history import error_records
 from .hub import EngineHub
-from .records import Counts, DueCounts, JobError, Lease
-from .runtime import ResolvedRuntime, check_positive_int
+from .records import Counts, DueCounts, JobError, Lease, SettledBuckets
+from .runtime import ResolvedRuntime, check_positive_int, check_seconds
 from .signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
 
-__all__ = ["AsyncJobAdmin", "cancel_job", "requeue_job", "run_now_job"]
+__all__ = ["MAX_BUCKETS", "AsyncJobAdmin", "cancel_job", "requeue_job", "run_now_job"]
+MAX_BUCKETS = 10000
 
 
 class AsyncJobAdmin:
@@ -80,6 +81,41 @@ class AsyncJobAdmin:
         what = "due_counts()"
         checked = None if queue is None else check_queue(queue, f"{what}: queue")
         return DueCounts(*await self._session.count_due(self._runtime.now_ms(), what, checked))
+
+    async def settled_buckets(
+        self, *, since: datetime, bucket_seconds: float, buckets: int, limit: int = 10000
+    ) -> SettledBuckets:
+        """How many jobs settled (done, dead, cancelled) in each of ``buckets`` buckets of
+        ``bucket_seconds`` from ``since``, by their last change: a throughput chart.
+
+        At most ``limit`` jobs are read per state, the most recent first, so the
+        cost is bounded whatever the queue's rate; a state that reached it is in
+        ``truncated`` (its older buckets may fall short). An operator's read: one
+        statement over an index of the settled jobs, never the table. Swept jobs
+        are not counted, nor a requeued one (it is no longer settled).
+        """
+        what = "settled_buckets()"
+        start = ms_from_datetime(check_aware(since, f"{what}: since"))
+        width = check_seconds(bucket_seconds, f"{what}: bucket_seconds")
+        count = check_positive_int(buckets, f"{what}: buckets")
+        most = check_positive_int(limit, f"{what}: limit")
+        bucket_ms = max(1, round(width * 1000))
+        if count > MAX_BUCKETS:
+            raise ValueError(f"{what}: buckets must be at most {MAX_BUCKETS}, got {count}")
+        rows = await self._session.count_settled(
+            start, start + count * bucket_ms, bucket_ms, most, what
+        )
+        series: dict[str, list[int]] = {s: [0] * count for s in ("done", "dead", "cancelled")}
+        for state, index, jobs in rows:
+            series[state][index] += jobs
+        return SettledBuckets(
+            since=since,
+            bucket_seconds=bucket_ms / 1000,
+            done=tuple(series["done"]),
+            dead=tuple(series["dead"]),
+            cancelled=tuple(series["cancelled"]),
+            truncated=frozenset((s for s, counts in series.items() if sum(counts) >= most)),
+        )
 
     async def cancel(
         self,

@@ -26,7 +26,17 @@ from .core.commands import PageFilters, check_page
 from .cursor import Barrier, Cursor, Streaming
 from .engine import wait_plan
 from .periodic import Periodic
-from .records import ClaimedJob, Counts, DueCounts, Job, JobError, Lease, NewJob, Outcome
+from .records import (
+    ClaimedJob,
+    Counts,
+    DueCounts,
+    Job,
+    JobError,
+    Lease,
+    NewJob,
+    Outcome,
+    SettledBuckets,
+)
 from .signals import SignalLike
 from .store import Jobs
 
@@ -324,6 +334,18 @@ class AsyncJobs:
             reset_attempts=reset_attempts,
             signal=signal,
             deadline=deadline,
+        )
+
+    async def settled_buckets(
+        self, *, since: datetime, bucket_seconds: float, buckets: int, limit: int = 10_000
+    ) -> SettledBuckets:
+        """The jobs settled per bucket of a window (see ``store.jobs.settled_buckets``)."""
+        return await self._run(
+            self._jobs.settled_buckets,
+            since=since,
+            bucket_seconds=bucket_seconds,
+            buckets=buckets,
+            limit=limit,
         )
 
     async def run_now(

@@ -154,6 +154,13 @@ class JobsSession(Protocol):
         """Pending ready/scheduled, failed ready/scheduled, leases run out, at ``now``."""
         ...
 
+    def count_settled(
+        self, since: int, until: int, bucket: int, limit: int, what: str
+    ) -> list[tuple[str, int, int]]:
+        """``(state, bucket index, jobs)`` of the settled states in ``[since, until)`` (ms),
+        at most ``limit`` read per state, the most recent first."""
+        ...
+
     def claim(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]: ...
 
     def renew(self, lease: Lease, lease_ms: int, what: str) -> Renewal | Missed: ...

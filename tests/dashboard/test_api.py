@@ -270,7 +270,10 @@ def test_overview_throughput_oldest_ready_and_leases(db: Store, clock: FakeClock
     with serving(create_app(db)) as base, httpx.Client(base_url=base) as client:
         first = client.get("/api/overview").json()
         assert first["counts"]["pending"] == 4
-        assert first["throughput"]["done"] == [0] * 12  # one sample: nothing seen happen yet
+        # read from the stored jobs: fill() settled two done and one dead just now
+        assert first["throughput"]["done"] == [0] * 11 + [2]
+        assert first["throughput"]["failed"] == [0] * 11 + [1]
+        assert first["throughput"]["truncated"] is False
         assert first["oldest_ready"]["age_seconds"] == 0
         assert first["queue_names"] == ["default", "reports"]
         queues = client.get("/api/queues").json()
@@ -294,15 +297,16 @@ def test_overview_throughput_oldest_ready_and_leases(db: Store, clock: FakeClock
             else:
                 db.jobs.complete(claimed.lease)
         second = client.get("/api/overview").json()
-        assert second["throughput"]["done"][-1] == 2
-        assert second["throughput"]["failed"][-1] == 1
-        assert sum(second["throughput"]["done"]) == 2
+        # 400 s later: the first ones a bucket back (five-minute buckets), the new ones last
+        assert second["throughput"]["done"] == [0] * 10 + [2, 2]
+        assert second["throughput"]["failed"] == [0] * 10 + [1, 1]
         assert second["oldest_ready"]["age_seconds"] == 400
         assert second["oldest_ready"]["id"] in filled.pending
         assert second["leases"]["owners"][0]["expired"] == 1  # its 30 s lease ran out
         clock.advance(2 * 3600)
         third = client.get("/api/overview").json()
         assert third["throughput"]["done"] == [0] * 12  # older than the hour
+        assert third["throughput"]["failed"] == [0] * 12
 
 
 def test_run_now_single_json_and_bulk_and_the_job_page_flash(db: Store, clock: FakeClock) -> None:
@@ -417,3 +421,17 @@ def test_hostile_paths_and_bodies(db: Store) -> None:
         assert many.status_code == 200
         assert "cancel: 1 of 2 done" in many.text
         assert "no job" in many.text
+
+
+def test_the_chart_says_when_it_counted_only_the_most_recent(
+    db: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jaren_jobs.dashboard import overview
+
+    fill(db)  # two done jobs
+    monkeypatch.setattr(overview, "SETTLED_CAP", 1)
+    with serving(create_app(db)) as base, httpx.Client(base_url=base) as client:
+        data = client.get("/api/overview").json()["throughput"]
+        assert (data["done"][-1], data["truncated"], data["cap"]) == (1, True, 1)
+        page = client.get("/").text
+        assert 'data-field="chart-note"> (the most recent 1 of each counted)<' in page

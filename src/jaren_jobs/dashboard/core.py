@@ -33,7 +33,7 @@ from jaren_jobs.records import STATES, Job
 from jaren_jobs.store import Store
 
 from . import pages
-from .overview import QueueCounts, Throughput, overview
+from .overview import QueueCounts, overview
 
 log = logging.getLogger("jaren_jobs.dashboard")
 
@@ -233,7 +233,6 @@ class Dashboard:
         if not 0.1 <= poll_seconds <= 3600:
             raise ValueError(f"poll_seconds must be from 0.1 to 3600, got {poll_seconds!r}")
         self.poll_ms = round(poll_seconds * 1000)
-        self.throughput = Throughput()
         self.queue_counts = QueueCounts()
         # signs the CSRF token of each session; a restart starts new sessions
         self._secret = secrets.token_bytes(32)
@@ -431,9 +430,7 @@ class Dashboard:
 
     def overview(self) -> dict[str, Any]:
         """The overview's data; the per-queue counts as last counted (``/api/queues``)."""
-        data = overview(
-            self.store, queues=self.queues, periodic=self.periodic, throughput=self.throughput
-        )
+        data = overview(self.store, queues=self.queues, periodic=self.periodic)
         data["queues"], data["queues_as_of"] = self.queue_counts.cached()
         return data
 

@@ -121,7 +121,8 @@ def chart(throughput: Mapping[str, Any]) -> str:
                 f'<rect class="bar-{name}" data-bar="{name}-{index}" x="{index * slot + offset}" '
                 f'y="{height - h}" width="18" height="{h}"><title>{value} {name}</title></rect>'
             )
-    more = f" (watched since {throughput['watching_since']})" if throughput["truncated"] else ""
+    cap = throughput["cap"]
+    more = f" (the most recent {cap:,} of each counted)" if throughput["truncated"] else ""
     return (
         f'<svg class="chart" data-testid="chart" viewBox="0 0 {width} {height + 16}" '
         f'role="img" aria-label="jobs done and dead-lettered per five minutes, last hour{more}">'

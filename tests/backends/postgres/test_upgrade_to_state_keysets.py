@@ -11,7 +11,7 @@ import pytest
 
 import jaren_jobs
 from jaren_jobs import Runtime
-from jaren_jobs.backends.postgres import queries as sql
+from jaren_jobs.backends.postgres import listing as sql
 from jaren_jobs.backends.postgres.schema import SCHEMA_VERSION
 from jaren_jobs.core.commands import PageFilters
 from tests.conftest import FakeClock, require_postgres
@@ -137,3 +137,12 @@ def test_the_counts_read_indexes_only(pg: PostgresUrl, runtime: Runtime) -> None
         assert f"Index Only Scan using {index}" in plan
         assert "using _jaren_jobs_leased" in plan
         assert "Seq Scan" not in plan
+
+
+def test_the_settled_buckets_read_an_index_only(pg: PostgresUrl, runtime: Runtime) -> None:
+    jaren_jobs.open_store(pg.url, runtime=runtime).close()
+    _fill_many(pg)
+    params = {"since": 0, "until": 20_000, "bucket": 1000, "limit": 100}
+    plan = _plan(pg, sql.SETTLED_BUCKETS, params)
+    assert plan.count("Index Only Scan Backward using _jaren_jobs_state_newest") == 3
+    assert "Seq Scan" not in plan

@@ -338,3 +338,18 @@ def test_due_counts_read_indexes_never_the_table(populated: Store) -> None:
     assert_no_table_scan(details, statements[0])
     assert details.count(f"SEARCH {JOBS} USING COVERING INDEX _jaren_jobs_state_id (state=?)") == 2
     assert f"SEARCH {JOBS} USING INDEX _jaren_jobs_leased (lease_until<?)" in details
+
+
+def test_settled_buckets_read_the_covering_state_index(populated: Store) -> None:
+    from datetime import datetime, timezone
+
+    since = datetime.fromtimestamp(START - 86_400, timezone.utc)
+    call = lambda: populated.jobs.settled_buckets(since=since, bucket_seconds=3600, buckets=48)  # noqa: E731
+    statements = traced(populated, call)
+    assert len(statements) == 1
+    details = plan(populated, statements[0])
+    assert_no_table_scan(details, statements[0])
+    searches = [d for d in details if "_jaren_jobs_state_newest" in d]
+    window = "(state=? AND updated_at>? AND updated_at<?)"
+    expected = f"SEARCH {JOBS} USING COVERING INDEX _jaren_jobs_state_newest {window}"
+    assert searches == [expected] * 3, details

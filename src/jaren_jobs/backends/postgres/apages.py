@@ -28,7 +28,7 @@ from jaren_jobs.rows import job_from_row
 from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike
 
-from . import queries as sql
+from . import listing
 from .aconnection import AsyncPgDatabase
 from .errors import translating
 
@@ -107,8 +107,8 @@ def page_jobs_async(
         runtime,
         filters,
         check_open=db.check_open,
-        statement_for=sql.page_jobs,
-        position_statement=sql.PAGE_POSITION,
+        statement_for=listing.page_jobs,
+        position_statement=listing.PAGE_POSITION,
         open_fetch=bridge.fetch,
         map_row=job_from_row,
         wrap=translating("page()"),

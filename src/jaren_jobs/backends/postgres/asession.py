@@ -23,6 +23,7 @@ from jaren_jobs.rows import claim_key, claimed_from_row, inserted_job, job_from_
 from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike
 
+from . import listing
 from . import queries as sql
 from .aconnection import AsyncPgDatabase
 from .asettling import AsyncPgSettling
@@ -227,10 +228,10 @@ class AsyncPostgresSession:
 
         async def work() -> Counts:
             rows = await self._db.all(
-                sql.COUNT_BY_STATE, {"now": self._runtime.now_ms()}, doing=what
+                listing.COUNT_BY_STATE, {"now": self._runtime.now_ms()}, doing=what
             )
             by_state = {str(s): int(n) for s, n in rows}
-            kinds = await self._db.all(sql.COUNT_PENDING_KINDS, doing=what)
+            kinds = await self._db.all(listing.COUNT_PENDING_KINDS, doing=what)
             known = {s: by_state.get(s, 0) for s in STATES}
             return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds})
 
@@ -240,19 +241,32 @@ class AsyncPostgresSession:
 
         async def work() -> Counts:
             params = {"queue": queue, "now": self._runtime.now_ms()}
-            rows = await self._db.all(sql.COUNT_QUEUE_BY_STATE, params, doing=what)
+            rows = await self._db.all(listing.COUNT_QUEUE_BY_STATE, params, doing=what)
             by_state = {str(s): int(n) for s, n in rows}
-            kinds = await self._db.all(sql.COUNT_QUEUE_PENDING_KINDS, {"queue": queue}, doing=what)
+            kinds = await self._db.all(
+                listing.COUNT_QUEUE_PENDING_KINDS, {"queue": queue}, doing=what
+            )
             known = {s: by_state.get(s, 0) for s in STATES}
             return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds})
 
         return await self._scope.read_consistent(work, what)
 
+    async def count_settled(
+        self, since: int, until: int, bucket: int, limit: int, what: str
+    ) -> list[tuple[str, int, int]]:
+        params = {"since": since, "until": until, "bucket": bucket, "limit": limit}
+
+        async def work() -> list[tuple[str, int, int]]:
+            rows = await self._db.all(listing.SETTLED_BUCKETS, params, doing=what)
+            return [(str(state), int(index), int(n)) for state, index, n in rows]
+
+        return await self._scope.read(work, what)
+
     async def count_due(self, now: int, what: str, queue: str | None = None) -> tuple[int, ...]:
         params: dict[str, object] = {"now": now}
         if queue is not None:
             params["queue"] = queue
-        statement = sql.DUE_COUNTS if queue is None else sql.DUE_COUNTS_QUEUE
+        statement = listing.DUE_COUNTS if queue is None else listing.DUE_COUNTS_QUEUE
 
         async def work() -> tuple[int, ...]:
             row = await self._db.one(statement, params, doing=what)

@@ -20,7 +20,7 @@ from jaren_jobs.rows import job_from_row
 from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike
 
-from . import queries as sql
+from . import listing
 from .connection import PgDatabase
 from .errors import translating
 
@@ -55,8 +55,8 @@ def page_jobs(
         runtime,
         filters,
         check_open=db.check_open,
-        statement_for=sql.page_jobs,
-        position_statement=sql.PAGE_POSITION,
+        statement_for=listing.page_jobs,
+        position_statement=listing.PAGE_POSITION,
         open_fetch=lambda statement: _statements(db, statement),
         map_row=job_from_row,
         wrap=translating("page()"),

@@ -31,6 +31,7 @@ from jaren_jobs.rows import claim_key, claimed_from_row, inserted_job, job_from_
 from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike
 
+from . import listing
 from . import queries as sql
 from .channels import cancel_channel, settled_channel
 from .connection import PgDatabase
@@ -253,9 +254,9 @@ class PostgresSession:
             return self._count_queue(queue, what)
 
         def work() -> Counts:
-            rows = self._db.all(sql.COUNT_BY_STATE, {"now": self._runtime.now_ms()}, doing=what)
+            rows = self._db.all(listing.COUNT_BY_STATE, {"now": self._runtime.now_ms()}, doing=what)
             by_state = {str(s): int(n) for s, n in rows}
-            kinds = self._db.all(sql.COUNT_PENDING_KINDS, doing=what)
+            kinds = self._db.all(listing.COUNT_PENDING_KINDS, doing=what)
             known = {s: by_state.get(s, 0) for s in STATES}
             return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds})
 
@@ -264,19 +265,30 @@ class PostgresSession:
     def _count_queue(self, queue: str, what: str) -> Counts:
         def work() -> Counts:
             params = {"queue": queue, "now": self._runtime.now_ms()}
-            rows = self._db.all(sql.COUNT_QUEUE_BY_STATE, params, doing=what)
+            rows = self._db.all(listing.COUNT_QUEUE_BY_STATE, params, doing=what)
             by_state = {str(s): int(n) for s, n in rows}
-            kinds = self._db.all(sql.COUNT_QUEUE_PENDING_KINDS, {"queue": queue}, doing=what)
+            kinds = self._db.all(listing.COUNT_QUEUE_PENDING_KINDS, {"queue": queue}, doing=what)
             known = {s: by_state.get(s, 0) for s in STATES}
             return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds})
 
         return self._scope.read_consistent(work, what)
 
+    def count_settled(
+        self, since: int, until: int, bucket: int, limit: int, what: str
+    ) -> list[tuple[str, int, int]]:
+        params = {"since": since, "until": until, "bucket": bucket, "limit": limit}
+
+        def work() -> list[tuple[str, int, int]]:
+            rows = self._db.all(listing.SETTLED_BUCKETS, params, doing=what)
+            return [(str(state), int(index), int(n)) for state, index, n in rows]
+
+        return self._scope.read(work, what)
+
     def count_due(self, now: int, what: str, queue: str | None = None) -> tuple[int, ...]:
         params: dict[str, object] = {"now": now}
         if queue is not None:
             params["queue"] = queue
-        statement = sql.DUE_COUNTS if queue is None else sql.DUE_COUNTS_QUEUE
+        statement = listing.DUE_COUNTS if queue is None else listing.DUE_COUNTS_QUEUE
 
         def work() -> tuple[int, ...]:
             row = self._db.one(statement, params, doing=what)

@@ -76,6 +76,20 @@ LISTING_INDEXES = (
 )
 
 
+# settled_buckets(): the jobs each settled state gained per bucket of [since,
+# until), by updated_at (a settlement's instant). Each state reads its rows of the
+# window newest first from "_jaren_jobs_state_newest" (covering), at most :limit
+# of them: the cost is bounded whatever the queue's rate.
+SETTLED_BUCKETS = "\n  UNION ALL ".join(
+    f"""SELECT '{state}', (updated_at - :since) / :bucket, COUNT(*) FROM (
+    SELECT updated_at FROM {JOBS} INDEXED BY "_jaren_jobs_state_newest"
+    WHERE state = '{state}' AND state <> 'leased'
+      AND updated_at >= :since AND updated_at < :until
+    ORDER BY updated_at DESC LIMIT :limit) GROUP BY 2"""
+    for state in ("done", "dead", "cancelled")
+)
+
+
 def page_jobs(filters: PageFilters) -> str:
     """A keyset page, filtered by state, kind and/or queue (values are bound), in
     ``filters.order``: by id, or newest first (``updated_at`` then id, descending)."""
