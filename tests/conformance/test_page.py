@@ -579,27 +579,3 @@ def test_drain_page_peeks_past_its_limit_within_a_larger_cursor(store: Store) ->
     assert ids(last.items) == many[20:]
     assert not last.has_more
     assert last.continuation == many[-1]
-
-
-def test_a_marked_lease_that_ran_out_is_paged_as_cancelled_in_both_orders(
-    store: Store, clock: FakeClock
-) -> None:
-    # a stored cancelled job, a live lease, and a lease marked by a forced cancel
-    # that then ran out (it reads as cancelled, as of when its lease expired)
-    fill(store, 3)
-    clock.advance(1)
-    store.jobs.cancel("j01")
-    clock.advance(1)
-    live = store.jobs.claim(["a"], owner="w", lease_seconds=600)
-    marked = store.jobs.claim(["a"], owner="w", lease_seconds=5)
-    assert (live and live.id, marked and marked.id) == ("j00", "j02")
-    assert store.jobs.cancel("j02", force=True) is True
-    clock.advance(10)
-    for order in ("id", "newest"):
-        cancelled = list(store.jobs.page(state="cancelled", order=order))
-        assert sorted(job.id for job in cancelled) == ["j01", "j02"]
-        assert {str(job.state) for job in cancelled} == {"cancelled"}
-        assert ids(store.jobs.page(state="leased", order=order)) == ["j00"]
-    # newest first: the marked job changed last (its mark), then j01
-    assert ids(store.jobs.page(state="cancelled", order="newest")) == ["j02", "j01"]
-    assert ids(store.jobs.page(order="newest", limit=2)) == ["j02", "j00"]
