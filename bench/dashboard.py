@@ -25,7 +25,7 @@ from typing import Any
 
 from jaren_jobs import NewJob, Store, open_store
 from jaren_jobs.dashboard.core import Dashboard, Request
-from jaren_jobs.dashboard.overview import queued_walk
+from jaren_jobs.dashboard.overview import queued_walk, throughput
 
 KINDS = ("email", "report", "resize", "sync", "webhook")
 QUEUES = ("default", "bulk", "critical")
@@ -82,6 +82,7 @@ def measure(store: Store) -> list[tuple[str, float, float]]:
         ("  due_counts()", store.jobs.due_counts),
         ("  counts(queue='bulk')", lambda: store.jobs.counts(queue="bulk")),
         ("  overview's walks", lambda: queued_walk(store, now(), store.jobs.due_counts())),
+        ("  overview's chart (settled_buckets)", lambda: throughput(store, now())),
     )
     for name, call in parts:
         times = []

@@ -632,12 +632,14 @@ _SESSION_AWAITED = frozenset(
         "count_jobs",
         "count_due",
         "queue_gauges",
+        "count_settled",
         "claim",
         "renew",
         "cancel_queued",
         "cancel_leased",
         "cancel_forced",
         "requeue",
+        "run_now",
         "sweep",
         "settle",
         "settle_within",
@@ -788,6 +790,7 @@ def store_backend(self) -> Any:
             "PostgresSession": "AsyncPostgresSession",
             "PgDatabase": "AsyncPgDatabase",
             "PgSettling": "AsyncPgSettling",
+            "PgReads": "AsyncPgReads",
             "Scope": "AsyncScope",
             "StoreBackend": "Any",  # the async store's backend (AsyncPostgresBackend)
         },
@@ -799,6 +802,7 @@ def store_backend(self) -> Any:
         modules={
             "jaren_jobs.backends.postgres.connection": "jaren_jobs.backends.postgres.connection_async",
             "jaren_jobs.backends.postgres.settling": "jaren_jobs.backends.postgres.settling_async",
+            "jaren_jobs.backends.postgres.reads": "jaren_jobs.backends.postgres.reads_async",
         },
         drop=frozenset(
             {
@@ -1017,6 +1021,24 @@ SPECS = (
         docstring=(
             "The asyncio twin of :mod:`jaren_jobs.worker.queue_run`: the same queue run, its\n"
             "steps awaited (an AsyncWorker's queue run implements them on its event loop).\n"
+        ),
+    ),
+)
+
+SPECS = (
+    *SPECS,
+    Spec(
+        source="backends/postgres/reads.py",
+        awaited=_DB_AWAITED | frozenset({"write", "read", "read_consistent"}),
+        names={"PgReads": "AsyncPgReads", "PgDatabase": "AsyncPgDatabase", "Scope": "AsyncScope"},
+        moved={"AsyncScope": "jaren_jobs.backend_async"},
+        modules={
+            "jaren_jobs.backends.postgres.connection": "jaren_jobs.backends.postgres.connection_async"
+        },
+        imports=("from collections.abc import Awaitable",),
+        docstring=(
+            "The asyncio twin of :mod:`jaren_jobs.backends.postgres.reads`: the operator's\n"
+            "reads, each awaited on an ``AsyncConnection``.\n"
         ),
     ),
 )

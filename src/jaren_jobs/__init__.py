@@ -58,6 +58,7 @@ from jaren_jobs.records import (
     NewJob,
     Outcome,
     Page,
+    SettledBuckets,
     StopOutcome,
     WorkerStats,
 )
@@ -116,6 +117,7 @@ __all__ = [
     "RunMismatch",
     "Runtime",
     "SchemaError",
+    "SettledBuckets",
     "Signal",
     "Snooze",
     "StopOutcome",

@@ -101,6 +101,13 @@ class AsyncJobsSession(Protocol):
         ms) or None, expired unmarked leases)``, in one statement (SPEC §17's gauges)."""
         ...
 
+    async def count_settled(
+        self, since: int, until: int, bucket: int, limit: int, what: str
+    ) -> list[tuple[str, int, int]]:
+        """``(state, bucket index, jobs)`` of the settled states in ``[since, until)`` (ms),
+        at most ``limit`` read per state, the most recent first."""
+        ...
+
     async def claim(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]: ...
 
     async def renew(self, lease: Lease, lease_ms: int, what: str) -> Renewal | Missed: ...
@@ -129,6 +136,13 @@ class AsyncJobsSession(Protocol):
         what: str,
         signal: SignalLike | None,
     ) -> bool | FenceRow | None: ...
+
+    async def run_now(
+        self, job_id: str, what: str, signal: SignalLike | None
+    ) -> bool | FenceRow | None:
+        """``run_now(id)``: a pending or failed job whose ``run_at`` is still ahead is due now
+        (``True``); otherwise the row as it stands (``None``: no such job)."""
+        ...
 
     async def sweep(
         self,

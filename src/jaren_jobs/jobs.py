@@ -27,6 +27,7 @@ from jaren_jobs.records import (
     Lease,
     NewJob,
     Outcome,
+    SettledBuckets,
 )
 from jaren_jobs.signals import SignalLike
 from jaren_jobs.worker import Handler, Worker, WorkerHost, create_worker
@@ -352,6 +353,44 @@ class Jobs:
             deadline=deadline,
             states=states,
         )
+
+    def settled_buckets(
+        self, *, since: datetime, bucket_seconds: float, buckets: int, limit: int = 10_000
+    ) -> SettledBuckets:
+        """How many jobs settled (done, dead, cancelled) in each of ``buckets`` buckets of
+        ``bucket_seconds`` from ``since``, by their last change: a throughput chart.
+
+        At most ``limit`` jobs are read per state, the most recent first, so the
+        cost is bounded whatever the queue's rate; a state that reached it is in
+        ``truncated`` (its older buckets may fall short). An operator's read: one
+        statement over an index of the settled jobs, never the table. Swept jobs
+        are not counted, nor a requeued one (it is no longer settled).
+        """
+        return self._engine.settled_buckets(
+            since=since, bucket_seconds=bucket_seconds, buckets=buckets, limit=limit
+        )
+
+    def run_now(
+        self,
+        id: str,
+        *,
+        signal: SignalLike | None = None,
+        deadline: datetime | None = None,
+    ) -> bool:
+        """Make a queued job due now: one waiting on its ``run_at`` (a delay, a schedule)
+        or on a retry's backoff.
+
+        A pending or failed job whose ``run_at`` is still ahead gets ``run_at``
+        = now, in one write guarded on that state (a claim that took it first
+        wins, and this call then refuses); nothing else changes (attempts,
+        error, priority) and workers are woken. ``True`` when this call moved
+        it; ``False`` when it was due already. A claimed job (running, or
+        with a lease that ran out, which the next claim takes up) is
+        :class:`LeaseRequired`; done, dead, cancelled or unknown is
+        :class:`JobSettled` (a dead or cancelled job is run again with
+        :meth:`requeue`).
+        """
+        return self._engine.run_now(id, signal=signal, deadline=deadline)
 
     def create_worker(
         self,

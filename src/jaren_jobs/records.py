@@ -27,6 +27,7 @@ __all__ = [
     "NewJob",
     "Outcome",
     "Page",
+    "SettledBuckets",
     "StopOutcome",
     "WorkerStats",
 ]
@@ -296,6 +297,34 @@ class DueCounts:
             "failed_ready": self.failed_ready,
             "failed_scheduled": self.failed_scheduled,
             "leased_expired": self.leased_expired,
+        }
+
+
+@dataclass(frozen=True)
+class SettledBuckets:
+    """The jobs that settled per bucket of a window, by state (``settled_buckets()``).
+
+    ``done``, ``dead`` and ``cancelled`` hold one count per bucket, oldest
+    first, of the jobs whose last change (their settlement) falls in it.
+    At most ``limit`` jobs are read per state, the most recent first: a state
+    in ``truncated`` reached that bound, so its older buckets may fall short.
+    """
+
+    since: datetime
+    bucket_seconds: float
+    done: tuple[int, ...]
+    dead: tuple[int, ...]
+    cancelled: tuple[int, ...]
+    truncated: frozenset[str] = frozenset()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "since": self.since.isoformat(),
+            "bucket_seconds": self.bucket_seconds,
+            "done": list(self.done),
+            "dead": list(self.dead),
+            "cancelled": list(self.cancelled),
+            "truncated": sorted(self.truncated),
         }
 
 

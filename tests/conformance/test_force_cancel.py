@@ -369,3 +369,32 @@ def test_an_async_handlers_task_is_cancelled_by_a_forced_cancel(
     assert cancelled_inside == [True]
     assert [o.outcome for o in outcomes] == ["cancelled"]
     assert state_of(store, "victim") == "cancelled"
+
+
+def test_a_marked_lease_that_ran_out_is_paged_as_cancelled_in_both_orders(
+    store: Store, clock: FakeClock
+) -> None:
+    # a stored cancelled job, a live lease, and a lease marked by a forced cancel
+    # that then ran out (it reads as cancelled, as of when its lease expired)
+    for n in range(3):
+        store.jobs.enqueue("a", {"n": n}, id=f"j{n:02d}")
+    clock.advance(1)
+    store.jobs.cancel("j01")
+    clock.advance(1)
+    live = store.jobs.claim(["a"], owner="w", lease_seconds=600)
+    marked = store.jobs.claim(["a"], owner="w", lease_seconds=5)
+    assert (live and live.id, marked and marked.id) == ("j00", "j02")
+    assert store.jobs.cancel("j02", force=True) is True
+    clock.advance(10)
+    for order in ("id", "newest"):
+        cancelled = list(store.jobs.page(state="cancelled", order=order))
+        assert sorted(job.id for job in cancelled) == ["j01", "j02"]
+        assert {str(job.state) for job in cancelled} == {"cancelled"}
+        assert _ids(store.jobs.page(state="leased", order=order)) == ["j00"]
+    # newest first: the marked job changed last (its mark), then j01
+    assert _ids(store.jobs.page(state="cancelled", order="newest")) == ["j02", "j01"]
+    assert _ids(store.jobs.page(order="newest", limit=2)) == ["j02", "j00"]
+
+
+def _ids(jobs: Any) -> list[str]:
+    return [job.id for job in jobs]

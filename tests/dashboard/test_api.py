@@ -270,7 +270,10 @@ def test_overview_throughput_oldest_ready_and_leases(db: Store, clock: FakeClock
     with serving(create_app(db)) as base, httpx.Client(base_url=base) as client:
         first = client.get("/api/overview").json()
         assert first["counts"]["pending"] == 4
-        assert first["throughput"]["done"] == [0] * 12  # one sample: nothing seen happen yet
+        # read from the stored jobs: fill() settled two done and one dead just now
+        assert first["throughput"]["done"] == [0] * 11 + [2]
+        assert first["throughput"]["failed"] == [0] * 11 + [1]
+        assert first["throughput"]["truncated"] is False
         assert first["oldest_ready"]["age_seconds"] == 0
         assert first["queue_names"] == ["default", "reports"]
         queues = client.get("/api/queues").json()
@@ -294,40 +297,77 @@ def test_overview_throughput_oldest_ready_and_leases(db: Store, clock: FakeClock
             else:
                 db.jobs.complete(claimed.lease)
         second = client.get("/api/overview").json()
-        assert second["throughput"]["done"][-1] == 2
-        assert second["throughput"]["failed"][-1] == 1
-        assert sum(second["throughput"]["done"]) == 2
+        # 400 s later: the first ones a bucket back (five-minute buckets), the new ones last
+        assert second["throughput"]["done"] == [0] * 10 + [2, 2]
+        assert second["throughput"]["failed"] == [0] * 10 + [1, 1]
         assert second["oldest_ready"]["age_seconds"] == 400
         assert second["oldest_ready"]["id"] in filled.pending
         assert second["leases"]["owners"][0]["expired"] == 1  # its 30 s lease ran out
         clock.advance(2 * 3600)
         third = client.get("/api/overview").json()
         assert third["throughput"]["done"] == [0] * 12  # older than the hour
+        assert third["throughput"]["failed"] == [0] * 12
 
 
-def test_run_now_and_the_job_page_flash(db: Store) -> None:
+def test_run_now_single_json_and_bulk_and_the_job_page_flash(db: Store, clock: FakeClock) -> None:
     filled = fill(db)
     failed = db.jobs.get(filled.failed)
     assert failed is not None
-    assert failed.run_at > failed.updated_at  # waiting out its backoff
+    assert failed.run_at.timestamp() > clock.now()  # waiting out its backoff
+    for index in range(3):
+        db.jobs.enqueue("later", {"i": index}, id=f"l-{index}", delay_seconds=3600)
     with serving(create_app(db, read_only=False)) as base, httpx.Client(base_url=base) as client:
         token = _csrf(client)
+        # the job page offers it only for a queued job whose run_at is ahead
+        assert 'data-testid="action-run_now"' in client.get("/job", params={"id": "l-0"}).text
+        assert (
+            'data-testid="action-run_now"' in client.get("/job", params={"id": filled.failed}).text
+        )
+        for due in (filled.pending[0], filled.dead):
+            assert 'data-testid="action-run_now"' not in client.get("/job", params={"id": due}).text
         answer = client.post(
             "/actions/job", data={"csrf_token": token, "id": filled.failed, "action": "run_now"}
         )
         assert answer.status_code == 303
         job = db.jobs.get(filled.failed)
         assert job is not None
-        assert job.state == "pending"
-        assert job.attempts == 1  # the attempt count is kept
+        # still a retry, due now: the attempt count and the error are kept
+        assert (job.state, job.attempts, job.run_at.timestamp()) == ("failed", 1, clock.now())
         shown = client.get(answer.headers["location"])
         assert 'data-testid="flash">made due now<' in shown.text
-        # a pending job scheduled later cannot be moved forward through the public API
+        again = client.post(
+            "/actions/job", data={"csrf_token": token, "id": filled.failed, "action": "run_now"}
+        )
+        assert "already+due" in again.headers["location"]
+        # a settled job: 409 with the store's reason, and nothing written
         refused = client.post(
-            "/actions/job", data={"csrf_token": token, "id": filled.pending[0], "action": "run_now"}
+            "/actions/job", data={"csrf_token": token, "id": filled.dead, "action": "run_now"}
         )
         assert refused.status_code == 409
-        assert "run now is for a job waiting out a retry" in refused.text
+        assert "requeue" in refused.text
+        # the JSON API: CSRF like every action, then the answer
+        assert client.post("/api/jobs/l-0/run_now").status_code == 403
+        assert db.jobs.get("l-0").run_at.timestamp() > clock.now()  # type: ignore[union-attr]
+        api = client.post("/api/jobs/l-0/run_now", headers={"X-CSRF-Token": token})
+        assert api.status_code == 200
+        assert api.json() == {
+            "id": "l-0",
+            "action": "run_now",
+            "changed": True,
+            "message": "made due now",
+            "state": "pending",
+        }
+        # in bulk, by filter: counted, confirmed, then done
+        form = {"csrf_token": token, "mode": "filter", "kind": "later", "action": "run_now"}
+        preview = client.post("/actions/bulk", data=form)
+        assert "Run now <b>3</b> jobs" in preview.text
+        assert db.jobs.get("l-1").run_at.timestamp() > clock.now()  # type: ignore[union-attr]
+        done = client.post("/actions/bulk", data={**form, "confirm": "yes"})
+        assert "run now: 3 of 3 done" in done.text
+        assert all(
+            db.jobs.get(f"l-{i}").run_at.timestamp() == clock.now()  # type: ignore[union-attr]
+            for i in range(3)
+        )
         # the flash shows only the dashboard's own words
         crafted = client.get("/job", params={"id": filled.dead, "done": "your account is closed"})
         assert crafted.status_code == 200
@@ -381,3 +421,17 @@ def test_hostile_paths_and_bodies(db: Store) -> None:
         assert many.status_code == 200
         assert "cancel: 1 of 2 done" in many.text
         assert "no job" in many.text
+
+
+def test_the_chart_says_when_it_counted_only_the_most_recent(
+    db: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jaren_jobs.dashboard import overview
+
+    fill(db)  # two done jobs
+    monkeypatch.setattr(overview, "SETTLED_CAP", 1)
+    with serving(create_app(db)) as base, httpx.Client(base_url=base) as client:
+        data = client.get("/api/overview").json()["throughput"]
+        assert (data["done"][-1], data["truncated"], data["cap"]) == (1, True, 1)
+        page = client.get("/").text
+        assert 'data-field="chart-note"> (the most recent 1 of each counted)<' in page

@@ -30,6 +30,10 @@ DOCUMENTED = {
     "wait",
     # SPEC §14: `jaren-jobs counts` tells ready-now from scheduled-later through it
     "due_counts",
+    # SPEC §15's dashboard (issue 30): its "run now" action and its throughput chart
+    # (docs/api.md); the contract (docs/contract.md) does not name them yet
+    "run_now",
+    "settled_buckets",
 }
 
 

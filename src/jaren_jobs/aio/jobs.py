@@ -25,7 +25,17 @@ from jaren_jobs.engine.checkpoints_async import AsyncCheckpoints
 from jaren_jobs.engine.engine_async import AsyncJobEngine
 from jaren_jobs.jobs import Jobs, engine_of
 from jaren_jobs.periodic import Periodic
-from jaren_jobs.records import ClaimedJob, Counts, DueCounts, Job, JobError, Lease, NewJob, Outcome
+from jaren_jobs.records import (
+    ClaimedJob,
+    Counts,
+    DueCounts,
+    Job,
+    JobError,
+    Lease,
+    NewJob,
+    Outcome,
+    SettledBuckets,
+)
 from jaren_jobs.signals import SignalLike
 
 __all__ = ["AsyncCursor", "AsyncJobs"]
@@ -323,6 +333,29 @@ class AsyncJobs:
             signal=signal,
             deadline=deadline,
         )
+
+    async def settled_buckets(
+        self, *, since: datetime, bucket_seconds: float, buckets: int, limit: int = 10_000
+    ) -> SettledBuckets:
+        """The jobs settled per bucket of a window (see ``store.jobs.settled_buckets``)."""
+        return await self._run(
+            self._jobs.settled_buckets,
+            since=since,
+            bucket_seconds=bucket_seconds,
+            buckets=buckets,
+            limit=limit,
+        )
+
+    async def run_now(
+        self,
+        id: str,
+        *,
+        signal: SignalLike | None = None,
+        deadline: datetime | None = None,
+    ) -> bool:
+        """Make a queued job waiting on its ``run_at`` or a retry's backoff due now (see
+        ``store.jobs.run_now``)."""
+        return await self._run(self._jobs.run_now, id, signal=signal, deadline=deadline)
 
     async def sweep(
         self,

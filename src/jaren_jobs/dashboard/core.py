@@ -29,7 +29,7 @@ from urllib.parse import parse_qs
 from jaren_jobs.cursor import drain_page
 from jaren_jobs.dashboard import pages
 from jaren_jobs.dashboard.filters import DEFAULT_LIMIT, Filters
-from jaren_jobs.dashboard.overview import QueueCounts, Throughput, overview
+from jaren_jobs.dashboard.overview import QueueCounts, overview
 from jaren_jobs.errors import JobsError, JobSettled, LeaseRequired, UnknownJob
 from jaren_jobs.periodic import Periodic
 from jaren_jobs.records import STATES, Job
@@ -51,6 +51,7 @@ FLASHES = frozenset(
         "already pending",
         "requeued with its attempts reset",
         "made due now",
+        "already due",
     }
 )
 ORDERS = ("id", "newest")
@@ -209,7 +210,6 @@ class Dashboard:
         if not 0.1 <= poll_seconds <= 3600:
             raise ValueError(f"poll_seconds must be from 0.1 to 3600, got {poll_seconds!r}")
         self.poll_ms = round(poll_seconds * 1000)
-        self.throughput = Throughput()
         self.queue_counts = QueueCounts()
         # signs the CSRF token of each session; a restart starts new sessions
         self._secret = secrets.token_bytes(32)
@@ -313,11 +313,11 @@ class Dashboard:
         merged = {**fields, **form}
         if path.startswith("/api/jobs/"):
             rest = path[len("/api/jobs/") :]
-            for verb in ("cancel", "requeue"):
+            for verb in ("cancel", "requeue", "run_now"):
                 if rest.endswith("/" + verb) and len(rest) > len(verb) + 1:
                     job_id = rest[: -len(verb) - 1]
                     return _json(200, self._act(job_id, verb, merged))
-            raise HttpError(404, "no such action: POST /api/jobs/<id>/cancel or /requeue")
+            raise HttpError(404, "no such action: POST /api/jobs/<id>/cancel, /requeue or /run_now")
         view = self._view(request, session)
         if path == "/actions/job":
             target = one(merged, "id", allow_long=True)
@@ -401,16 +401,15 @@ class Dashboard:
             done = one(fields, "done")
             if done not in FLASHES:
                 done = None  # only the dashboard's own words: a crafted link says nothing
-            return _html(200, pages.job_page(view, job, self._errors(job.id), done))
+            ahead = job.run_at.timestamp() > self.store.runtime.now()
+            return _html(200, pages.job_page(view, job, self._errors(job.id), done, waiting=ahead))
         raise HttpError(404, f"no page at {_clip(path)}")
 
     # ------------------------------------------------------------ reads
 
     def overview(self) -> dict[str, Any]:
         """The overview's data; the per-queue counts as last counted (``/api/queues``)."""
-        data = overview(
-            self.store, queues=self.queues, periodic=self.periodic, throughput=self.throughput
-        )
+        data = overview(self.store, queues=self.queues, periodic=self.periodic)
         data["queues"], data["queues_as_of"] = self.queue_counts.cached()
         return data
 
@@ -483,14 +482,8 @@ class Dashboard:
                 if changed and reset:
                     message = "requeued with its attempts reset"
             elif verb == "run_now":
-                if job.state != "failed":
-                    raise HttpError(
-                        409,
-                        "run now is for a job waiting out a retry's backoff (state failed); "
-                        f"this one is {job.state}",
-                    )
-                changed = jobs.requeue(job.id)
-                message = "made due now"
+                changed = jobs.run_now(job.id)
+                message = "made due now" if changed else "already due"
             else:
                 raise HttpError(400, f"no action {_clip(verb)}: cancel, requeue or run_now")
         except (JobSettled, LeaseRequired) as exc:
@@ -510,8 +503,8 @@ class Dashboard:
 
     def _bulk(self, view: pages.View, fields: Mapping[str, list[str]]) -> str:
         verb = one(fields, "action") or ""
-        if verb not in ("cancel", "requeue"):
-            raise HttpError(400, f"bulk action must be cancel or requeue; got {_clip(verb)}")
+        if verb not in ("cancel", "requeue", "run_now"):
+            raise HttpError(400, f"bulk action is cancel, requeue or run_now; not {_clip(verb)}")
         mode = one(fields, "mode") or "ids"
         if mode == "ids":
             ids = [value for value in fields.get("ids", []) if value]

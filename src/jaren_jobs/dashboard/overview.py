@@ -4,17 +4,15 @@
 they cannot say (who holds leases, the oldest ready job, which queues are live)
 is read with ``page()`` filtered by state and walked a bounded number of rows,
 and only for states ``counts()`` says are not empty; a walk that hit its bound
-says so (``truncated``). Throughput is drawn from ``counts()`` sampled at each
-overview (:class:`Throughput`), never from a walk of the settled jobs.
+says so (``truncated``). Throughput is counted from the stored settled jobs by
+``settled_buckets()`` (an index read, bounded by ``SETTLED_CAP``).
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
-from collections import deque
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from jaren_jobs.periodic import Periodic
@@ -26,6 +24,8 @@ BUCKETS = 12
 BUCKET_SECONDS = 300
 #: how many rows each bounded walk reads at most
 SCAN_CAP = 200
+#: how many settled jobs of a state the chart counts at most (the most recent)
+SETTLED_CAP = 50_000
 LEASE_CAP = 200
 MAX_QUEUES = 20
 #: how long the per-queue counts are reused before they are counted again
@@ -42,51 +42,29 @@ def _iso(moment: datetime | None) -> str | None:
     return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-class Throughput:
-    """Jobs done and dead-lettered per five minutes, from ``counts()`` sampled over time.
+def throughput(store: Store, now: datetime) -> dict[str, Any]:
+    """Jobs done and dead-lettered per five minutes over the hour up to ``now``.
 
-    No public read finds the jobs settled in the last hour without sorting
-    every settled row (``page(order="newest")`` sorts the filtered table on
-    each statement), so the dashboard remembers the totals it saw at each
-    overview (the page polls every few seconds while it is open) and draws
-    their increases. It knows only what happened while it was watching; a
-    sweep that lowers a total counts as nothing, never as negative work.
+    Read from the stored jobs by ``settled_buckets()``: each bucket counts the
+    jobs whose settlement (their last change) falls in it, so it shows what
+    happened whether or not a dashboard was watching, and forgets what a sweep
+    deleted. At most ``SETTLED_CAP`` jobs per state are read, the most recent
+    first, so its cost is bounded however busy the queue: past that
+    (``truncated``) the older buckets fall short, and the page says so.
     """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._samples: deque[tuple[float, int, int]] = deque()
-        self._started: float | None = None
-
-    def observe(self, at: float, done: int, dead: int) -> dict[str, Any]:
-        start = at - BUCKETS * BUCKET_SECONDS
-        with self._lock:
-            if self._started is None:
-                self._started = at
-            self._samples.append((at, done, dead))
-            # keep one sample older than the hour: the baseline of the first bucket
-            while len(self._samples) > 2 and self._samples[1][0] <= start:
-                self._samples.popleft()
-            samples = list(self._samples)
-            watching_since = self._started
-        series: dict[str, list[int]] = {"done": [0] * BUCKETS, "failed": [0] * BUCKETS}
-        for (_, done_before, dead_before), (when, done_now, dead_now) in itertools.pairwise(
-            samples
-        ):
-            # the last bucket ends now: a sample taken now falls in it
-            index = BUCKETS - 1 - int(max(0.0, at - when) // BUCKET_SECONDS)
-            if index < 0:
-                continue
-            series["done"][index] += max(0, done_now - done_before)
-            series["failed"][index] += max(0, dead_now - dead_before)
-        return {
-            "bucket_seconds": BUCKET_SECONDS,
-            "since": _iso(datetime.fromtimestamp(start, tz=timezone.utc)),
-            "watching_since": _iso(datetime.fromtimestamp(watching_since, tz=timezone.utc)),
-            "done": series["done"],
-            "failed": series["failed"],
-            "truncated": watching_since > start,
-        }
+    # the window (now - 1 h, now]: a job settled at this very instant is counted
+    since = now - timedelta(seconds=BUCKETS * BUCKET_SECONDS) + timedelta(milliseconds=1)
+    counted = store.jobs.settled_buckets(
+        since=since, bucket_seconds=BUCKET_SECONDS, buckets=BUCKETS, limit=SETTLED_CAP
+    )
+    return {
+        "bucket_seconds": BUCKET_SECONDS,
+        "since": _iso(since),
+        "done": list(counted.done),
+        "failed": list(counted.dead),
+        "truncated": bool(counted.truncated & {"done", "dead"}),
+        "cap": SETTLED_CAP,
+    }
 
 
 def queued_walk(store: Store, now: datetime, due: DueCounts) -> dict[str, Any]:
@@ -227,7 +205,6 @@ def overview(
     *,
     queues: Sequence[str] | None,
     periodic: Sequence[Periodic],
-    throughput: Throughput,
 ) -> dict[str, Any]:
     """Everything the overview page shows, as JSON (what ``/api/overview`` answers)."""
     now = _now(store)
@@ -247,7 +224,7 @@ def overview(
         "due": due.to_dict(),
         "queue_names": named[:MAX_QUEUES],
         "kinds": sorted(counts.pending_kinds.items()),
-        "throughput": throughput.observe(now.timestamp(), counts.done, counts.dead),
+        "throughput": throughput(store, now),
         "leases": held,
         "oldest_ready": walked["oldest"],
         "periodic": schedules(periodic, now),

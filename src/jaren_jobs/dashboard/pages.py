@@ -119,7 +119,8 @@ def chart(throughput: Mapping[str, Any]) -> str:
                 f'<rect class="bar-{name}" data-bar="{name}-{index}" x="{index * slot + offset}" '
                 f'y="{height - h}" width="18" height="{h}"><title>{value} {name}</title></rect>'
             )
-    more = f" (watched since {throughput['watching_since']})" if throughput["truncated"] else ""
+    cap = throughput["cap"]
+    more = f" (the most recent {cap:,} of each counted)" if throughput["truncated"] else ""
     return (
         f'<svg class="chart" data-testid="chart" viewBox="0 0 {width} {height + 16}" '
         f'role="img" aria-label="jobs done and dead-lettered per five minutes, last hour{more}">'
@@ -345,13 +346,19 @@ def _bulk_forms(view: View, filters: Filters) -> str:
         f'<form id="bulk-ids" method="post" action="{action}">{csrf}{_hidden("mode", "ids")}'
         '<label><input type="checkbox" name="reset_attempts" value="1"> reset attempts</label> '
         "<button name=action value=requeue>Requeue selected…</button> "
+        "<button name=action value=run_now>Run now selected…</button> "
         "<button name=action value=cancel>Cancel selected…</button></form>"
         f'<form method="post" action="{action}">{csrf}{_hidden("mode", "filter")}{by_filter}'
         f"<p>Everything matching this filter ({e(described)}):</p>"
         '<label><input type="checkbox" name="reset_attempts" value="1"> reset attempts</label> '
         '<button name=action value=requeue data-testid="bulk-filter-requeue">Requeue all…</button> '
+        '<button name=action value=run_now data-testid="bulk-filter-run_now">Run now all…</button> '
         "<button name=action value=cancel>Cancel all…</button></form></section>"
     )
+
+
+def _said(verb: str) -> str:
+    return verb.replace("_", " ")  # run_now: "run now"
 
 
 def bulk_confirm(
@@ -390,11 +397,11 @@ def bulk_confirm(
     if len(ids) > 20:
         shown += f"<li>… and {len(ids) - 20} more</li>"
     body = (
-        f'<p data-testid="bulk-count">{verb.capitalize()} <b>{len(ids)}</b> '
+        f'<p data-testid="bulk-count">{_said(verb).capitalize()} <b>{len(ids)}</b> '
         f"job{'s' if len(ids) != 1 else ''}{' (attempts reset)' if reset else ''}?{e(more)}</p>"
         f"<ul>{shown}</ul>"
         f'<form method="post" action="{e(url(view.root, "/actions/bulk"))}">{"".join(fields)}'
-        f'<button type=submit data-testid="bulk-confirm">Yes, {e(verb)} them</button> '
+        f'<button type=submit data-testid="bulk-confirm">Yes, {e(_said(verb))} them</button> '
         f'<a href="{e(url(view.root, "/jobs"))}">no, back to the jobs</a></form>'
     )
     return _layout(view, "Confirm", body, page="confirm")
@@ -411,7 +418,7 @@ def bulk_done(view: View, verb: str, results: Sequence[tuple[str, bool, str]], c
         for job_id, done, message in results
     ]
     body = (
-        f'<p data-testid="bulk-result">{e(verb)}: {ok} of {len(results)} done'
+        f'<p data-testid="bulk-result">{e(_said(verb))}: {ok} of {len(results)} done'
         f"{' (capped)' if capped else ''}.</p>"
         + _table(["job", "done", "what happened"], rows, testid="bulk-results")
     )
@@ -431,7 +438,15 @@ def _action_form(view: View, job: Job, verb: str, label: str, *, reset: bool = F
     )
 
 
-def job_page(view: View, job: Job, errors: Sequence[Mapping[str, Any]], done: str | None) -> str:
+def job_page(
+    view: View,
+    job: Job,
+    errors: Sequence[Mapping[str, Any]],
+    done: str | None,
+    *,
+    waiting: bool = False,
+) -> str:
+    """One job; ``waiting``: queued with its ``run_at`` still ahead (what "Run now" moves)."""
     record = job.to_dict()
     facts = [
         ("id", e(job.id)),
@@ -463,7 +478,7 @@ def job_page(view: View, job: Job, errors: Sequence[Mapping[str, Any]], done: st
             forms.append(_action_form(view, job, "cancel", "Cancel"))
         if job.state in ("failed", "dead", "cancelled", "leased"):
             forms.append(_action_form(view, job, "requeue", "Requeue", reset=True))
-        if job.state == "failed":
+        if waiting and job.state in ("pending", "failed"):
             forms.append(_action_form(view, job, "run_now", "Run now"))
         body += f'<section class="actions" data-testid="actions">{"".join(forms)}</section>'
     body += f'<h2>Payload</h2><pre data-testid="payload">{e(_json_text(job.payload))}</pre>'

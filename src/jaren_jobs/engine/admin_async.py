@@ -22,11 +22,12 @@ from jaren_jobs.core.fence import FenceRow, moved_or_refused
 from jaren_jobs.core.history import error_records
 from jaren_jobs.engine.hub import EngineHub
 from jaren_jobs.errors import CancelRequested, JobSettled, LeaseRequired, UnknownJob
-from jaren_jobs.records import Counts, DueCounts, JobError, Lease
-from jaren_jobs.runtime import ResolvedRuntime, check_positive_int
+from jaren_jobs.records import Counts, DueCounts, JobError, Lease, SettledBuckets
+from jaren_jobs.runtime import ResolvedRuntime, check_positive_int, check_seconds
 from jaren_jobs.signals import SignalLike, check_deadline_arg, check_signal_arg, refuse_if_cancelled
 
-__all__ = ["AsyncJobAdmin", "cancel_job", "requeue_job"]
+__all__ = ["MAX_BUCKETS", "AsyncJobAdmin", "cancel_job", "requeue_job", "run_now_job"]
+MAX_BUCKETS = 10000
 
 
 class AsyncJobAdmin:
@@ -63,6 +64,33 @@ class AsyncJobAdmin:
         what = "due_counts()"
         checked = None if queue is None else check_queue(queue, f"{what}: queue")
         return DueCounts(*await self._session.count_due(self._runtime.now_ms(), what, checked))
+
+    async def settled_buckets(
+        self, *, since: datetime, bucket_seconds: float, buckets: int, limit: int = 10000
+    ) -> SettledBuckets:
+        """``settled_buckets``: see :meth:`jaren_jobs.Jobs.settled_buckets`, which documents it."""
+        what = "settled_buckets()"
+        start = ms_from_datetime(check_aware(since, f"{what}: since"))
+        width = check_seconds(bucket_seconds, f"{what}: bucket_seconds")
+        count = check_positive_int(buckets, f"{what}: buckets")
+        most = check_positive_int(limit, f"{what}: limit")
+        bucket_ms = max(1, round(width * 1000))
+        if count > MAX_BUCKETS:
+            raise ValueError(f"{what}: buckets must be at most {MAX_BUCKETS}, got {count}")
+        rows = await self._session.count_settled(
+            start, start + count * bucket_ms, bucket_ms, most, what
+        )
+        series: dict[str, list[int]] = {s: [0] * count for s in ("done", "dead", "cancelled")}
+        for state, index, jobs in rows:
+            series[state][index] += jobs
+        return SettledBuckets(
+            since=since,
+            bucket_seconds=bucket_ms / 1000,
+            done=tuple(series["done"]),
+            dead=tuple(series["dead"]),
+            cancelled=tuple(series["cancelled"]),
+            truncated=frozenset((s for s, counts in series.items() if sum(counts) >= most)),
+        )
 
     async def cancel(
         self,
@@ -104,6 +132,14 @@ class AsyncJobAdmin:
             deadline=deadline,
             drop_checkpoints=drop_checkpoints,
             reset_attempts=reset_attempts,
+        )
+
+    async def run_now(
+        self, id: str, *, signal: SignalLike | None = None, deadline: datetime | None = None
+    ) -> bool:
+        """``run_now``: see :meth:`jaren_jobs.Jobs.run_now`, which documents it."""
+        return await run_now_job(
+            self._session, self._hub, self._runtime, id, signal=signal, deadline=deadline
         )
 
     async def sweep(
@@ -256,4 +292,35 @@ async def requeue_job(
         unchanged="pending",
         leased="holds a live lease — requeue is not a steal; cancel the attempt with its lease, or wait for the lease to expire",
         settled="a completed job is not re-run; enqueue new work under a new id",
+    )
+
+
+async def run_now_job(
+    session: AsyncJobsSession,
+    hub: EngineHub,
+    runtime: ResolvedRuntime,
+    id: object,
+    *,
+    signal: SignalLike | None,
+    deadline: datetime | None,
+) -> bool:
+    """``store.jobs.run_now`` (see :meth:`JobAdmin.run_now`)."""
+    what = "run_now()"
+    job_id = check_id(id, f"{what}: id")
+    sig = check_signal_arg(signal, what)
+    dl = check_deadline_arg(deadline, what)
+    refuse_if_cancelled(sig, dl, runtime.now(), what)
+    answer = await session.run_now(job_id, what, sig)
+    if answer is True:
+        session.after_commit(hub.wake)
+        return True
+    if isinstance(answer, FenceRow) and answer.state in ("pending", "failed"):
+        return False
+    return moved_or_refused(
+        answer,
+        job_id,
+        what,
+        unchanged="pending",
+        leased="is claimed — an attempt holds it, or its lease ran out and the next claim takes it up; run now is for a queued job waiting on its run_at",
+        settled="run now moves a queued job; a dead or cancelled one is run again with requeue()",
     )

@@ -11,6 +11,7 @@ the lease index.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -299,3 +300,56 @@ def test_requeue_checks_the_key_by_the_unique_index(queued: Store) -> None:
     details = plan(queued, update[0])
     assert_no_table_scan(details, update[0])
     assert "SEARCH other USING INDEX _jaren_jobs_unique (unique_key=?)" in details
+
+
+@pytest.mark.parametrize(
+    ("options", "index"),
+    [
+        ({"state": "done"}, "_jaren_jobs_state_id (state=? AND id>?)"),
+        ({"state": "pending", "kind": "a", "queue": "default"}, "_jaren_jobs_state_id"),
+        ({"state": "done", "order": "newest"}, "_jaren_jobs_state_newest (state=? AND "),
+        ({"state": "cancelled", "order": "newest"}, "_jaren_jobs_state_newest (state=? AND "),
+        ({"kind": "a", "order": "newest"}, "_jaren_jobs_newest ("),
+        ({"state": "leased"}, "_jaren_jobs_leased"),
+    ],
+    ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) if isinstance(v, dict) else "",
+)
+def test_a_page_by_state_or_newest_first_seeks_in_its_index(
+    populated: Store, options: dict[str, str], index: str
+) -> None:
+    statements = traced(populated, lambda: list(populated.jobs.page(limit=3, **options)))
+    assert statements
+    for statement in statements:
+        details = plan(populated, statement)
+        assert_no_table_scan(details, statement)
+        assert any(f"USING INDEX {index}" in d for d in details), details
+        # sorted: only the few leased rows, and the merge of the branches' rows
+        # (at most a page each), never the rows of a state
+        for before, step in itertools.pairwise(details):
+            if "TEMP B-TREE" in step:
+                merging = before.startswith("SCAN (subquery")
+                assert merging or "_jaren_jobs_leased" in before, details
+
+
+def test_due_counts_read_indexes_never_the_table(populated: Store) -> None:
+    statements = traced(populated, populated.jobs.due_counts)
+    assert len(statements) == 1
+    details = plan(populated, statements[0])
+    assert_no_table_scan(details, statements[0])
+    assert details.count(f"SEARCH {JOBS} USING COVERING INDEX _jaren_jobs_state_id (state=?)") == 2
+    assert f"SEARCH {JOBS} USING INDEX _jaren_jobs_leased (lease_until<?)" in details
+
+
+def test_settled_buckets_read_the_covering_state_index(populated: Store) -> None:
+    from datetime import datetime, timezone
+
+    since = datetime.fromtimestamp(START - 86_400, timezone.utc)
+    call = lambda: populated.jobs.settled_buckets(since=since, bucket_seconds=3600, buckets=48)  # noqa: E731
+    statements = traced(populated, call)
+    assert len(statements) == 1
+    details = plan(populated, statements[0])
+    assert_no_table_scan(details, statements[0])
+    searches = [d for d in details if "_jaren_jobs_state_newest" in d]
+    window = "(state=? AND updated_at>? AND updated_at<?)"
+    expected = f"SEARCH {JOBS} USING COVERING INDEX _jaren_jobs_state_newest {window}"
+    assert searches == [expected] * 3, details

@@ -13,7 +13,7 @@ from typing import Any
 
 from jaren_jobs.backend import Scope
 from jaren_jobs.backends.keyset import Fetch, page_cursor
-from jaren_jobs.backends.postgres import queries as sql
+from jaren_jobs.backends.postgres import listing
 from jaren_jobs.backends.postgres.connection import PgDatabase
 from jaren_jobs.backends.postgres.errors import translating
 from jaren_jobs.core.commands import PageFilters
@@ -54,8 +54,8 @@ def page_jobs(
         runtime,
         filters,
         check_open=db.check_open,
-        statement_for=sql.page_jobs,
-        position_statement=sql.PAGE_POSITION,
+        statement_for=listing.page_jobs,
+        position_statement=listing.PAGE_POSITION,
         open_fetch=lambda statement: _statements(db, statement),
         map_row=job_from_row,
         wrap=translating("page()"),

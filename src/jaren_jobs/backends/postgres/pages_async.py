@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from jaren_jobs.backends.keyset import Fetch, page_cursor
-from jaren_jobs.backends.postgres import queries as sql
+from jaren_jobs.backends.postgres import listing
 from jaren_jobs.backends.postgres.connection_async import AsyncPgDatabase
 from jaren_jobs.backends.postgres.errors import translating
 from jaren_jobs.core.commands import PageFilters
@@ -106,8 +106,8 @@ def page_jobs_async(
         runtime,
         filters,
         check_open=db.check_open,
-        statement_for=sql.page_jobs,
-        position_statement=sql.PAGE_POSITION,
+        statement_for=listing.page_jobs,
+        position_statement=listing.PAGE_POSITION,
         open_fetch=bridge.fetch,
         map_row=job_from_row,
         wrap=translating("page()"),

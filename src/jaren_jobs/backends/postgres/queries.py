@@ -1,4 +1,5 @@
-"""Every SQL statement jaren_jobs runs on PostgreSQL, named, in one place.
+"""Every SQL statement jaren_jobs runs on PostgreSQL, named, in one place (with
+:mod:`.listing`, the operator's reads over many rows: counts, pages, buckets).
 
 The texts here name the tables unqualified; the store runs each one with
 every table qualified by the schema it resolved at open (:func:`qualified`,
@@ -11,8 +12,6 @@ later never moves it. User input is always a bound parameter (psycopg's
 from __future__ import annotations
 
 from functools import lru_cache
-
-from jaren_jobs.core.commands import PageFilters
 
 JOBS = '"_jaren_jobs"'
 CHECKPOINTS = '"_jaren_job_checkpoints"'
@@ -429,6 +428,10 @@ REQUEUE = f"""UPDATE {JOBS} SET state = 'pending', run_at = %(now)s, lease_until
       WHERE other.unique_key = {JOBS}.unique_key AND other.unique_key IS NOT NULL
         AND other.{ACTIVE}))"""
 
+# run_now(): a queued job waiting on its run_at (a delay, a retry's backoff) is due now
+RUN_NOW = f"""UPDATE {JOBS} SET run_at = %(now)s, updated_at = %(now)s
+  WHERE id = %(id)s AND state IN ('pending', 'failed') AND run_at > %(now)s"""
+
 _SWEEP_SELECTION = f"""SELECT id FROM {JOBS}
     WHERE state IN ('done', 'dead', 'cancelled') AND updated_at < %(horizon)s
     ORDER BY updated_at, id LIMIT %(limit)s"""
@@ -449,73 +452,6 @@ def sweep_only(count: int) -> str:
     return SWEEP.replace(
         "AND updated_at < %(horizon)s", f"AND state IN ({only}) AND updated_at < %(horizon)s"
     )
-
-
-COUNT_BY_STATE = f"SELECT {EFFECTIVE_STATE}, count(*) FROM {JOBS} GROUP BY 1"
-COUNT_PENDING_KINDS = f"""SELECT kind, count(*) FROM {JOBS}
-  WHERE state IN ('pending', 'failed') GROUP BY kind"""
-COUNT_QUEUE_BY_STATE = f"""SELECT {EFFECTIVE_STATE}, count(*) FROM {JOBS}
-  WHERE queue = %(queue)s GROUP BY 1"""
-COUNT_QUEUE_PENDING_KINDS = f"""SELECT kind, count(*) FROM {JOBS}
-  WHERE state IN ('pending', 'failed') AND queue = %(queue)s GROUP BY kind"""
-
-
-def page_jobs(filters: PageFilters) -> str:
-    """A keyset page, filtered by state, kind and/or queue (values are bound), in
-    ``filters.order``: by id, or newest first (``updated_at`` then id, descending)."""
-    return _page_statement(
-        filters.order,
-        filters.state is not None,
-        filters.kind is not None,
-        filters.queue is not None,
-    )
-
-
-# due_counts(): the queued jobs split at now, and the leases that ran out (one
-# snapshot, one statement; an operator's read, not a hot path). A marked lease
-# that ran out is not counted: it reads as cancelled (EFFECTIVE_STATE)
-_DUE_COUNTS = f"""SELECT
-  COALESCE(SUM(CASE WHEN state = 'pending' AND run_at <= %(now)s THEN 1 ELSE 0 END), 0),
-  COALESCE(SUM(CASE WHEN state = 'pending' AND run_at > %(now)s THEN 1 ELSE 0 END), 0),
-  COALESCE(SUM(CASE WHEN state = 'failed' AND run_at <= %(now)s THEN 1 ELSE 0 END), 0),
-  COALESCE(SUM(CASE WHEN state = 'failed' AND run_at > %(now)s THEN 1 ELSE 0 END), 0),
-  COALESCE(SUM(CASE WHEN state = 'leased' AND cancel_requested_at IS NULL
-    AND lease_until <= %(now)s THEN 1 ELSE 0 END), 0)
-  FROM {JOBS} WHERE state IN ('pending', 'failed', 'leased')"""
-DUE_COUNTS = _DUE_COUNTS
-DUE_COUNTS_QUEUE = _DUE_COUNTS + " AND queue = %(queue)s"
-
-# the gauges of a metrics scrape (SPEC §17), one statement: jobs per queue and
-# effective state, the earliest ready run_at and the expired (unmarked) leases
-# of each group. Every row is read once: a scrape caches the answer briefly
-QUEUE_GAUGES = f"""SELECT queue, {EFFECTIVE_STATE} AS effective, count(*),
-  min(CASE WHEN state IN ('pending', 'failed') AND run_at <= %(now)s THEN run_at END),
-  count(*) FILTER (WHERE state = 'leased' AND cancel_requested_at IS NULL
-    AND lease_until <= %(now)s)
-  FROM {JOBS} GROUP BY 1, 2"""
-
-
-@lru_cache(maxsize=16)
-def _page_statement(order_by: str, by_state: bool, by_kind: bool, by_queue: bool) -> str:
-    # one statement per shape (the values are bound, never part of the text)
-    if order_by == "newest":
-        where = ["(updated_at < %(after_at)s OR (updated_at = %(after_at)s AND id < %(after)s))"]
-        order = "updated_at DESC, id DESC"
-    else:
-        where = ["id > %(after)s"]
-        order = "id"
-    if by_state:
-        where.append(f"{EFFECTIVE_STATE} = %(state)s")
-    if by_kind:
-        where.append("kind = %(kind)s")
-    if by_queue:
-        where.append("queue = %(queue)s")
-    return f"""SELECT {READ_COLUMNS} FROM {JOBS} WHERE {" AND ".join(where)}
-  ORDER BY {order} LIMIT %(limit)s"""
-
-
-# where a newest-first page given an ``after`` id starts: that job's updated_at
-PAGE_POSITION = f"SELECT updated_at FROM {JOBS} WHERE id = %(after)s"
 
 
 # ----------------------------------------------------------------- checkpoints

@@ -14,7 +14,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jaren_jobs.backend import (
-    ErrorRow,
     ForcedAnswer,
     Missed,
     Renewal,
@@ -25,6 +24,7 @@ from jaren_jobs.backend import (
 from jaren_jobs.backends.postgres import queries as sql
 from jaren_jobs.backends.postgres.channels import cancel_channel, settled_channel
 from jaren_jobs.backends.postgres.connection import PgDatabase
+from jaren_jobs.backends.postgres.reads import PgReads
 from jaren_jobs.backends.postgres.settling import PgSettling, fence_row_of
 from jaren_jobs.core.commands import ClaimRequest, PageFilters, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
@@ -37,7 +37,7 @@ from jaren_jobs.core.rows import (
 )
 from jaren_jobs.core.settle import SettleBatch
 from jaren_jobs.errors import DuplicateJob, StorageError, key_held
-from jaren_jobs.records import STATES, ClaimedJob, Counts, Job, Lease
+from jaren_jobs.records import ClaimedJob, Job, Lease
 from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike
 
@@ -64,7 +64,7 @@ def _taken(job_id: str, what: str) -> DuplicateJob:
     )
 
 
-class PostgresSession:
+class PostgresSession(PgReads):
     """The engine's statements over one scope of one PostgreSQL store."""
 
     def __init__(
@@ -250,59 +250,6 @@ class PostgresSession:
         row = self._scope.read(work, what)
         return None if row is None else job_from_row(row)
 
-    def job_errors(self, job_id: str, what: str) -> list[ErrorRow] | None:
-        def work() -> list[ErrorRow] | None:
-            if self._db.one(sql.JOB_EXISTS, (job_id,), doing=what) is None:
-                return None
-            rows = self._db.all(sql.READ_ERRORS, (job_id,), doing=what)
-            return [
-                (int(a), int(t), str(e), None if tb is None else str(tb)) for a, t, e, tb in rows
-            ]
-
-        return self._scope.read(work, what)
-
-    def count_jobs(self, what: str, queue: str | None = None) -> Counts:
-        if queue is not None:
-            return self._count_queue(queue, what)
-
-        def work() -> Counts:
-            rows = self._db.all(sql.COUNT_BY_STATE, {"now": self._runtime.now_ms()}, doing=what)
-            by_state = {str(s): int(n) for s, n in rows}
-            kinds = self._db.all(sql.COUNT_PENDING_KINDS, doing=what)
-            known = {s: by_state.get(s, 0) for s in STATES}
-            return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds})
-
-        return self._scope.read_consistent(work, what)
-
-    def _count_queue(self, queue: str, what: str) -> Counts:
-        def work() -> Counts:
-            params = {"queue": queue, "now": self._runtime.now_ms()}
-            rows = self._db.all(sql.COUNT_QUEUE_BY_STATE, params, doing=what)
-            by_state = {str(s): int(n) for s, n in rows}
-            kinds = self._db.all(sql.COUNT_QUEUE_PENDING_KINDS, {"queue": queue}, doing=what)
-            known = {s: by_state.get(s, 0) for s in STATES}
-            return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds})
-
-        return self._scope.read_consistent(work, what)
-
-    def count_due(self, now: int, what: str, queue: str | None = None) -> tuple[int, ...]:
-        params: dict[str, object] = {"now": now}
-        if queue is not None:
-            params["queue"] = queue
-        statement = sql.DUE_COUNTS if queue is None else sql.DUE_COUNTS_QUEUE
-
-        def work() -> tuple[int, ...]:
-            row = self._db.one(statement, params, doing=what)
-            return (0,) * 5 if row is None else tuple(int(n) for n in row)
-
-        return self._scope.read(work, what)
-
-    def queue_gauges(self, now: int, what: str) -> list[tuple[Any, ...]]:
-        def work() -> list[tuple[Any, ...]]:
-            return [tuple(row) for row in self._db.all(sql.QUEUE_GAUGES, {"now": now}, doing=what)]
-
-        return self._scope.read(work, what)
-
     # ------------------------------------------------------------ claims
 
     def claim(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
@@ -457,6 +404,16 @@ class PostgresSession:
             if row is not None and row.state == "pending":
                 drop()
             return row
+
+        return self._scope.write(work, what, signal)
+
+    def run_now(self, job_id: str, what: str, signal: SignalLike | None) -> bool | FenceRow | None:
+        def work() -> bool | FenceRow | None:
+            params = {"id": job_id, "now": self._runtime.now_ms()}
+            if self._db.changes(sql.RUN_NOW, params, doing=what):
+                self._notify(what)  # workers elsewhere: a job is ready now
+                return True
+            return self._fence_row(job_id, what)
 
         return self._scope.write(work, what, signal)
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from jaren_jobs.backend import ErrorRow, ForcedAnswer, Missed, Renewal, SettleAnswer
+from jaren_jobs.backend import ForcedAnswer, Missed, Renewal, SettleAnswer
 from jaren_jobs.backend_async import AsyncScope
 from jaren_jobs.backends.postgres import queries as sql
 from jaren_jobs.backends.postgres.channels import cancel_channel, settled_channel
 from jaren_jobs.backends.postgres.connection_async import AsyncPgDatabase
+from jaren_jobs.backends.postgres.reads_async import AsyncPgReads
 from jaren_jobs.backends.postgres.session import (
     _JOB_WIDTH,
     _UNIQUE_TRIES,
@@ -36,7 +37,7 @@ from jaren_jobs.core.rows import (
 )
 from jaren_jobs.core.settle import SettleBatch
 from jaren_jobs.errors import StorageError, key_held
-from jaren_jobs.records import STATES, ClaimedJob, Counts, Job, Lease
+from jaren_jobs.records import ClaimedJob, Job, Lease
 from jaren_jobs.runtime import ResolvedRuntime
 from jaren_jobs.signals import SignalLike
 
@@ -44,7 +45,7 @@ __all__ = ["AsyncPostgresSession", "cancel_channel", "settled_channel"]
 T = TypeVar("T")
 
 
-class AsyncPostgresSession:
+class AsyncPostgresSession(AsyncPgReads):
     """The engine's statements over one scope of one PostgreSQL store."""
 
     def __init__(
@@ -228,66 +229,6 @@ class AsyncPostgresSession:
         row = await self._scope.read(work, what)
         return None if row is None else job_from_row(row)
 
-    async def job_errors(self, job_id: str, what: str) -> list[ErrorRow] | None:
-
-        async def work() -> list[ErrorRow] | None:
-            if await self._db.one(sql.JOB_EXISTS, (job_id,), doing=what) is None:
-                return None
-            rows = await self._db.all(sql.READ_ERRORS, (job_id,), doing=what)
-            return [
-                (int(a), int(t), str(e), None if tb is None else str(tb)) for a, t, e, tb in rows
-            ]
-
-        return await self._scope.read(work, what)
-
-    async def count_jobs(self, what: str, queue: str | None = None) -> Counts:
-        if queue is not None:
-            return await self._count_queue(queue, what)
-
-        async def work() -> Counts:
-            rows = await self._db.all(
-                sql.COUNT_BY_STATE, {"now": self._runtime.now_ms()}, doing=what
-            )
-            by_state = {str(s): int(n) for s, n in rows}
-            kinds = await self._db.all(sql.COUNT_PENDING_KINDS, doing=what)
-            known = {s: by_state.get(s, 0) for s in STATES}
-            return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds})
-
-        return await self._scope.read_consistent(work, what)
-
-    async def _count_queue(self, queue: str, what: str) -> Counts:
-
-        async def work() -> Counts:
-            params = {"queue": queue, "now": self._runtime.now_ms()}
-            rows = await self._db.all(sql.COUNT_QUEUE_BY_STATE, params, doing=what)
-            by_state = {str(s): int(n) for s, n in rows}
-            kinds = await self._db.all(sql.COUNT_QUEUE_PENDING_KINDS, {"queue": queue}, doing=what)
-            known = {s: by_state.get(s, 0) for s in STATES}
-            return Counts(**known, pending_kinds={str(k): int(v) for k, v in kinds})
-
-        return await self._scope.read_consistent(work, what)
-
-    async def count_due(self, now: int, what: str, queue: str | None = None) -> tuple[int, ...]:
-        params: dict[str, object] = {"now": now}
-        if queue is not None:
-            params["queue"] = queue
-        statement = sql.DUE_COUNTS if queue is None else sql.DUE_COUNTS_QUEUE
-
-        async def work() -> tuple[int, ...]:
-            row = await self._db.one(statement, params, doing=what)
-            return (0,) * 5 if row is None else tuple(int(n) for n in row)
-
-        return await self._scope.read(work, what)
-
-    async def queue_gauges(self, now: int, what: str) -> list[tuple[Any, ...]]:
-
-        async def work() -> list[tuple[Any, ...]]:
-            return [
-                tuple(row) for row in await self._db.all(sql.QUEUE_GAUGES, {"now": now}, doing=what)
-            ]
-
-        return await self._scope.read(work, what)
-
     async def claim(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
         return await self._scope.write(lambda: self.claim_within(request, limit, what), what)
 
@@ -441,6 +382,19 @@ class AsyncPostgresSession:
             if row is not None and row.state == "pending":
                 await drop()
             return row
+
+        return await self._scope.write(work, what, signal)
+
+    async def run_now(
+        self, job_id: str, what: str, signal: SignalLike | None
+    ) -> bool | FenceRow | None:
+
+        async def work() -> bool | FenceRow | None:
+            params = {"id": job_id, "now": self._runtime.now_ms()}
+            if await self._db.changes(sql.RUN_NOW, params, doing=what):
+                await self._notify(what)
+                return True
+            return await self._fence_row(job_id, what)
 
         return await self._scope.write(work, what, signal)
 

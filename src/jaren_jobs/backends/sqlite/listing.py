@@ -41,19 +41,27 @@ COUNT_QUEUE_PENDING_KINDS = f"""SELECT kind, COUNT(*)
   FROM {JOBS} INDEXED BY "_jaren_jobs_ready_queue"
   WHERE state IN ('pending', 'failed') AND queue = :queue GROUP BY kind"""
 
+
 # due_counts(): the queued jobs split at now, and the leases that ran out (one
-# snapshot, one statement; an operator's read, not a hot path). A marked lease
-# that ran out is not counted: it reads as cancelled (EFFECTIVE_STATE)
-_DUE_COUNTS = f"""SELECT
-  COALESCE(SUM(CASE WHEN state = 'pending' AND run_at <= :now THEN 1 ELSE 0 END), 0),
-  COALESCE(SUM(CASE WHEN state = 'pending' AND run_at > :now THEN 1 ELSE 0 END), 0),
-  COALESCE(SUM(CASE WHEN state = 'failed' AND run_at <= :now THEN 1 ELSE 0 END), 0),
-  COALESCE(SUM(CASE WHEN state = 'failed' AND run_at > :now THEN 1 ELSE 0 END), 0),
-  COALESCE(SUM(CASE WHEN state = 'leased' AND cancel_requested_at IS NULL
-    AND lease_until <= :now THEN 1 ELSE 0 END), 0)
-  FROM {JOBS} WHERE state IN ('pending', 'failed', 'leased')"""
-DUE_COUNTS = _DUE_COUNTS
-DUE_COUNTS_QUEUE = _DUE_COUNTS + " AND queue = :queue"
+# snapshot, one statement). Each queued state is read from "_jaren_jobs_state_id",
+# which carries run_at (never the table); the leases from their own index. A
+# marked lease that ran out is not counted: it reads as cancelled (EFFECTIVE_STATE)
+def _due_counts(only: str) -> str:
+    def queued(state: str) -> str:
+        return f"""(SELECT COUNT(*) FILTER (WHERE run_at <= :now) AS ready,
+      COUNT(*) FILTER (WHERE run_at > :now) AS later
+    FROM {JOBS} INDEXED BY "_jaren_jobs_state_id"
+    WHERE state = '{state}' AND state <> 'leased'{only}) AS {state}"""
+
+    return f"""SELECT pending.ready, pending.later, failed.ready, failed.later, leased.expired
+  FROM {queued("pending")}, {queued("failed")},
+  (SELECT COUNT(*) AS expired FROM {JOBS} INDEXED BY "_jaren_jobs_leased"
+    WHERE state = 'leased' AND cancel_requested_at IS NULL AND lease_until <= :now{only})
+    AS leased"""
+
+
+DUE_COUNTS = _due_counts("")
+DUE_COUNTS_QUEUE = _due_counts(" AND queue = :queue")
 
 # the gauges of a metrics scrape (SPEC §17), one statement: jobs per queue and
 # effective state, the earliest ready run_at and the expired (unmarked) leases
@@ -66,35 +74,103 @@ QUEUE_GAUGES = f"""SELECT queue, {EFFECTIVE_STATE} AS effective, COUNT(*),
 
 # ----------------------------------------------------------------- pages
 
+# schema 8: what the operator's reads by state seek in (the dashboard, SPEC §15).
+# Leased rows are left out, as of "_jaren_jobs_unleased" (the leased index reads
+# those few). The WHERE of a statement meant for one must name its predicate
+# ("state <> 'leased'") word for word: SQLite uses a partial index only then.
+LISTING_INDEXES = (
+    # a page filtered by state, in id order; run_at rides along for due_counts()
+    f"""CREATE INDEX IF NOT EXISTS "_jaren_jobs_state_id" ON {JOBS}
+      (state, id, run_at) WHERE state <> 'leased'""",
+    # newest first (updated_at, id descending), one state at a time
+    f"""CREATE INDEX IF NOT EXISTS "_jaren_jobs_state_newest" ON {JOBS}
+      (state, updated_at, id) WHERE state <> 'leased'""",
+    # newest first over every state (or by kind or queue): merged with the leased rows
+    f"""CREATE INDEX IF NOT EXISTS "_jaren_jobs_newest" ON {JOBS}
+      (updated_at, id) WHERE state <> 'leased'""",
+)
+
+
+# settled_buckets(): the jobs each settled state gained per bucket of [since,
+# until), by updated_at (a settlement's instant). Each state reads its rows of the
+# window newest first from "_jaren_jobs_state_newest" (covering), at most :limit
+# of them: the cost is bounded whatever the queue's rate.
+SETTLED_BUCKETS = "\n  UNION ALL ".join(
+    f"""SELECT '{state}', (updated_at - :since) / :bucket, COUNT(*) FROM (
+    SELECT updated_at FROM {JOBS} INDEXED BY "_jaren_jobs_state_newest"
+    WHERE state = '{state}' AND state <> 'leased'
+      AND updated_at >= :since AND updated_at < :until
+    ORDER BY updated_at DESC LIMIT :limit) GROUP BY 2"""
+    for state in ("done", "dead", "cancelled")
+)
+
 
 def page_jobs(filters: PageFilters) -> str:
     """A keyset page, filtered by state, kind and/or queue (values are bound), in
     ``filters.order``: by id, or newest first (``updated_at`` then id, descending)."""
     return _page_statement(
         filters.order,
-        filters.state is not None,
+        filters.state,
         filters.kind is not None,
         filters.queue is not None,
     )
 
 
-@lru_cache(maxsize=16)
-def _page_statement(order_by: str, by_state: bool, by_kind: bool, by_queue: bool) -> str:
-    # one statement per shape (the values are bound, never part of the text)
-    if order_by == "newest":
-        where = ["(updated_at < :after_at OR (updated_at = :after_at AND id < :after))"]
+# The stored rows a state filter reads, per effective state (EFFECTIVE_STATE):
+# (condition, index in id order, index newest first), the state a literal (one of
+# STATES, checked by the engine, never input). 'cancelled' is also a marked
+# lease that ran out.
+_UNLEASED = "state <> 'leased'"
+_LEASED = ("state = 'leased'", "_jaren_jobs_leased", "_jaren_jobs_leased")
+
+
+def _stored(state: str) -> tuple[str, str, str]:
+    condition = f"state = '{state}' AND {_UNLEASED}"
+    return (condition, "_jaren_jobs_state_id", "_jaren_jobs_state_newest")
+
+
+_STORED: dict[str, tuple[tuple[str, str, str], ...]] = {
+    **{state: (_stored(state),) for state in ("pending", "failed", "done", "dead")},
+    "leased": ((f"state = 'leased' AND NOT ({MARKED_EXPIRED})", *_LEASED[1:]),),
+    "cancelled": (_stored("cancelled"), (MARKED_EXPIRED, *_LEASED[1:])),
+}
+# newest first over every state: the unleased rows in one order, and the leased ones
+_EVERY_STATE = ((_UNLEASED, "", "_jaren_jobs_newest"), _LEASED)
+
+
+@lru_cache(maxsize=64)
+def _page_statement(order_by: str, state: str | None, by_kind: bool, by_queue: bool) -> str:
+    # one statement per shape and state (the values are bound, never part of the text)
+    newest = order_by == "newest"
+    if newest:
+        # a row value, so that the index seeks to it rather than filtering every
+        # newer row (jobs enqueued together share one updated_at)
+        where = ["(updated_at, id) < (:after_at, :after)"]
         order = "updated_at DESC, id DESC"
     else:
         where = ["id > :after"]
         order = "id"
-    if by_state:
-        where.append(f"{EFFECTIVE_STATE} = :state")
     if by_kind:
         where.append("kind = :kind")
     if by_queue:
         where.append("queue = :queue")
-    return f"""SELECT {READ_COLUMNS} FROM {JOBS} WHERE {" AND ".join(where)}
+    if state is None and not newest:
+        # by id over every state: the primary key is the order
+        return f"""SELECT {READ_COLUMNS} FROM {JOBS} WHERE {" AND ".join(where)}
   ORDER BY {order} LIMIT :limit"""
+    # each stored state read from its own index, at most one row each, merged:
+    # never a scan of the other states' rows (the CASE of EFFECTIVE_STATE
+    # matches no index). INDEXED BY pins each plan.
+    branches = _EVERY_STATE if state is None else _STORED[state]
+    selects = [
+        f"""SELECT {READ_COLUMNS} FROM {JOBS} INDEXED BY "{by_newest if newest else by_id}"
+  WHERE {" AND ".join([*where, f"({condition})"])} ORDER BY {order} LIMIT :limit"""
+        for condition, by_id, by_newest in branches
+    ]
+    if len(selects) == 1:
+        return selects[0]
+    merged = "\n  UNION ALL ".join(f"SELECT * FROM ({select})" for select in selects)
+    return f"{merged}\n  ORDER BY {order} LIMIT :limit"
 
 
 # where a newest-first page given an ``after`` id starts: that job's updated_at

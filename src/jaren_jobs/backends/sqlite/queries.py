@@ -18,8 +18,8 @@ META = '"_jaren_meta"'
 
 # 1: fenced; 2: the (state, kind) index sans leased rows; 3: claim_key; 4: queue, unique_key
 # (§12); 5: error history (§13); 6: cancel_requested_at (§13); 7: history keyed by
-# generation; 8: trace_context, the enqueuing span's W3C traceparent (§17)
-SCHEMA_VERSION = 8
+# generation; 8: trace_context (§17); 9: listing.LISTING_INDEXES
+SCHEMA_VERSION = 9
 
 # the column order every job SELECT/RETURNING uses; engine rows map by index.
 # The free texts (payload, result, last_error) come back as their bytes, which
@@ -35,10 +35,9 @@ JOB_COLUMNS = (
 # what a claim returns: JOB_COLUMNS, then the trace context its attempt's span joins
 CLAIM_COLUMNS = f"{JOB_COLUMNS}, trace_context"
 
-# A leased job marked by cancel(id, force=True) whose lease has run out is
-# cancelled: no live holder can settle it any more, and no claim rescues it.
-# The row says 'leased' until a write meets it (MATERIALISE_*); every read
-# shows the state it effectively is, as of the bound :now.
+# A leased job marked by cancel(id, force=True) whose lease has run out is cancelled: no
+# live holder can settle it any more, and no claim rescues it. The row says 'leased'
+# until a write meets it (MATERIALISE_*); every read shows its effective state at :now.
 MARKED_EXPIRED = "state = 'leased' AND cancel_requested_at IS NOT NULL AND lease_until <= :now"
 EFFECTIVE_STATE = f"CASE WHEN {MARKED_EXPIRED} THEN 'cancelled' ELSE state END"
 # JOB_COLUMNS as a read shows them: the effective state in the state's place
@@ -54,9 +53,8 @@ FENCE = "state = 'leased' AND lease_token = :token AND lease_until > :now"
 
 # ----------------------------------------------------------------- schema
 
-# The reference's pre-fence schema is the base every database starts from;
-# later columns are added in place (MIGRATIONS), so a fresh database and an
-# upgraded one end with the same shape.
+# The reference's pre-fence schema is the base every database starts from; later columns
+# are added in place (MIGRATIONS), so a fresh and an upgraded database end the same.
 CREATE_JOBS = f"""CREATE TABLE IF NOT EXISTS {JOBS} (
   id TEXT PRIMARY KEY, kind TEXT NOT NULL, payload TEXT,
   state TEXT NOT NULL, run_at INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
@@ -525,10 +523,9 @@ CANCEL_LEASED = f"""UPDATE {JOBS} SET state = 'cancelled', last_error = 'cancell
     updated_at = :now
   WHERE id = :id AND {FENCE}"""
 
-# requeue keeps attempts (the history) unless :reset asks for fresh ones, and
-# always keeps the generation (checkpoints are stamped with it, and the next
-# claim raises it, so no older lease can settle the row again); it clears the
-# lease so nothing can settle the row until the next claim mints a new one
+# requeue keeps attempts unless :reset asks for fresh ones, and always the generation
+# (checkpoints are stamped with it; the next claim raises it, so no older lease can
+# settle the row again); it clears the lease until the next claim mints a new one
 REQUEUE = f"""UPDATE {JOBS} SET state = 'pending', run_at = :now, lease_until = NULL,
     lease_token = NULL, lease_owner = NULL, updated_at = :now, cancel_requested_at = NULL,
     attempts = CASE WHEN :reset THEN 0 ELSE attempts END
@@ -539,6 +536,9 @@ REQUEUE = f"""UPDATE {JOBS} SET state = 'pending', run_at = :now, lease_until = 
       WHERE other.unique_key = {JOBS}.unique_key AND other.unique_key IS NOT NULL
         AND other.{ACTIVE}))"""
 
+# run_now(): a queued job waiting on its run_at (a delay, a retry's backoff) is due now
+RUN_NOW = f"""UPDATE {JOBS} SET run_at = :now, updated_at = :now
+  WHERE id = :id AND state IN ('pending', 'failed') AND run_at > :now"""
 # the history entry of a failure just written under the fence (same transaction)
 INSERT_ERROR = f"""INSERT INTO {ERRORS} (job_id, generation, attempt, at, error, traceback)
   VALUES (:id, :generation, :attempt, :now, :error, :traceback)

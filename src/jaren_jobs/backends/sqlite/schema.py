@@ -9,6 +9,7 @@ goes through the very same steps (base tables, then every added column), so
 
 from __future__ import annotations
 
+from jaren_jobs.backends.sqlite import listing
 from jaren_jobs.backends.sqlite import queries as sql
 from jaren_jobs.backends.sqlite.connection import Database
 from jaren_jobs.errors import JobsError, SchemaError
@@ -78,7 +79,7 @@ def _upgrade(db: Database) -> None:
         present = {row[0] for row in db.all(sql.table_columns(table), doing=what)}
         if column not in present:
             db.run(sql.add_column(table, column, definition), doing=what)
-    for statement in sql.CREATE_INDEXES:
+    for statement in (*sql.CREATE_INDEXES, *listing.LISTING_INDEXES):
         db.run(statement, doing=what)
     for name in sql.DROPPED_INDEXES:
         db.run(sql.drop_index(name), doing=what)

@@ -163,6 +163,17 @@ class SqliteSession:
 
         return self._scope.read_consistent(work, what)
 
+    def count_settled(
+        self, since: int, until: int, bucket: int, limit: int, what: str
+    ) -> list[tuple[str, int, int]]:
+        params = {"since": since, "until": until, "bucket": bucket, "limit": limit}
+
+        def work() -> list[tuple[str, int, int]]:
+            rows = self._db.all(listing.SETTLED_BUCKETS, params, doing=what)
+            return [(str(state), int(index), int(n)) for state, index, n in rows]
+
+        return self._scope.read(work, what)
+
     def count_due(self, now: int, what: str, queue: str | None = None) -> tuple[int, ...]:
         params: dict[str, object] = {"now": now}
         if queue is not None:
@@ -270,6 +281,15 @@ class SqliteSession:
             if row is not None and row.state == "pending":
                 drop()
             return row
+
+        return self._scope.write(work, what, signal)
+
+    def run_now(self, job_id: str, what: str, signal: SignalLike | None) -> bool | FenceRow | None:
+        def work() -> bool | FenceRow | None:
+            params = {"id": job_id, "now": self._runtime.now_ms()}
+            if self._db.changes(sql.RUN_NOW, params, doing=what):
+                return True
+            return self._seq.fence_row_within(job_id, what)
 
         return self._scope.write(work, what, signal)
 

@@ -24,6 +24,8 @@
   function bars(throughput) {
     var top = Math.max.apply(null, [1].concat(throughput.done, throughput.failed));
     setField("chart-top", top);
+    setField("chart-note", throughput.truncated
+      ? " (the most recent " + throughput.cap.toLocaleString("en") + " of each counted)" : "");
     ["done", "failed"].forEach(function (name) {
       throughput[name].forEach(function (value, index) {
         var bar = document.querySelector('[data-bar="' + name + "-" + index + '"]');
