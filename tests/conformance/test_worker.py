@@ -8,6 +8,7 @@ tests use a short ``lease_seconds`` and wait on the ``on_renewal`` hook.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -359,30 +360,6 @@ class Incurable(Exception):
     retryable = False
 
 
-@pytest.mark.parametrize(
-    "error",
-    [Incurable("no retry can cure this"), RunMismatch("the run moved", job_id="x")],
-)
-def test_an_error_that_is_not_retryable_dead_letters_at_once(
-    store: Store, error: Exception
-) -> None:
-    outcomes = Outcomes()
-
-    def handler(payload: Any, ctx: JobContext) -> Any:
-        raise error
-
-    worker = store.jobs.create_worker({"k": handler}, on_outcome=outcomes)
-    job = store.jobs.enqueue("k", max_attempts=5)
-    assert worker.run_once() is True
-    stored = store.jobs.get(job.id)
-    assert stored is not None
-    assert (stored.state, stored.attempts) == ("dead", 1)
-    assert outcomes.names() == ["failed"]
-    expected_code = "JD2069" if isinstance(error, RunMismatch) else None
-    assert outcomes.events[0].code == expected_code
-    worker.stop()
-
-
 def test_a_result_json_cannot_carry_fails_the_attempt(store: Store) -> None:
     outcomes = Outcomes()
 
@@ -431,49 +408,6 @@ def test_an_error_text_with_lone_surrogates_retries_then_dead_letters(
     assert worker.run_once() is False
     assert outcomes.names() == ["failed", "failed"]
     assert outcomes.events[0].reason == "FileNotFoundError: no such file: caf\\udce9.txt"
-    worker.stop()
-
-
-def test_a_result_with_a_lone_surrogate_fails_the_attempt(store: Store) -> None:
-    outcomes = Outcomes()
-
-    def handler(payload: Any, ctx: JobContext) -> Any:
-        return {"file": os.fsdecode(b"\xff.bin")}
-
-    worker = store.jobs.create_worker({"k": handler}, on_outcome=outcomes)
-    job = store.jobs.enqueue("k", max_attempts=1)
-    assert worker.run_once() is True
-    stored = store.jobs.get(job.id)
-    assert stored is not None
-    assert (stored.state, stored.result) == ("dead", None)
-    assert stored.last_error is not None
-    assert stored.last_error.startswith("ValueError: complete(): result")
-    assert "not valid Unicode" in stored.last_error
-    assert outcomes.names() == ["failed"]
-    worker.stop()
-
-
-def test_a_handler_that_returns_a_coroutine_is_a_clear_failure_without_a_warning(
-    store: Store,
-) -> None:
-    # an async def handler is refused by create_worker; a plain function can
-    # still hand back a coroutine object, which fails the attempt
-    outcomes = Outcomes()
-
-    async def later(payload: Any) -> Any:
-        return 1  # pragma: no cover - never awaited
-
-    def handler(payload: Any, ctx: JobContext) -> Any:
-        return later(payload)
-
-    worker = store.jobs.create_worker({"a": handler}, on_outcome=outcomes)
-    job = store.jobs.enqueue("a")
-    assert worker.run_once() is True
-    stored = store.jobs.get(job.id)
-    assert stored is not None
-    assert stored.state == "failed"
-    assert "coroutine" in (stored.last_error or "")
-    assert outcomes.names() == ["failed"]
     worker.stop()
 
 
@@ -663,38 +597,122 @@ def test_a_renewal_observer_that_raises_an_interrupt_halts_and_still_settles(
     join_threads(worker)
 
 
-def test_a_handler_that_settles_through_its_own_checkpoints_completes_once(store: Store) -> None:
-    outcomes = Outcomes()
+# ----------------------------------------------------------------- one run, one settlement
 
+Handler = Callable[[Any, JobContext], Any]
+UNCHECKED: Any = object()  # a RunOnce field the case does not assert
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOnce:
+    """A handler (made for the store under test) run once by ``run_once()``, and what it
+    leaves: the job's state, and its attempts, result and last error where given; the one
+    outcome reported, and its code and reason where given."""
+
+    handler: Callable[[Store], Handler]
+    state: str
+    outcome: str = "failed"
+    max_attempts: int | None = None
+    attempts: int | None = None
+    result: Any = UNCHECKED
+    error_starts: str = ""
+    error_has: str = ""
+    code: Any = UNCHECKED
+    reason: str | None = None
+
+
+def raising(error: Exception) -> Callable[[Store], Handler]:
+    def make(store: Store) -> Handler:
+        def handler(payload: Any, ctx: JobContext) -> Any:
+            raise error
+
+        return handler
+
+    return make
+
+
+async def later(payload: Any) -> Any:
+    return 1  # pragma: no cover - never awaited
+
+
+def settling_through_checkpoints(store: Store) -> Handler:
     def handler(payload: Any, ctx: JobContext) -> Any:
         ctx.checkpoints.save(ctx.job.id, "a", 1)
         assert ctx.checkpoints.load(ctx.job.id) == {"a": 1}
         ctx.checkpoints.complete(ctx.job.id, "from checkpoints")
         return "from return"
 
-    worker = store.jobs.create_worker({"k": handler}, on_outcome=outcomes)
-    job = store.jobs.enqueue("k")
-    assert worker.run_once() is True
-    stored = store.jobs.get(job.id)
-    assert stored is not None
-    assert (stored.state, stored.result) == ("done", "from checkpoints")
-    assert outcomes.names() == ["completed"]
-    worker.stop()
+    return handler
 
 
-def test_a_handler_that_fails_its_own_lease_is_reported_failed(store: Store) -> None:
-    outcomes = Outcomes()
-
+def failing_its_own_lease(store: Store) -> Handler:
     def handler(payload: Any, ctx: JobContext) -> Any:
         store.jobs.fail(ctx.lease, "given up", retry=False)
         return "ignored"
 
-    worker = store.jobs.create_worker({"k": handler}, on_outcome=outcomes)
-    job = store.jobs.enqueue("k")
+    return handler
+
+
+RUN_ONCE = {
+    # an error that is not retryable dead-letters at once, whatever max_attempts says
+    "not-retryable": RunOnce(
+        raising(Incurable("no retry can cure this")), "dead", max_attempts=5, attempts=1, code=None
+    ),
+    "run-mismatch": RunOnce(
+        raising(RunMismatch("the run moved", job_id="x")),
+        "dead",
+        max_attempts=5,
+        attempts=1,
+        code="JD2069",
+    ),
+    "result-with-a-lone-surrogate": RunOnce(
+        lambda store: lambda payload, ctx: {"file": os.fsdecode(b"\xff.bin")},
+        "dead",
+        max_attempts=1,
+        result=None,
+        error_starts="ValueError: complete(): result",
+        error_has="not valid Unicode",
+    ),
+    # an async def handler is refused by create_worker; a plain function can still hand
+    # back a coroutine object, which fails the attempt (and warns of nothing: warnings are
+    # errors in this suite)
+    "returns-a-coroutine": RunOnce(
+        lambda store: lambda payload, ctx: later(payload), "failed", error_has="coroutine"
+    ),
+    # the handler's own settlement is the one that counts; its return value is ignored
+    "settles-through-its-own-checkpoints": RunOnce(
+        settling_through_checkpoints, "done", outcome="completed", result="from checkpoints"
+    ),
+    "fails-its-own-lease": RunOnce(failing_its_own_lease, "dead", reason="given up"),
+}
+
+
+@pytest.mark.parametrize("case", list(RUN_ONCE))
+def test_one_run_of_a_handler_settles_its_job_as_the_handler_did(store: Store, case: str) -> None:
+    how = RUN_ONCE[case]
+    outcomes = Outcomes()
+    worker = store.jobs.create_worker({"k": how.handler(store)}, on_outcome=outcomes)
+    if how.max_attempts is None:
+        job = store.jobs.enqueue("k")
+    else:
+        job = store.jobs.enqueue("k", max_attempts=how.max_attempts)
     assert worker.run_once() is True
-    assert job_state(store, job.id) == "dead"
-    assert outcomes.names() == ["failed"]
-    assert outcomes.events[0].reason == "given up"
+    stored = store.jobs.get(job.id)
+    assert stored is not None
+    assert stored.state == how.state
+    if how.attempts is not None:
+        assert stored.attempts == how.attempts
+    if how.result is not UNCHECKED:
+        assert stored.result == how.result
+    if how.error_starts or how.error_has:
+        assert stored.last_error is not None
+        assert stored.last_error.startswith(how.error_starts)
+        assert how.error_has in stored.last_error
+    assert outcomes.names() == [how.outcome]
+    if how.code is not UNCHECKED:
+        assert outcomes.events[0].code == how.code
+    if how.reason is not None:
+        assert outcomes.events[0].reason == how.reason
     worker.stop()
 
 
