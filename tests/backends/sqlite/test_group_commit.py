@@ -7,8 +7,6 @@ Moved out of the conformance suite, which holds what every backend promises
 
 from __future__ import annotations
 
-import pytest
-
 from jaren_jobs import (
     NewJob,
     Store,

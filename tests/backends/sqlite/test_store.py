@@ -7,8 +7,14 @@ Moved out of the conformance suite, which holds what every backend promises
 
 from __future__ import annotations
 
+import json
+import os
+import select
+import signal
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,21 +24,111 @@ from jaren_jobs import (
     Runtime,
     StorageError,
     Store,
+    StoreClosed,
     TransactionAborted,
 )
-from tests.conformance.test_store import (
-    FORK_WARNING,
-    ROLLBACK_CAUSES,
-    WAIT,
-    assert_aborted,
-    assert_refused_as_forked,
-    enter_transaction,
-    in_forked_child,
-    needs_fork,
-    order_ids,
-    refusal,
-)
+from tests.conformance.test_store import WAIT, assert_aborted, order_ids
 from tests.harness import Harness
+
+# Statements after which SQLite itself rolls the whole transaction back.
+ROLLBACK_CAUSES = {
+    "insert-or-rollback": "INSERT OR ROLLBACK INTO orders (id, item) VALUES (1, 'again')",
+    "on-conflict-rollback": "INSERT INTO seats (n) VALUES (1)",
+    "raise-rollback": "INSERT INTO audit (note) VALUES ('refused')",
+}
+
+
+@pytest.fixture
+def rollback_store(app_store: Store) -> Store:
+    """``app_store`` plus tables whose constraint or trigger rolls a transaction back."""
+    with app_store.transaction() as tx:
+        tx.execute("CREATE TABLE seats (n INTEGER PRIMARY KEY ON CONFLICT ROLLBACK)")
+        tx.execute("INSERT INTO seats (n) VALUES (1)")
+        tx.execute("CREATE TABLE audit (note TEXT)")
+        tx.execute(
+            "CREATE TRIGGER audit_refuses BEFORE INSERT ON audit "
+            "BEGIN SELECT RAISE(ROLLBACK, 'audit refused'); END"
+        )
+    return app_store
+
+
+# ----------------------------------------------------------------- os.fork()
+#
+# A child made by os.fork() has a copy of the parent's SQLite connection (whose
+# locks it does not hold) and of the gate's state (whose holders and waiters
+# are parent threads that do not exist in the child). The store refuses it all
+# at once. The children below run a real os.fork(); each answers through a
+# pipe and leaves with os._exit, so nothing of pytest runs twice. Python 3.12+
+# warns that a fork with threads running may deadlock: these tests fork with
+# threads on purpose (that is the case they pin), so they silence exactly it.
+
+FORK_WARNING = "ignore:This process .* is multi-threaded:DeprecationWarning"
+needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork()")
+
+
+def in_forked_child(body: Callable[[], Any], timeout: float = WAIT) -> Any:
+    """Run ``body`` in a child of a real ``os.fork()``; its JSON answer, or fail loudly."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: whatever happens, never return into pytest
+        code = 70
+        try:
+            os.close(read_end)
+            try:
+                answer: Any = {"answer": body()}
+            except BaseException as exc:
+                answer = {"raised": repr(exc), "traceback": traceback.format_exc()}
+            with os.fdopen(write_end, "w") as out:
+                json.dump(answer, out)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            ready = select.select([read_end], [], [], max(left, 0))[0] if left > 0 else []
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                raise AssertionError(f"the forked child did not answer within {timeout}s")
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read_end)
+        _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status), status
+    assert os.WEXITSTATUS(status) == 0, status
+    reply = json.loads(b"".join(chunks))
+    assert "answer" in reply, reply.get("traceback", reply)
+    return reply["answer"]
+
+
+def refusal(call: Callable[[], Any]) -> list[Any]:
+    """In the child: ``[code, message, seconds]`` of the StoreClosed ``call`` raised."""
+    started = time.monotonic()
+    try:
+        call()
+    except StoreClosed as exc:
+        return [exc.code, str(exc), time.monotonic() - started]
+    except BaseException as exc:
+        return ["not StoreClosed", repr(exc), time.monotonic() - started]
+    return ["no refusal", None, time.monotonic() - started]
+
+
+def enter_transaction(store: Store) -> None:
+    with store.transaction() as tx:
+        tx.execute("SELECT 1")
+
+
+def assert_refused_as_forked(found: dict[str, list[Any]]) -> None:
+    for name, (code, message, seconds) in found.items():
+        assert code == "JD2091", (name, code, message)
+        assert "fork" in message, (name, message)
+        assert seconds < 2.0, (name, seconds)  # at once: never a wait for a parent thread
 
 
 @pytest.mark.both_apis  # conflict clauses and RAISE(ROLLBACK)
