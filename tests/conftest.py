@@ -39,10 +39,12 @@ from tests.pg_schemas import SchemaPool
 START = 1_800_000_000.0  # 2027-01-15, a fixed epoch for every fake clock
 
 # Hypothesis: a short profile by default, for the edit-and-test loop; .ci/run selects
-# the longer one (HYPOTHESIS_PROFILE=ci). Tests that set no example count of their own
-# follow it (the cron oracle scales its counts by it: tests/unit/test_cron_oracle.py).
-settings.register_profile("dev", max_examples=25)
-settings.register_profile("ci", max_examples=100)  # Hypothesis's own default
+# the longer one, HYPOTHESIS_PROFILE=ci: Hypothesis's own CI profile (100 examples,
+# derandomized, no example database), which it would load by itself where CI is set.
+# Tests that set no example count of their own follow the profile (the cron oracle
+# scales its counts by it: tests/unit/test_cron_oracle.py). No deadline in either: a
+# shared two-core machine makes a per-example time limit noise.
+settings.register_profile("dev", settings.get_profile("default"), max_examples=25, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from jaren_jobs.cron import load_zone, parse_cron
 
-# the loaded Hypothesis profile's count (tests/conftest.py: 25 by default, 100 in CI,
-# HYPOTHESIS_PROFILE=ci), three times over for the comparisons with croniter
+# the loaded Hypothesis profile's count (tests/conftest.py: 25 by default, 100 with
+# HYPOTHESIS_PROFILE=ci, as .ci/run sets), three times over for the comparisons with croniter
 BASE_EXAMPLES = settings().max_examples
 EXAMPLES = 3 * BASE_EXAMPLES
 
