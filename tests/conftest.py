@@ -19,14 +19,33 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 import jaren_jobs
 from jaren_jobs import AsyncStore, Runtime, Store
 from tests import postgres_server
 from tests.async_bridge import BridgeStore
-from tests.harness import CAPABILITIES, HARNESSES, POSTGRES_HARNESSES, Harness, psycopg
+from tests.harness import (
+    CAPABILITIES,
+    HARNESSES,
+    ONCE_PER_API,
+    POSTGRES_HARNESSES,
+    Harness,
+    psycopg,
+    with_search_path,
+)
+from tests.pg_schemas import SchemaPool
 
 START = 1_800_000_000.0  # 2027-01-15, a fixed epoch for every fake clock
+
+# Hypothesis: a short profile by default, for the edit-and-test loop; .ci/run selects
+# the longer one, HYPOTHESIS_PROFILE=ci: Hypothesis's own CI profile (100 examples,
+# derandomized, no example database), which it would load by itself where CI is set.
+# Tests that set no example count of their own follow the profile (the cron oracle
+# scales its counts by it: tests/unit/test_cron_oracle.py). No deadline in either: a
+# shared two-core machine makes a per-example time limit noise.
+settings.register_profile("dev", settings.get_profile("default"), max_examples=25, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 class FakeClock:
@@ -92,15 +111,20 @@ def required_capabilities(node: pytest.Item | pytest.Function) -> frozenset[str]
     found: set[str] = set()
     for mark in node.iter_markers("requires"):
         found.update(mark.args)
-    if node.nodeid.startswith("tests/backends/sqlite/") and "backend" in getattr(
-        node, "fixturenames", ()
-    ):
+    conformance = node.nodeid.startswith("tests/conformance/")
+    if conformance and "sqlite" in found:
+        # the suite holds what every backend promises; SQLite's own goes to its folder
+        raise pytest.UsageError(
+            f"{node.nodeid}: requires('sqlite') in tests/conformance/: move the test to "
+            "tests/backends/sqlite/ (mark it both_apis to keep the async harness)"
+        )
+    uses_backend = "backend" in getattr(node, "fixturenames", ())
+    if node.nodeid.startswith("tests/backends/sqlite/") and uses_backend:
         found.add("sqlite")  # SQLite's own mechanics: its folder runs on its harnesses only
-    if not node.nodeid.startswith("tests/conformance/") and "backend" in getattr(
-        node, "fixturenames", ()
-    ):
+    if not conformance and uses_backend and node.get_closest_marker("both_apis") is None:
         # a database's own mechanics, processes, properties: the sync API's harnesses; the
-        # async harnesses run the conformance suite (what the API promises)
+        # async harnesses run the conformance suite (what the API promises) and the tests
+        # marked both_apis
         found.add("sync-api")
     unknown = found - set(CAPABILITIES)
     if unknown:
@@ -116,6 +140,16 @@ def required_capabilities(node: pytest.Item | pytest.Function) -> frozenset[str]
 _POSTGRES_CHECKED = False
 _POSTGRES_MISSING: str | None = None
 _SESSION_SERVER: postgres_server.PostgresServer | None = None
+# the session's migrated schemas, which the backend fixture's harnesses take and give back
+_SCHEMAS: SchemaPool | None = None
+
+
+def schema_pool() -> SchemaPool:
+    """The session's pool of migrated PostgreSQL schemas (after :func:`require_postgres`)."""
+    global _SCHEMAS
+    if _SCHEMAS is None:
+        _SCHEMAS = SchemaPool(os.environ["JAREN_JOBS_TEST_POSTGRES_URL"], psycopg, with_search_path)
+    return _SCHEMAS
 
 
 def _find_postgres() -> str | None:
@@ -135,7 +169,10 @@ def _find_postgres() -> str | None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    global _SESSION_SERVER
+    global _SESSION_SERVER, _SCHEMAS
+    if _SCHEMAS is not None:
+        _SCHEMAS.close()
+        _SCHEMAS = None
     if _SESSION_SERVER is not None:
         _SESSION_SERVER.destroy()
         _SESSION_SERVER = None
@@ -164,6 +201,17 @@ def pytest_configure(config: pytest.Config) -> None:
         "requires(*capabilities): the test runs only on backends that have them "
         f"({', '.join(sorted(CAPABILITIES))}; see tests/harness.py)",
     )
+    config.addinivalue_line(
+        "markers",
+        "both_apis: outside tests/conformance/, the test runs on the async harnesses too "
+        "(sync-api is implied there otherwise)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "once_per_api: the test checks what no backend takes part in (arguments refused "
+        "before any statement): it runs on one harness of each API, "
+        f"{' and '.join(h.name for h in ONCE_PER_API)}, not on all six",
+    )
 
 
 _LEFT_OUT: list[tuple[str, str, frozenset[str]]] = []  # (test, backend, what it lacks)
@@ -182,6 +230,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 "but the test takes no backend (nor a store built from one)"
             )
         harness = _harness_of(item)
+        once = item.get_closest_marker("once_per_api") is not None
+        if harness is not None and once and harness not in ONCE_PER_API:
+            left_out.append(item)
+            _LEFT_OUT.append((item.nodeid, harness.name, frozenset({"once-per-api"})))
+            continue
         base = item.nodeid  # the test with the backend taken out of its id
         if harness is not None:
             for shown in (f"[{harness.name}]", f"{harness.name}-", f"-{harness.name}"):
@@ -222,7 +275,11 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for (name, lacking), count in sorted(counts.items(), key=lambda kv: kv[0][0]):
         terminalreporter.line(
             f"{count} test{'' if count == 1 else 's'} not run on {name}: "
-            f"it lacks {', '.join(sorted(lacking))}"
+            + (
+                "it runs once per API"
+                if lacking == {"once-per-api"}
+                else f"it lacks {', '.join(sorted(lacking))}"
+            )
         )
 
 
@@ -230,13 +287,15 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def backend(request: pytest.FixtureRequest, db_path: Path) -> Iterator[Harness]:
     """The database under test, reached through its harness (see tests/harness.py)."""
     harness_class: type[Harness] = request.param
+    options: dict[str, Any] = {}
     if harness_class in POSTGRES_HARNESSES:
         require_postgres()
+        options["schemas"] = schema_pool()  # migrated once, emptied between tests
     needs = required_capabilities(request.node)
     missing = needs - harness_class.capabilities
     if missing:  # collection leaves these out; reaching here is a wiring mistake
         pytest.fail(f"{harness_class.name} lacks {sorted(missing)}, which this test requires")
-    harness = harness_class(db_path, declared=needs)
+    harness = harness_class(db_path, declared=needs, **options)
     try:
         yield harness
     finally:

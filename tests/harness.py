@@ -28,7 +28,10 @@ The PostgreSQL harnesses (:class:`PostgresUrl`, :class:`PostgresConnection`)
 give each test a schema of its own on the server named by
 ``JAREN_JOBS_TEST_POSTGRES_URL`` (or on the throwaway server
 ``tests/postgres_server.py`` starts for the session when that is unset), and
-the store finds its tables there through ``search_path``. Statements handed
+the store finds its tables there through ``search_path``. The ``backend``
+fixture's schemas come migrated from the session's pool and are emptied
+between tests (``tests/pg_schemas.py``); a harness made without a pool gets
+an empty schema, which the store's first open migrates. Statements handed
 to :meth:`query` / :meth:`execute` / :meth:`app_sql` may use ``?``
 placeholders on every backend: a PostgreSQL harness turns them into ``%s``.
 
@@ -54,6 +57,7 @@ from urllib.parse import quote
 
 from jaren_jobs import Runtime, Store, open_store
 from tests.async_bridge import BridgeStore, EventLoopThread
+from tests.pg_schemas import SchemaPool
 
 try:  # the PostgreSQL harnesses need the driver (the extra jaren_jobs[postgres]); SQLite's do not
     import psycopg
@@ -459,17 +463,29 @@ class _Postgres(Harness):
     driver_error: ClassVar[type[Exception]] = psycopg.Error if psycopg else Exception
     integrity_error: ClassVar[type[Exception]] = psycopg.IntegrityError if psycopg else Exception
 
-    def __init__(self, db_path: Path, *, declared: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        db_path: Path,
+        *,
+        declared: Sequence[str] | None = None,
+        schemas: SchemaPool | None = None,
+    ) -> None:
         super().__init__(db_path, declared=declared)
         assert psycopg is not None, "the backend fixture checks for the driver first"
         server = postgres_server_url()
         assert server is not None, "the backend fixture checks for a server first"
         self._psycopg = psycopg
         self.server_url = server
-        self.schema = f"jt_{secrets.token_hex(6)}"
+        # from a pool: migrated, its tables empty (tests/pg_schemas.py); without one: an
+        # empty schema of the harness's own, which the store's first open migrates
+        self._schemas = schemas
+        if schemas is not None:
+            self.schema = schemas.take()
+        else:
+            self.schema = f"jt_{secrets.token_hex(6)}"
+            with psycopg.connect(server, autocommit=True) as conn:
+                conn.execute(f'CREATE SCHEMA "{self.schema}"')
         self.url = with_search_path(server, self.schema)
-        with psycopg.connect(server, autocommit=True) as conn:
-            conn.execute(f'CREATE SCHEMA "{self.schema}"')
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} schema {self.schema}>"
@@ -478,11 +494,16 @@ class _Postgres(Harness):
         try:
             super().close()
         finally:
-            with self._psycopg.connect(self.server_url, autocommit=True) as conn:
-                conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+            if self._schemas is not None:
+                self._schemas.give_back(self.schema)
+            else:
+                with self._psycopg.connect(self.server_url, autocommit=True) as conn:
+                    conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
 
     def _sibling(self, name: str) -> Harness:
-        return type(self)(self.db_path.with_name(f"{self.db_path.stem}-{name}.db"))
+        return type(self)(
+            self.db_path.with_name(f"{self.db_path.stem}-{name}.db"), schemas=self._schemas
+        )
 
     def app_sql(self, statement: str) -> str:
         return postgres_sql(statement)
@@ -608,8 +629,14 @@ class PostgresConnection(_Postgres):
     # one connection behind the store's gate, as on SQLite
     capabilities: ClassVar[frozenset[str]] = frozenset({"gate", "sync-api"})
 
-    def __init__(self, db_path: Path, *, declared: Sequence[str] | None = None) -> None:
-        super().__init__(db_path, declared=declared)
+    def __init__(
+        self,
+        db_path: Path,
+        *,
+        declared: Sequence[str] | None = None,
+        schemas: SchemaPool | None = None,
+    ) -> None:
+        super().__init__(db_path, declared=declared, schemas=schemas)
         self.connections: list[Any] = []
 
     def connect(self) -> Any:
@@ -639,3 +666,6 @@ POSTGRES_HARNESSES: frozenset[type[Harness]] = frozenset(
 )
 # the harnesses that drive the asyncio API (the others drive the sync one)
 ASYNC_HARNESSES: frozenset[type[Harness]] = frozenset({SqliteFileAsync, PostgresUrlAsync})
+# where a test marked once_per_api runs: one harness of each API (SQLite: no server, and
+# its connection traces the statements the test asserts were never sent)
+ONCE_PER_API: tuple[type[Harness], ...] = (SqliteFile, SqliteFileAsync)

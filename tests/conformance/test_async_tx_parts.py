@@ -11,7 +11,6 @@ Interleavings are forced with ``asyncio.Event``, never hoped for.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -19,7 +18,6 @@ import pytest
 from jaren_jobs import (
     AsyncStore,
     DuplicateJob,
-    GateRefused,
     NewJob,
     Store,
     TransactionEnded,
@@ -222,25 +220,3 @@ def test_a_call_in_flight_when_the_block_ends_finishes_before_the_commit(
     job = run(main())
     assert job.id == "in-flight"
     assert store.jobs.get("in-flight") is not None
-
-
-@pytest.mark.requires("sqlite")
-def test_a_sync_call_inside_the_tasks_own_async_transaction_is_refused_at_once(
-    astore: AsyncStore, store: Store
-) -> None:
-    # SQLite's async transaction holds the store on a lane thread; waiting for it from
-    # the loop's thread froze the whole loop until the gate timed out
-    async def main() -> float:
-        async with astore.transaction() as tx:
-            await tx.jobs.enqueue("k", id="mine")
-            began = time.monotonic()
-            with pytest.raises(GateRefused, match=r"own async store\.transaction"):
-                store.jobs.enqueue("k", id="sync")
-            with pytest.raises(GateRefused):
-                store.jobs.counts()
-            return time.monotonic() - began
-
-    took = run(main())
-    assert took < 1.0  # not the gate's timeout
-    assert store.jobs.get("mine") is not None
-    assert store.jobs.get("sync") is None

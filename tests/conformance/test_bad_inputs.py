@@ -6,6 +6,7 @@ settled one, and compares a snapshot of every table before and after.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -20,11 +21,11 @@ from jaren_jobs import (
     LeaseSuperseded,
     NewJob,
     Runtime,
-    SchemaError,
     StorageError,
     Store,
     StoreClosed,
 )
+from tests.async_bridge import BridgeStore
 from tests.conftest import START
 from tests.harness import Harness
 
@@ -98,7 +99,9 @@ def world(store: Store) -> World:
 
 Call = Callable[[World], object]
 
-# (id, call, expected error type, a phrase the message must carry)
+# (id, call, expected error type, a phrase the message must carry). Split below
+# into the cases the stored rows decide (every harness) and the argument checks
+# refused before a statement reaches the database (once per API).
 CASES: list[tuple[str, Call, type[BaseException], str]] = [
     # ---- kind
     ("kind-empty", lambda w: w.store.jobs.enqueue(""), ValueError, "kind"),
@@ -357,8 +360,32 @@ CASES: list[tuple[str, Call, type[BaseException], str]] = [
 ]
 
 
+# what the stored rows decide (a fence row, a job's state) or a transaction refuses:
+# these run on every harness
+DATABASE_CASE_IDS = frozenset(
+    {
+        "cancel-claimed-no-lease",
+        "forged-complete",
+        "forged-fail",
+        "forged-renew",
+        "forged-cancel",
+        "forged-next-generation",
+        "forged-empty-token",
+        "forged-unencodable-token",
+        "forged-unencodable-job-id",
+    }
+)
+DATABASE_CASES = [c for c in CASES if c[0] in DATABASE_CASE_IDS]
+# argument checks, refused before any statement: the same code on every backend, so
+# once per API (test_pure_bad_input_... asserts that no statement reached the database)
+PURE_CASES = [c for c in CASES if c[0] not in DATABASE_CASE_IDS]
+assert len(DATABASE_CASES) == len(DATABASE_CASE_IDS)
+
+
 @pytest.mark.parametrize(
-    ("call", "error", "phrase"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+    ("call", "error", "phrase"),
+    [c[1:] for c in DATABASE_CASES],
+    ids=[c[0] for c in DATABASE_CASES],
 )
 def test_bad_input_is_refused_and_writes_nothing(
     world: World,
@@ -376,6 +403,46 @@ def test_bad_input_is_refused_and_writes_nothing(
     assert backend.snapshot() == before
     # the store is still usable, and the refused lease still speaks for its job
     assert world.store.jobs.complete(world.claimed.lease, "after") is True
+
+
+@pytest.mark.once_per_api
+@pytest.mark.parametrize(
+    ("call", "error", "phrase"), [c[1:] for c in PURE_CASES], ids=[c[0] for c in PURE_CASES]
+)
+def test_pure_bad_input_is_refused_and_writes_nothing(
+    world: World,
+    backend: Harness,
+    call: Call,
+    error: type[BaseException],
+    phrase: str,
+) -> None:
+    before = backend.snapshot()
+    statements: list[str] = []
+    with statements_seen(world.store, statements):
+        with pytest.raises(error) as info:
+            call(world)
+        sent = list(statements)
+        assert type(info.value) is error
+        assert phrase in str(info.value)
+        assert backend.snapshot() == before
+        assert world.store.jobs.complete(world.claimed.lease, "after") is True
+    # refused before any statement (else the case belongs in DATABASE_CASES): the same
+    # code on every backend, which is why it runs once per API
+    assert sent == []
+    assert statements, "the trace saw no statement of complete(): it watches nothing"
+
+
+@contextlib.contextmanager
+def statements_seen(store: Store, into: list[str]) -> Iterator[None]:
+    """Every statement ``store`` sends while inside (``once_per_api`` runs on the SQLite
+    harnesses, tests/conftest.py, whose connection has a trace callback)."""
+    sync = store.astore.store if isinstance(store, BridgeStore) else store
+    connection = sync.connection  # type: ignore[attr-defined]
+    connection.set_trace_callback(into.append)
+    try:
+        yield
+    finally:
+        connection.set_trace_callback(None)
 
 
 def test_refused_result_leaves_the_job_leased(world: World) -> None:
@@ -526,19 +593,3 @@ def test_readonly_transaction_write_is_storage_error(
         tx.jobs.enqueue("k")
     assert isinstance(info.value.__cause__, backend.driver_error)
     assert backend.snapshot() == before
-
-
-@pytest.mark.requires("file", "sqlite")
-@pytest.mark.parametrize("content", ["no-tables", "empty-file", "other-tables"])
-def test_readonly_store_without_tables(backend: Harness, content: str) -> None:
-    if content == "empty-file":
-        backend.path.write_bytes(b"")
-    elif content == "other-tables":
-        backend.execute("CREATE TABLE app_users (id INTEGER PRIMARY KEY)")
-    else:
-        backend.execute("PRAGMA user_version = 1")  # a real, table-less database
-    before = backend.path.read_bytes()
-    with pytest.raises(SchemaError) as info:
-        backend.open(readonly=True)
-    assert info.value.code == "JD0002"
-    assert backend.path.read_bytes() == before  # created nothing

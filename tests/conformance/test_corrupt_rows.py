@@ -82,15 +82,13 @@ def test_a_worker_fails_the_corrupt_job_without_calling_the_handler_and_goes_on(
 # Written through the harness's own connection, as another program would
 # leave them: text that is not UTF-8, and JSON nested deeper than Python's
 # decoder can recurse. Neither may wedge reads, claims or the kind. Only
-# SQLite keeps bytes that are not UTF-8 in a TEXT column.
+# SQLite keeps bytes that are not UTF-8 in a TEXT column: the tests below run
+# with that poison in tests/backends/sqlite/test_corrupt_rows.py.
 
 NOT_UTF8 = b'{"name": "caf\xe9"}'  # latin-1 bytes stored as TEXT
 DEEP = "[" * 100_000 + "]" * 100_000  # valid JSON, far past the recursion limit
 POISONS = {"not-utf8": NOT_UTF8, "deep": DEEP}
-POISON_PARAMS = [
-    pytest.param("not-utf8", marks=pytest.mark.requires("sqlite")),
-    pytest.param("deep"),
-]
+POISON_PARAMS = ["deep"]
 
 
 def expect_marker(value: Any, poison: str) -> None:
@@ -182,22 +180,3 @@ def test_a_worker_fails_a_poison_row_and_its_kind_goes_on(
     assert sorted((o.job_id, o.outcome) for o in outcomes) == sorted(
         [(f"j{n}", "completed") for n in (0, 1, 3, 4, 5)] + [("j2", "failed")]
     )
-
-
-@pytest.mark.requires("sqlite")
-def test_a_last_error_that_is_not_utf8_is_shown_escaped_and_the_job_still_runs(
-    store: Store, backend: Harness
-) -> None:
-    store.jobs.enqueue("k", id="j")
-    claimed = store.jobs.claim(["k"], owner="w")
-    assert claimed is not None
-    assert store.jobs.fail(claimed.lease, "first try")
-    backend.write_raw_row("j", last_error=b"OSError: caf\xe9")
-    assert store.jobs.requeue("j") is True
-    got = store.jobs.get("j")
-    assert got is not None
-    assert got.last_error == "OSError: caf\\xe9"
-    again = store.jobs.claim(["k"], owner="w")
-    assert again is not None
-    assert again.last_error == "OSError: caf\\xe9"
-    assert store.jobs.complete(again.lease, 1) is True

@@ -342,17 +342,6 @@ def test_a_paused_consumer_blocks_no_transaction(real_store: Store) -> None:
     assert rest[2].state == "cancelled"
 
 
-@pytest.mark.requires("sqlite")
-def test_nothing_is_held_between_pulls(real_store: Store, backend: Harness) -> None:
-    made = fill(real_store, 5)
-    cursor = real_store.jobs.page()
-    assert next(cursor).id == made[0]
-    # a held statement would pin a read snapshot and make this checkpoint busy
-    [(busy, _, _)] = backend.query("PRAGMA wal_checkpoint(TRUNCATE)")
-    assert busy == 0
-    assert ids(cursor) == made[1:]
-
-
 @pytest.mark.requires("gate")
 def test_a_pull_during_a_transaction_waits_for_its_commit(real_store: Store) -> None:
     made = fill(real_store, 4)

@@ -45,7 +45,8 @@ from jaren_jobs import (
     NewJob,
     Runtime,
 )
-from tests.harness import HARNESSES, Harness, SqliteFile
+from tests.conftest import require_postgres, schema_pool
+from tests.harness import HARNESSES, POSTGRES_HARNESSES, Harness, SqliteFile
 
 from .queue_model import (
     CODES,
@@ -147,7 +148,7 @@ class QueueMachine(RuleBasedStateMachine):
         super().__init__()
         self.directory = tempfile.mkdtemp(prefix="jaren-model-")
         # Hypothesis makes each run's machine itself; the walk below hands it the fixture's
-        self.backend = backend or self.harness(Path(self.directory) / "jobs.db")
+        self.backend = backend or self._harness()
         self._owns_backend = backend is None
         self.clock = MsClock(START_MS)
         self.draw = 0.5
@@ -171,6 +172,14 @@ class QueueMachine(RuleBasedStateMachine):
         self.known_ids: set[str] = set()  # every id ever enqueued, swept ones too
         self.failures = 0
         self.last: Any = None  # the engine's last answer: a value, or the refusal class
+
+    def _harness(self) -> Harness:
+        path = Path(self.directory) / "jobs.db"
+        if self.harness in POSTGRES_HARNESSES:
+            # a migrated schema of the session's, emptied after the run (tests/pg_schemas.py)
+            require_postgres()
+            return self.harness(path, schemas=schema_pool())  # type: ignore[call-arg]
+        return self.harness(path)
 
     def teardown(self) -> None:
         try:

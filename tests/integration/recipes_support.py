@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -214,3 +215,98 @@ def all_done(db: Database, count: int) -> Callable[[], bool]:
         return len(states) == count and set(states.values()) == {"done"}
 
     return check
+
+
+# ------------------------------------------------------------------ the recipes' servers
+
+
+@dataclass(frozen=True)
+class Server:
+    """How a recipe of docs/recipes.md is served: its folder, the variable its app reads the
+    database from, its set-up step (the app's tables), the server's command for a port,
+    and the worker process's for the database, when the worker is not inside the server."""
+
+    recipe: str
+    database_variable: str
+    setup: tuple[str, ...]
+    command: Callable[[int], list[str]]
+    worker: Callable[[str], list[str]] | None = None
+
+
+def gunicorn_serving(*options: str) -> Callable[[int], list[str]]:
+    """gunicorn bound to the test's port, then ``options`` (its workers, the app)."""
+    return lambda port: gunicorn("--bind", f"127.0.0.1:{port}", *options)
+
+
+FLASK_TABLES = ("-m", "shop.db")
+FLASK = Server(
+    "flask", "SHOP_DATABASE", FLASK_TABLES, lambda port: python("-m", "shop.serve", str(port))
+)
+DJANGO = Server(
+    "django",
+    "JAREN_JOBS_DATABASE",
+    ("manage.py", "create_signup_tables"),
+    gunicorn_serving("--workers", "2", "mysite.wsgi"),
+    worker=lambda where: python("manage.py", "runjobs", "--concurrency", "2"),
+)
+
+
+def flask_under_gunicorn(*options: str) -> Server:
+    """The Flask recipe served by gunicorn (``options``), its worker the CLI, as systemd runs it."""
+    return Server(
+        "flask",
+        "SHOP_DATABASE",
+        FLASK_TABLES,
+        gunicorn_serving(*options),
+        worker=lambda where: python("-m", "jaren_jobs", "--db", where, "worker",
+                                    "shop.jobs:HANDLERS", "--concurrency", "4", "--poll", "0.1"),
+    )  # fmt: skip
+
+
+@dataclass
+class Served:
+    """A recipe's server (and worker process) running, listening on ``port``."""
+
+    server: Any
+    worker: Any | None
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def serve(how: Server, database: Database, processes: Processes, tmp_path: Path) -> Served:
+    """The recipe copied, its tables made, its server (and worker) started and listening."""
+    app = copy_recipe(how.recipe, tmp_path)
+    env = recipe_env(app, **{how.database_variable: database.where})
+    env.pop("DJANGO_SETTINGS_MODULE", None)  # Django's manage.py and wsgi.py name their own
+    run(python(*how.setup), cwd=app, env=env)
+    port = free_port()
+    server = processes.start(how.command(port), cwd=app, env=env)
+    worker = None
+    if how.worker is not None:
+        worker = processes.start(how.worker(database.where), cwd=app, env=env)
+    wait_listening(port, server, processes)
+    return Served(server, worker, port)
+
+
+def check_signups_run_once(
+    served: Served, database: Database, processes: Processes, requests: int
+) -> None:
+    """``requests`` signups POSTed at once, half refused after their enqueue: the committed
+    ones run, SIGTERM stops the worker and the server cleanly, and exactly the committed
+    signups ran, once each."""
+    emails = signups(requests)
+    statuses = post_signups(f"{served.url}/signup", emails)
+    assert statuses == [400 if e.endswith("@spam.example") else 200 for e in emails], (
+        processes.output(served.server)
+    )
+    wait_until("the worker to run every committed job", all_done(database, requests // 2))
+    running = [proc for proc in (served.worker, served.server) if proc is not None]
+    for proc in running:
+        proc.send_signal(signal.SIGTERM)
+    for proc in running:
+        assert proc.wait(WAIT) == 0, processes.output(proc)
+    assert "StoreClosed" not in processes.output(served.server)
+    check_exactly_the_committed_signups_ran_once(database, emails)

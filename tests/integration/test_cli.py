@@ -824,7 +824,15 @@ def test_jaren_jobs_alone_prints_a_short_help_and_exits_2(prepared: Prepared) ->
         assert lines[0].startswith("usage: jaren-jobs")
         listed = [line.split()[0] for line in lines if line.startswith("  ")]
         assert listed == [
-            "counts", "ls", "show", "cancel", "requeue", "sweep", "worker", "demo", "dashboard"
+            "counts",
+            "ls",
+            "show",
+            "cancel",
+            "requeue",
+            "sweep",
+            "worker",
+            "demo",
+            "dashboard",
         ]
         assert "--help" in lines[-1]
         assert "Traceback" not in result.stderr

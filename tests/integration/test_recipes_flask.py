@@ -8,28 +8,18 @@ own transaction), and SIGTERM stops the server and drains the worker.
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
 
 from tests.integration.recipes_support import (
-    WAIT,
+    FLASK,
     Database,
     Processes,
-    all_done,
-    check_exactly_the_committed_signups_ran_once,
-    copy_recipe,
+    check_signups_run_once,
     database,
-    free_port,
-    post_signups,
     processes,
-    python,
-    recipe_env,
-    run,
-    signups,
-    wait_listening,
-    wait_until,
+    serve,
 )
 
 pytest.importorskip("flask", reason="the dev extra installs flask")
@@ -42,18 +32,6 @@ REQUESTS = 24
 def test_flask_app_and_its_worker_in_one_process(
     database: Database, processes: Processes, tmp_path: Path
 ) -> None:
-    app = copy_recipe("flask", tmp_path)
-    env = recipe_env(app, SHOP_DATABASE=database.where)
-    run(python("-m", "shop.db"), cwd=app, env=env)  # the app's tables
-    port = free_port()
-    server = processes.start(python("-m", "shop.serve", str(port)), cwd=app, env=env)
-    wait_listening(port, server, processes)
-
-    emails = signups(REQUESTS)
-    statuses = post_signups(f"http://127.0.0.1:{port}/signup", emails)
-    assert statuses == [400 if e.endswith("@spam.example") else 200 for e in emails]
-    wait_until("the worker beside the app to run every job", all_done(database, REQUESTS // 2))
-
-    server.send_signal(signal.SIGTERM)
-    assert server.wait(WAIT) == 0, processes.output(server)
-    check_exactly_the_committed_signups_ran_once(database, emails)
+    served = serve(FLASK, database, processes, tmp_path)
+    assert served.worker is None  # the worker runs beside the app, in its process
+    check_signups_run_once(served, database, processes, REQUESTS)

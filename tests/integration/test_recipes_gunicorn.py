@@ -17,24 +17,18 @@ from pathlib import Path
 import pytest
 
 from tests.integration.recipes_support import (
+    FLASK,
     WAIT,
     Database,
     Processes,
-    all_done,
-    check_exactly_the_committed_signups_ran_once,
-    copy_recipe,
+    Server,
+    check_signups_run_once,
     database,
-    free_port,
-    gunicorn,
+    flask_under_gunicorn,
+    gunicorn_serving,
     post_json,
-    post_signups,
     processes,
-    python,
-    recipe_env,
-    run,
-    signups,
-    wait_listening,
-    wait_until,
+    serve,
 )
 
 pytest.importorskip("flask", reason="the dev extra installs flask")
@@ -44,11 +38,13 @@ __all__ = ["database", "processes"]  # the fixtures this module uses
 
 REQUESTS = 16
 
-# (gunicorn's arguments after the bind, the app) for each way the recipe serves
+# each way the recipe serves: gunicorn's arguments after the bind, then the app
 WAYS = {
-    "lazy": (["--workers", "2"], "shop.web:app"),
-    "lazy-preload": (["--workers", "2", "--preload"], "shop.web:app"),
-    "eager-preload-post-fork": (["--config", "gunicorn_conf.py"], "shop.eager:app"),
+    "lazy": flask_under_gunicorn("--workers", "2", "shop.web:app"),
+    "lazy-preload": flask_under_gunicorn("--workers", "2", "--preload", "shop.web:app"),
+    "eager-preload-post-fork": flask_under_gunicorn(
+        "--config", "gunicorn_conf.py", "shop.eager:app"
+    ),
 }
 
 
@@ -56,57 +52,27 @@ WAYS = {
 def test_gunicorn_serves_the_recipe_and_a_worker_process_runs_each_committed_job_once(
     way: str, database: Database, processes: Processes, tmp_path: Path
 ) -> None:
-    app = copy_recipe("flask", tmp_path)
-    env = recipe_env(app, SHOP_DATABASE=database.where)
-    run(python("-m", "shop.db"), cwd=app, env=env)
-    port = free_port()
-    options, target = WAYS[way]
-    server = processes.start(
-        gunicorn("--bind", f"127.0.0.1:{port}", *options, target), cwd=app, env=env
-    )
-    worker = processes.start(
-        python("-m", "jaren_jobs", "--db", database.where, "worker", "shop.jobs:HANDLERS",
-               "--concurrency", "4", "--poll", "0.1"),
-        cwd=app,
-        env=env,
-    )  # fmt: skip
-    wait_listening(port, server, processes)
-
-    emails = signups(REQUESTS)
-    statuses = post_signups(f"http://127.0.0.1:{port}/signup", emails)
-    assert statuses == [400 if e.endswith("@spam.example") else 200 for e in emails], (
-        processes.output(server)
-    )
-    wait_until("the worker process to run every job", all_done(database, REQUESTS // 2))
-    worker.send_signal(signal.SIGTERM)
-    server.send_signal(signal.SIGTERM)
-    assert worker.wait(WAIT) == 0, processes.output(worker)
-    assert server.wait(WAIT) == 0, processes.output(server)
-    assert "StoreClosed" not in processes.output(server)
-    check_exactly_the_committed_signups_ran_once(database, emails)
+    served = serve(WAYS[way], database, processes, tmp_path)
+    check_signups_run_once(served, database, processes, REQUESTS)
 
 
 def test_preload_without_the_hook_fails_each_request_with_store_closed_and_writes_nothing(
     database: Database, processes: Processes, tmp_path: Path
 ) -> None:
-    app = copy_recipe("flask", tmp_path)
-    env = recipe_env(app, SHOP_DATABASE=database.where)
-    run(python("-m", "shop.db"), cwd=app, env=env)
-    port = free_port()
-    server = processes.start(
-        gunicorn("--bind", f"127.0.0.1:{port}", "--workers", "2", "--preload", "shop.eager:app"),
-        cwd=app,
-        env=env,
+    eager = Server(
+        "flask",
+        FLASK.database_variable,
+        FLASK.setup,
+        gunicorn_serving("--workers", "2", "--preload", "shop.eager:app"),
     )
-    wait_listening(port, server, processes)
+    served = serve(eager, database, processes, tmp_path)
     answers = [
-        post_json(f"http://127.0.0.1:{port}/signup", {"email": f"user{n}@example.com"})
-        for n in range(4)
+        post_json(f"{served.url}/signup", {"email": f"user{n}@example.com"}) for n in range(4)
     ]  # each answered (urlopen's timeout bounds a hang), each a server error
     assert [status for status, _ in answers] == [500] * 4
-    server.send_signal(signal.SIGTERM)
-    assert server.wait(WAIT) == 0
-    log = processes.output(server)
+    served.server.send_signal(signal.SIGTERM)
+    assert served.server.wait(WAIT) == 0
+    log = processes.output(served.server)
     assert log.count("jaren_jobs.errors.StoreClosed: JD2091") == 4, log
     assert "before os.fork()" in log
     assert "open a new store in the child" in log

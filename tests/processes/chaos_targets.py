@@ -75,16 +75,22 @@ def _wait_for(event: Any) -> None:
             return
 
 
-def chaos_worker(settings: dict[str, Any], ready: Any, stop: Any) -> None:
+def chaos_worker(settings: dict[str, Any], ready: Any, stop: Any, started: Any = None) -> None:
     """Run one worker until ``stop`` is set (or until the supervisor kills this process).
 
+    The one worker target of the process tests, on either database: it opens
+    ``settings["url"]`` (PostgreSQL, :func:`tests.processes.pg_targets.pg_worker`) or
+    ``settings["db_path"]`` (an SQLite file) and runs the jobs of ``settings["kind"]``.
     Every execution of the handler is recorded, in its own short transaction
     through this process's store, in the executions table *before* the
-    handler returns; every outcome is appended to ``outcomes-<incarnation>.jsonl``
-    as it happens (so a killed process leaves its outcomes behind). A process
-    that is stopped rather than killed writes ``report-<incarnation>.json``:
-    its stats, its stop outcome and anything the library logged at WARNING or
-    worse.
+    handler returns; ``started`` (a queue), when given, gets ``(job_id,
+    generation, time.monotonic())`` as each handler begins. A job whose payload
+    has ``"hold": true`` waits in its handler for the file ``settings["release"]``;
+    one with ``"work_ms"`` works that long. Every outcome is appended to
+    ``outcomes-<incarnation>.jsonl`` as it happens (so a killed process leaves its
+    outcomes behind). A process that is stopped rather than killed writes
+    ``report-<incarnation>.json``: its stats, its stop outcome and anything the
+    library logged at WARNING or worse.
     """
     folder = Path(settings["folder"])
     incarnation: str = settings["incarnation"]
@@ -95,6 +101,13 @@ def chaos_worker(settings: dict[str, Any], ready: Any, stop: Any) -> None:
     report: dict[str, Any] = {"incarnation": incarnation, "pid": pid, "error": None}
     counted: dict[str, int] = {}
     counted_lock = threading.Lock()
+    release = FileEvent(settings["release"]) if settings.get("release") else None
+    # the driver's placeholders: "?" for SQLite, "%s" for psycopg
+    mark = settings.get("placeholder", "?")
+    insert = (
+        f"INSERT INTO {settings.get('executions', EXECUTIONS_TABLE)} "
+        f"(job_id, attempt, generation, pid, incarnation) VALUES ({', '.join([mark] * 5)})"
+    )
 
     def record_outcome(event: Outcome) -> None:
         outcomes.write(
@@ -112,22 +125,28 @@ def chaos_worker(settings: dict[str, Any], ready: Any, stop: Any) -> None:
             counted[event.outcome] = counted.get(event.outcome, 0) + 1
 
     try:
-        with open_store(settings["db_path"], durability=settings["durability"]) as store:
+        target = settings["url"] if "url" in settings else settings["db_path"]
+        with open_store(target, durability=settings.get("durability", "full")) as store:
 
             def execute(payload: Any, ctx: JobContext) -> Any:
                 lease = ctx.lease
+                if started is not None:
+                    started.put((ctx.job.id, lease.generation, time.monotonic()))
                 with store.transaction() as tx:
                     tx.execute(
-                        f"INSERT INTO {EXECUTIONS_TABLE} "
-                        "(job_id, attempt, generation, pid, incarnation) VALUES (?, ?, ?, ?, ?)",
-                        (ctx.job.id, lease.attempt, lease.generation, pid, incarnation),
+                        insert, (ctx.job.id, lease.attempt, lease.generation, pid, incarnation)
                     )
+                payload = payload or {}
+                if payload.get("hold") and release is not None:
+                    release.wait(60)
                 # a little work, so kills land inside attempts as well as between them
-                ctx.signal.wait(payload["work_ms"] / 1000)
+                work = payload.get("work_ms", 0)
+                if work:
+                    ctx.signal.wait(work / 1000)
                 return {"by": incarnation, "generation": lease.generation}
 
             worker = store.jobs.create_worker(
-                {CHAOS_KIND: execute},
+                {settings.get("kind", CHAOS_KIND): execute},
                 concurrency=settings["concurrency"],
                 lease_seconds=settings["lease_seconds"],
                 poll_seconds=settings["poll_seconds"],
@@ -147,6 +166,28 @@ def chaos_worker(settings: dict[str, Any], ready: Any, stop: Any) -> None:
         outcomes.close()
     report["problems"] = problems.lines
     (folder / f"report-{incarnation}.json").write_text(json.dumps(report), encoding="utf-8")
+
+
+class FileEvent:
+    """An event a process started from a command line can share: set = the file exists."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self._pause = threading.Event()  # never set: the pacing of wait()
+
+    def set(self) -> None:
+        self.path.write_text("1")
+
+    def is_set(self) -> bool:
+        return self.path.exists()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            if end is not None and time.monotonic() >= end:
+                return False
+            self._pause.wait(0.05)
+        return True
 
 
 # ------------------------------------------------------------------ a crash inside a transaction

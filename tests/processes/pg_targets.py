@@ -1,6 +1,7 @@
 """Spawn targets for the PostgreSQL process tests (importable, so ``spawn`` finds them).
 
-Like :mod:`tests.processes.chaos_targets`, every target reports through files
+The worker is :mod:`tests.processes.chaos_targets`' own, on a URL; like it, every
+target reports through files
 (append-only JSON Lines, one ``write()`` per line, so a SIGKILL never tears
 one) or multiprocessing primitives: a process the test kills must leave behind
 what it wrote before it died. Run as ``python -m tests.processes.pg_targets
@@ -10,10 +11,7 @@ worker SETTINGS_JSON`` it is a worker for a process started by a command line
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import multiprocessing
-import os
 import sys
 import threading
 import time
@@ -21,8 +19,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from jaren_jobs import JobContext, JobsError, Outcome, open_store
-from tests.processes.chaos_targets import _LineLog, _ProblemLog
+from jaren_jobs import JobsError, open_store
+from tests.processes.chaos_targets import FileEvent, _LineLog, chaos_worker
 
 KIND = "pgwork"
 EXECUTIONS = "pg_executions"
@@ -32,121 +30,16 @@ CREATE_EXECUTIONS = (
 )
 
 
-class FileEvent:
-    """An event a process started from a command line can share: set = the file exists."""
-
-    def __init__(self, path: str) -> None:
-        self.path = Path(path)
-        self._pause = threading.Event()  # never set: the pacing of wait()
-
-    def set(self) -> None:
-        self.path.write_text("1")
-
-    def is_set(self) -> bool:
-        return self.path.exists()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        end = None if timeout is None else time.monotonic() + timeout
-        while not self.is_set():
-            if end is not None and time.monotonic() >= end:
-                return False
-            self._pause.wait(0.05)
-        return True
-
-
-def _wait_for(event: Any) -> None:
-    """Wait for ``event``, but never outlive a multiprocessing parent."""
-    parent = multiprocessing.parent_process()
-    while not event.wait(0.5):
-        if parent is not None and not parent.is_alive():
-            return
-
-
 def pg_worker(settings: dict[str, Any], ready: Any, stop: Any, started: Any = None) -> None:
-    """Run one worker on ``settings["url"]`` until ``stop`` is set (or this process is killed).
-
-    Each execution inserts a row into the executions table, through this
-    process's store, before the handler returns; ``started`` (a queue), when
-    given, gets ``(job_id, generation, time.monotonic())`` as each handler
-    begins. A job whose payload has ``"hold": true`` waits in its handler for
-    the file ``settings["release"]`` before it returns. Every outcome goes to
-    ``outcomes-<incarnation>.jsonl`` as it happens; a stopped process writes
-    ``report-<incarnation>.json`` (stats, stop outcome, WARNING+ log lines).
-    """
-    folder = Path(settings["folder"])
-    incarnation: str = settings["incarnation"]
-    pid = os.getpid()
-    outcomes = _LineLog(folder / f"outcomes-{incarnation}.jsonl")
-    problems = _ProblemLog()
-    import logging
-
-    logging.getLogger("jaren_jobs").addHandler(problems)
-    report: dict[str, Any] = {"incarnation": incarnation, "pid": pid, "error": None}
-    counted: dict[str, int] = {}
-    lock = threading.Lock()
-    release = FileEvent(settings["release"]) if settings.get("release") else None
-    # psycopg's placeholders; "?" lets the same target run on an SQLite file (a dry run)
-    mark = settings.get("placeholder", "%s")
-    insert = (
-        f"INSERT INTO {EXECUTIONS} (job_id, attempt, generation, pid, incarnation) "
-        f"VALUES ({', '.join([mark] * 5)})"
+    """:func:`tests.processes.chaos_targets.chaos_worker` on ``settings["url"]``: the jobs
+    of :data:`KIND`, executions recorded in :data:`EXECUTIONS` (``"placeholder": "?"`` in
+    ``settings`` runs it on an SQLite file, a dry run)."""
+    chaos_worker(
+        {"kind": KIND, "executions": EXECUTIONS, "placeholder": "%s", **settings},
+        ready,
+        stop,
+        started,
     )
-
-    def record(event: Outcome) -> None:
-        outcomes.write(
-            {
-                "outcome": event.outcome,
-                "job_id": event.job_id,
-                "generation": event.generation,
-                "attempt": event.attempt,
-                "phase": event.phase,
-                "code": event.code,
-                "incarnation": incarnation,
-            }
-        )
-        with lock:
-            counted[event.outcome] = counted.get(event.outcome, 0) + 1
-
-    try:
-        with open_store(settings["url"], durability=settings.get("durability", "full")) as store:
-
-            def execute(payload: Any, ctx: JobContext) -> Any:
-                lease = ctx.lease
-                if started is not None:
-                    started.put((ctx.job.id, lease.generation, time.monotonic()))
-                with store.transaction() as tx:
-                    tx.execute(
-                        insert, (ctx.job.id, lease.attempt, lease.generation, pid, incarnation)
-                    )
-                payload = payload or {}
-                if payload.get("hold") and release is not None:
-                    release.wait(60)
-                work = payload.get("work_ms", 0)
-                if work:
-                    ctx.signal.wait(work / 1000)
-                return {"by": incarnation, "generation": lease.generation}
-
-            worker = store.jobs.create_worker(
-                {KIND: execute},
-                concurrency=settings["concurrency"],
-                lease_seconds=settings["lease_seconds"],
-                poll_seconds=settings["poll_seconds"],
-                on_outcome=record,
-            )
-            worker.start()
-            ready.set()
-            _wait_for(stop)
-            stopped = worker.stop(10.0)
-            report["stop"] = dataclasses.asdict(stopped)
-            report["stats"] = dataclasses.asdict(worker.stats())
-            with lock:
-                report["outcomes"] = dict(counted)
-    except BaseException:
-        report["error"] = traceback.format_exc()
-    finally:
-        outcomes.close()
-    report["problems"] = problems.lines
-    (folder / f"report-{incarnation}.json").write_text(json.dumps(report), encoding="utf-8")
 
 
 def pg_enqueuer(settings: dict[str, Any], ready: Any, stop: Any) -> None:

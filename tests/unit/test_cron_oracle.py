@@ -21,7 +21,10 @@ from hypothesis import strategies as st
 
 from jaren_jobs.cron import load_zone, parse_cron
 
-EXAMPLES = 300
+# the loaded Hypothesis profile's count (tests/conftest.py: 25 by default, 100 with
+# HYPOTHESIS_PROFILE=ci, as .ci/run sets), three times over for the comparisons with croniter
+BASE_EXAMPLES = settings().max_examples
+EXAMPLES = 3 * BASE_EXAMPLES
 
 ZONES = [
     "UTC",
@@ -140,7 +143,7 @@ def test_next_after_equals_croniters_in_utc_however_far(expression: str, moment:
     assert ours == theirs, (expression, moment)
 
 
-@settings(PROPERTY, max_examples=300)
+@settings(PROPERTY, max_examples=EXAMPLES)
 @given(
     expression=expressions(),
     moment=instants.map(lambda d: d.replace(second=max(d.second, 1))),
@@ -163,7 +166,7 @@ def test_latest_at_or_before_equals_croniters_previous(
     assert ours <= moment
 
 
-@settings(PROPERTY, max_examples=100)
+@settings(PROPERTY, max_examples=BASE_EXAMPLES)
 @given(expression=expressions(), moment=instants, zone_name=st.sampled_from(ZONES))
 def test_latest_tick_is_the_one_before_the_next(
     expression: str, moment: datetime, zone_name: str

@@ -292,50 +292,88 @@ def test_a_failing_release_is_reported_once_and_never_retried() -> None:
 # ----------------------------------------------------------------- abort
 
 
-def test_abort_between_pulls_releases_at_once_and_every_later_pull_is_aborted() -> None:
+# what stops a cursor: a library Signal (which calls back at once), a foreign signal
+# (polled at the next pull) or a deadline (checked at the next pull); for each, how to
+# arm the cursor and how to stop it, the error and its code, and whether the statement
+# is let go at the stop itself rather than at the next pull
+
+
+def _library_signal() -> tuple[dict[str, Any], Any]:
     scope = CancelScope()
-    source = Source([1, 2, 3])
-    cur, settles = row_cursor(source, signal=scope.signal)
-    assert next(cur) == 1
-    scope.abort("client went away")
-    # a library Signal lets go of the statement at the abort, not at the next pull
-    assert source.releases == 1
-    assert settles.calls == [True]
-    for _ in range(3):
-        with pytest.raises(CursorAborted) as caught:
-            next(cur)
-        assert caught.value.code == "JD2072"
-        assert "client went away" in str(caught.value)
-    cur.close()
-    assert (source.opens, source.releases) == (1, 1)
-    assert settles.calls == [True]
+    return {"signal": scope.signal}, lambda: scope.abort("client went away")
 
 
-def test_a_foreign_signal_is_honoured_at_the_next_pull() -> None:
+def _foreign_signal() -> tuple[dict[str, Any], Any]:
     signal = ForeignSignal()
+    return {"signal": signal}, lambda: signal.abort("client went away")
+
+
+def _deadline() -> tuple[dict[str, Any], Any]:
+    clock = FakeClock()
+    deadline = datetime.fromtimestamp(START + 10, tz=timezone.utc)
+    return {"deadline": deadline, "now": clock.now}, lambda: clock.advance(10)
+
+
+STOPS: dict[str, tuple[Any, type[Exception], str, bool]] = {
+    "library-signal": (_library_signal, CursorAborted, "JD2072", True),
+    "foreign-signal": (_foreign_signal, CursorAborted, "JD2072", False),
+    "deadline": (_deadline, DeadlinePassed, "JD2075", False),
+}
+
+
+@pytest.mark.parametrize("stop", list(STOPS))
+def test_a_stop_between_pulls_releases_once_and_refuses_every_later_pull(stop: str) -> None:
+    arm, error, code, at_once = STOPS[stop]
+    options, stop_now = arm()
     source = Source([1, 2, 3])
-    cur, settles = row_cursor(source, signal=signal)
+    cur, settles = row_cursor(source, **options)
     assert next(cur) == 1
-    signal.abort("stop")
-    assert source.releases == 0  # nothing can call back: the next pull sees it
-    with pytest.raises(CursorAborted):
-        next(cur)
-    assert source.releases == 1
-    with pytest.raises(CursorAborted):
-        next(cur)
+    stop_now()
+    # a library Signal lets go of the statement at the abort; nothing can call back for
+    # a foreign signal or a deadline: the next pull sees it
+    assert source.releases == (1 if at_once else 0)
+    if at_once:
+        assert settles.calls == [True]
+    for _ in range(3):
+        with pytest.raises(error) as caught:
+            next(cur)
+        assert caught.value.code == code
+        if error is CursorAborted:
+            assert "client went away" in str(caught.value)
+        assert source.releases == 1
+        assert settles.calls == [True]
     cur.close()
     assert (source.opens, source.releases) == (1, 1)
     assert settles.calls == [True]
 
 
-def test_an_already_aborted_signal_refuses_the_first_pull_without_opening() -> None:
+def _aborted_signal() -> dict[str, Any]:
     scope = CancelScope()
     scope.abort("too late")
+    return {"signal": scope.signal}
+
+
+def _passed_deadline() -> dict[str, Any]:
+    deadline = datetime.fromtimestamp(START - 1, tz=timezone.utc)
+    return {"deadline": deadline, "now": FakeClock().now}
+
+
+# (how to arm the cursor, the error, whether it settles at construction: a library
+# Signal already aborted does; a deadline is only read at the pull)
+@pytest.mark.parametrize(
+    ("arm", "error", "settled_at_once"),
+    [(_aborted_signal, CursorAborted, True), (_passed_deadline, DeadlinePassed, False)],
+    ids=["aborted-signal", "passed-deadline"],
+)
+def test_a_cursor_stopped_before_its_first_pull_refuses_it_without_opening(
+    arm: Any, error: type[Exception], settled_at_once: bool
+) -> None:
     source = Source([1])
-    cur, settles = row_cursor(source, signal=scope.signal)
-    assert cur.settled
-    assert settles.calls == [False]
-    with pytest.raises(CursorAborted):
+    cur, settles = row_cursor(source, **arm())
+    if settled_at_once:
+        assert cur.settled
+        assert settles.calls == [False]
+    with pytest.raises(error):
         next(cur)
     assert (source.opens, source.releases) == (0, 0)
     assert settles.calls == [False]
@@ -395,36 +433,6 @@ def test_a_mapper_that_aborts_its_own_signal_releases_once_after_its_pull() -> N
 
 
 # ----------------------------------------------------------------- deadline
-
-
-def test_a_passed_deadline_releases_and_refuses_every_later_pull() -> None:
-    clock = FakeClock()
-    deadline = datetime.fromtimestamp(START + 10, tz=timezone.utc)
-    source = Source([1, 2, 3])
-    cur, settles = row_cursor(source, deadline=deadline, now=clock.now)
-    assert next(cur) == 1
-    clock.advance(10)
-    with pytest.raises(DeadlinePassed) as caught:
-        next(cur)
-    assert caught.value.code == "JD2075"
-    assert source.releases == 1
-    assert settles.calls == [True]
-    with pytest.raises(DeadlinePassed):
-        next(cur)
-    cur.close()
-    assert (source.opens, source.releases) == (1, 1)
-    assert settles.calls == [True]
-
-
-def test_a_deadline_already_passed_refuses_before_opening() -> None:
-    clock = FakeClock()
-    deadline = datetime.fromtimestamp(START - 1, tz=timezone.utc)
-    source = Source([1])
-    cur, settles = row_cursor(source, deadline=deadline, now=clock.now)
-    with pytest.raises(DeadlinePassed):
-        next(cur)
-    assert (source.opens, source.releases) == (0, 0)
-    assert settles.calls == [False]
 
 
 def test_a_deadline_not_yet_passed_lets_every_row_through() -> None:
@@ -521,12 +529,17 @@ def test_a_pull_waits_for_the_gate_and_proceeds_when_it_is_free() -> None:
     assert source.opens == 1
 
 
-def test_abort_while_a_pull_waits_for_the_gate_is_gate_refused_and_releases_once() -> None:
+@pytest.mark.parametrize("signal_kind", ["library", "foreign"])
+def test_an_abort_while_a_pull_waits_for_the_gate_is_gate_refused_and_releases_once(
+    signal_kind: str,
+) -> None:
     gate = Gate(timeout_seconds=WAIT)
     admit = CountingAdmit(gate)
     scope = CancelScope()
+    foreign = ForeignSignal()
+    library = signal_kind == "library"
     source = Source([1, 2, 3])
-    cur, settles = row_cursor(source, admit=admit, signal=scope.signal)
+    cur, settles = row_cursor(source, admit=admit, signal=scope.signal if library else foreign)
     assert next(cur) == 1
     admit.queued.clear()
     outcome: list[BaseException | int] = []
@@ -541,56 +554,32 @@ def test_abort_while_a_pull_waits_for_the_gate_is_gate_refused_and_releases_once
         puller = threading.Thread(target=pull)
         puller.start()
         assert admit.queued.wait(WAIT)
-        scope.abort("request cancelled")
-        # the abort lets go of the statement at once, off-gate
-        assert source.releases == 1
-        puller.join(WAIT)
-        assert not puller.is_alive()
-    assert len(outcome) == 1
-    assert isinstance(outcome[0], GateRefused)
-    assert source.pulls == 1  # the abandoned pull never reached the source
-    cur.close()
-    assert (source.opens, source.releases) == (1, 1)
-    assert settles.calls == [True]
-    with pytest.raises(CursorAborted):
-        next(cur)
-    assert source.releases == 1
-
-
-def test_a_foreign_abort_while_queued_is_gate_refused_and_close_releases_once() -> None:
-    gate = Gate(timeout_seconds=WAIT)
-    admit = CountingAdmit(gate)
-    signal = ForeignSignal()
-    source = Source([1, 2, 3])
-    cur, settles = row_cursor(source, admit=admit, signal=signal)
-    assert next(cur) == 1
-    admit.queued.clear()
-    outcome: list[BaseException | int] = []
-
-    def pull() -> None:
-        try:
-            outcome.append(next(cur))
-        except BaseException as exc:
-            outcome.append(exc)
-
-    with GateHolder(gate):
-        puller = threading.Thread(target=pull)
-        puller.start()
-        assert admit.queued.wait(WAIT)
-        signal.abort("gone")
+        if library:
+            scope.abort("request cancelled")
+            # the abort lets go of the statement at once, off-gate
+            assert source.releases == 1
+        else:
+            foreign.abort("gone")
         puller.join(WAIT)
         assert not puller.is_alive()
         assert len(outcome) == 1
         assert isinstance(outcome[0], GateRefused)
-        assert source.releases == 0
-        # a release the gate refuses (this thread does not get the gate
-        # within its timeout) still releases; shorten the wait to prove it
-        gate.timeout_seconds = 0.0
-        cur.close()
-        assert source.releases == 1
+        assert source.pulls == 1  # the abandoned pull never reached the source
+        if not library:
+            # nothing called back: the statement is let go at close, and a release the
+            # gate refuses (this thread does not get the gate within its timeout) still
+            # releases; shorten the wait to prove it
+            assert source.releases == 0
+            gate.timeout_seconds = 0.0
+            cur.close()
+            assert source.releases == 1
     cur.close()
     assert (source.opens, source.releases) == (1, 1)
     assert settles.calls == [True]
+    if library:
+        with pytest.raises(CursorAborted):
+            next(cur)
+        assert source.releases == 1
 
 
 def test_a_close_refused_by_the_gate_still_releases() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,13 @@ from tests.harness import (
     POSTGRES_HARNESSES,
     Harness,
     MissingCapability,
+    PostgresUrl,
     SqliteConnection,
     SqliteFile,
+    psycopg,
+    with_search_path,
 )
+from tests.pg_schemas import SchemaPool
 
 
 class _Bare(SqliteFile):
@@ -119,3 +124,108 @@ def test_refusing_makes_the_statement_fail_only_while_inside(
         assert backend.job_ids() == ["after"]
     finally:
         backend.close()
+
+
+# ----------------------------------------------------------------- the PostgreSQL schema pool
+
+
+def _schemas(pool: SchemaPool) -> set[str]:
+    with psycopg.connect(pool.server_url, autocommit=True) as conn:
+        return {
+            row[0]
+            for row in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'jt_%'")
+        }
+
+
+@pytest.fixture
+def pool() -> Iterator[SchemaPool]:
+    """A pool of the test's own (not the session's), dropped at the end."""
+    made = SchemaPool(require_postgres(), psycopg, with_search_path)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.mark.parametrize("harness", sorted(POSTGRES_HARNESSES, key=lambda h: h.name))
+def test_a_pooled_schema_comes_back_migrated_and_empty(
+    pool: SchemaPool, tmp_path: Path, harness: type[Harness]
+) -> None:
+    first = harness(tmp_path / "unused.db", schemas=pool)  # type: ignore[call-arg]
+    try:
+        store = first.open()
+        store.jobs.enqueue("k", id="a")
+        claimed = store.jobs.claim(["k"], owner="w")
+        assert claimed is not None
+        store.jobs.checkpoints_for(claimed).save("a", "node", 1)
+        assert store.jobs.fail(claimed.lease, "boom", retry=False)
+        assert {t for t, rows in first.snapshot().items() if rows} == {
+            "_jaren_jobs",
+            "_jaren_job_errors",
+            "_jaren_job_checkpoints",
+            "_jaren_meta",
+        }
+    finally:
+        first.close()
+    schema = first.schema
+
+    again = harness(tmp_path / "unused.db", schemas=pool)  # type: ignore[call-arg]
+    try:
+        assert again.schema == schema  # reused, not rebuilt
+        assert {t for t, rows in again.snapshot().items() if rows} == {"_jaren_meta"}
+        store = again.open()
+        store.jobs.enqueue("k", id="b")
+        # the insertion order starts over, as in a fresh schema
+        assert [row[0] for row in again.job_rows()] == [1]
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "CREATE TABLE orders (id integer)",
+        'ALTER TABLE "_jaren_jobs" ADD COLUMN extra text',
+        'CREATE INDEX extra ON "_jaren_jobs" (kind)',
+        "UPDATE \"_jaren_meta\" SET value = '99'",
+        "CREATE FUNCTION f() RETURNS integer LANGUAGE sql AS 'SELECT 1'",
+        'DROP TABLE "_jaren_job_errors"',
+    ],
+    ids=["table", "column", "index", "meta", "function", "dropped-table"],
+)
+def test_a_schema_a_test_changed_is_dropped_not_reused(
+    pool: SchemaPool, tmp_path: Path, change: str
+) -> None:
+    harness = PostgresUrl(tmp_path / "unused.db", schemas=pool)
+    try:
+        harness.open()
+        harness.execute(change)
+    finally:
+        harness.close()
+    schema = harness.schema
+    assert schema not in _schemas(pool)
+    fresh = PostgresUrl(tmp_path / "unused.db", schemas=pool)
+    try:
+        assert fresh.schema != schema
+        assert fresh.query('SELECT count(*) FROM "_jaren_jobs"') == [(0,)]
+    finally:
+        fresh.close()
+
+
+def test_reset_then_reopen_gives_back_a_schema_as_good_as_new(
+    pool: SchemaPool, tmp_path: Path
+) -> None:
+    harness = PostgresUrl(tmp_path / "unused.db", schemas=pool)
+    try:
+        harness.open().jobs.enqueue("k")
+        harness.reset()  # the tables dropped: the store's next open migrates again
+        harness.reopen().jobs.enqueue("k", id="after")
+    finally:
+        harness.close()
+    again = PostgresUrl(tmp_path / "unused.db", schemas=pool)
+    try:
+        assert again.job_ids() == []
+    finally:
+        again.close()
+    pool.close()
+    assert not _schemas(pool) & {harness.schema, again.schema}
