@@ -56,6 +56,9 @@ class Database:
         # the codec of the file's text: what CAST(text AS BLOB) hands back (read_encoding)
         self.text_codec = "utf-8"
         self.opened_in = os.getpid()
+        # while a store opens on an application's connection inside the application's
+        # own transaction: the opening's writes (schema) run under savepoints in it
+        self.joining = False
         # set in a child of os.fork(): the connection is the parent's (see _after_fork)
         self.forked = False
         _OPEN.add(self)
@@ -195,6 +198,8 @@ class Database:
 
     def transaction(self, fn: Callable[[], T], *, doing: str, immediate: bool = True) -> T:
         """Run ``fn`` inside BEGIN [IMMEDIATE] … COMMIT; roll back on any exception."""
+        if self.joining:
+            return self.savepoint(fn, doing=doing)
         connection = self.connection
         if connection.in_transaction:
             raise StorageError(
@@ -491,6 +496,7 @@ def open_database(
         owns = True
 
     db = Database(conn, owns=owns, gate=gate)
+    db.joining = not owns and conn.in_transaction
     try:
         _configure(
             db, durability=durability, busy_ms=busy_ms, readonly=readonly, memory=memory, owns=owns
@@ -504,6 +510,8 @@ def open_database(
         if owns:
             conn.close()
         raise
+    finally:
+        db.joining = False
     return db, shown_path
 
 
@@ -514,6 +522,10 @@ def _configure(
     db.run(sql.pragma_busy_timeout(busy_ms), doing=what)
     db.busy_ms = busy_ms
     db.read_encoding(what)
+    if db.joining:
+        # inside the application's transaction SQLite changes neither the journal mode
+        # nor synchronous: the application's own settings stay (the next open sets them)
+        return
     if not memory and not readonly:
         row = db.one(sql.READ_JOURNAL_MODE, doing=what)
         mode = None if row is None else str(row[0]).lower()
