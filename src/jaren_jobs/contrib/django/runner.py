@@ -56,12 +56,19 @@ def make_handler(backend: Any, store: Store) -> Callable[[Any, Any], Any]:
         job = ctx.job
         lease = ctx.lease
         rows = Attempt.objects.using(alias)
-        started = timezone.now()
-        current, _ = rows.update_or_create(
-            job_id=job.id,
-            number=lease.attempt,
-            defaults={"worker_id": lease.owner, "started_at": started, "finished_at": None},
-        )
+        # single statements, no atomic(): on SQLite a read-then-write transaction can
+        # meet another writer's commit and fail at once instead of waiting
+        fresh = {
+            "worker_id": lease.owner,
+            "started_at": timezone.now(),
+            "finished_at": None,
+            "exception_class_path": "",
+            "traceback": "",
+        }
+        mine = rows.filter(job_id=job.id, number=lease.attempt)
+        if not mine.update(**fresh):  # a snoozed attempt's number comes round again
+            rows.create(job_id=job.id, number=lease.attempt, **fresh)
+        current = Attempt(job_id=job.id, number=lease.attempt, **fresh)
         try:
             task = backend.task_of(job)
         except Exception as exc:
@@ -125,7 +132,11 @@ def make_handler(backend: Any, store: Store) -> Callable[[Any, Any], Any]:
         if exc is not None:
             row.exception_class_path = module_path(type(exc))
             row.traceback = "".join(format_exception(exc))
-        row.save(using=alias, update_fields=["finished_at", "exception_class_path", "traceback"])
+        Attempt.objects.using(alias).filter(job_id=row.job_id, number=row.number).update(
+            finished_at=row.finished_at,
+            exception_class_path=row.exception_class_path,
+            traceback=row.traceback,
+        )
 
     return handler
 

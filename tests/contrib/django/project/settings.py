@@ -30,7 +30,9 @@ DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ.get("SHOP_SQLITE", "shop.sqlite3"),
-        "OPTIONS": {"timeout": 20},
+        # IMMEDIATE: an atomic() block that reads, then writes, waits for the write lock
+        # instead of failing at once when a worker committed in between (Django >= 5.1)
+        "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
     }
 }
 _pg = os.environ.get("SHOP_POSTGRES_URL")
