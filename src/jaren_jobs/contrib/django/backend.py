@@ -313,13 +313,17 @@ class JarenBackend(BaseTaskBackend):  # type: ignore[misc]
                     )
                 )
         payload: Any = job.payload if isinstance(job.payload, dict) else {}
+        # the last attempt's own end (microseconds) where it has one: the job's record
+        # keeps milliseconds, which could put the end before the attempt's start
+        last = attempts[-1].finished_at if attempts else None
+        finished = last if last is not None and job.state in ("done", "dead") else job.updated_at
         result = TaskResult(
             task=self.task_of(job) if task is None else task,
             id=job.id,
             status=_STATUS[job.state],
             enqueued_at=_shown_time(job.created_at),
             started_at=_shown_time(attempts[0].started_at) if attempts else None,
-            finished_at=_shown_time(job.updated_at) if job.state in _SETTLED else None,
+            finished_at=_shown_time(finished) if job.state in _SETTLED else None,
             last_attempted_at=_shown_time(attempts[-1].started_at) if attempts else None,
             args=payload.get("args", []),
             kwargs=payload.get("kwargs", {}),

@@ -40,13 +40,4 @@ def backend_checks(backend: Any) -> list[checks.CheckMessage]:
                 id="jaren_jobs.E003",
             )
         )
-    if not backend.queues:
-        found.append(
-            checks.Warning(
-                f"{where}: QUEUES is empty, so any queue name is accepted (a typo in "
-                "queue_name makes a queue no worker serves)",
-                hint="list the queues, e.g. QUEUES = ['default', 'emails']",
-                id="jaren_jobs.W001",
-            )
-        )
     return found

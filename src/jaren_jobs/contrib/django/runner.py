@@ -34,8 +34,8 @@ __all__ = ["TaskFailed", "make_handler"]
 
 
 class TaskFailed(Exception):
-    """A task raised something that is not an ``Exception`` (``SystemExit``): the worker
-    settles the attempt as failed instead of stopping."""
+    """A task raised something that is not an ``Exception`` (``SystemExit``,
+    ``KeyboardInterrupt``): the worker settles the attempt as failed instead of stopping."""
 
 
 def make_handler(backend: Any, store: Store) -> Callable[[Any, Any], Any]:
@@ -87,9 +87,9 @@ def make_handler(backend: Any, store: Store) -> Callable[[Any, Any], Any]:
             else:
                 value = task.call(*args, **kwargs)
             value = normalize_json(value)
-        except KeyboardInterrupt:
-            raise
         except BaseException as exc:
+            # in a worker thread even KeyboardInterrupt and SystemExit come from the task
+            # itself (signals reach the main thread): the attempt failed
             finish(current, exc)
             final = lease.attempt >= job.max_attempts
             object.__setattr__(

@@ -92,10 +92,16 @@ class Command(BaseCommand):
             on_outcome=on_outcome,
             on_idle=on_idle,
         )
-        previous = {
-            signum: signal.signal(signum, lambda *_: stop.set())
-            for signum in (signal.SIGTERM, signal.SIGINT)
-        }
+        # SIGTERM and SIGINT drain (Python lets only the main thread install handlers:
+        # called from another thread, as a test may, the command stops on --burst only)
+        previous = (
+            {
+                signum: signal.signal(signum, lambda *_: stop.set())
+                for signum in (signal.SIGTERM, signal.SIGINT)
+            }
+            if threading.current_thread() is threading.main_thread()
+            else {}
+        )
         try:
             worker.start()
             self.stdout.write(
