@@ -8,7 +8,9 @@ SIGTERM and SIGKILL are in test_worker_processes.py).
 from __future__ import annotations
 
 import math
+import os
 import pickle
+import socket
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -82,6 +84,9 @@ def test_a_view_that_commits_leaves_one_job_and_one_that_rolls_back_none(alias: 
     assert result.return_value == {"order": body["order"], "attempt": 1}
     assert result.attempts == 1
     assert len(result.worker_ids) == 1
+    host, pid, _ = result.worker_ids[0].rsplit(":", 2)
+    assert host == socket.gethostname()
+    assert int(pid) == os.getpid()  # the in-process worker of drain()
     assert result.errors == []
     assert result.enqueued_at <= result.started_at <= result.finished_at
     assert result.last_attempted_at == result.started_at

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 import signal
+import socket
 import threading
 from typing import Any
 
@@ -83,6 +86,8 @@ class Command(BaseCommand):
 
         worker = store.jobs.create_worker(
             {backend.kind: make_handler(backend, store)},
+            # TaskResult.worker_ids says where each attempt ran
+            owner=f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}",
             concurrency=concurrency,
             queues=queues or None,
             lease_seconds=settings.lease_seconds,
