@@ -19,7 +19,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from jaren_jobs import Job
+from jaren_jobs.records import Job
 
 from .compat import (
     BaseTaskBackend,

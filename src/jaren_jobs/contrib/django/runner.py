@@ -18,7 +18,8 @@ from typing import Any
 from django.db import close_old_connections
 from django.utils import timezone
 
-from jaren_jobs import LeaseLost, Store
+from jaren_jobs.errors import LeaseLost
+from jaren_jobs.store import Store
 
 from .compat import (
     TaskContext,

@@ -20,7 +20,7 @@ from urllib.parse import urlencode
 
 from django.db import connections, transaction
 
-from jaren_jobs import Store, open_store
+from jaren_jobs.store import Store, open_store
 
 __all__ = [
     "ENGINES",

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from jaren_jobs import Outcome
+from jaren_jobs.records import Outcome
 
 
 class Command(BaseCommand):
