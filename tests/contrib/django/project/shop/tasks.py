@@ -67,3 +67,12 @@ def stall_once(context: TaskContext, marker: str) -> int:
 @task()
 def returns_unjsonable() -> object:
     return object()
+
+
+def _plain() -> int:
+    return 1
+
+
+# the module names the function under its own name, and the task under another: no worker
+# could find this task by its module path (shop.tasks._plain is the bare function)
+aliased = task()(_plain)
