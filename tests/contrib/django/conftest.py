@@ -42,6 +42,8 @@ def _framework_missing() -> str | None:
 
 
 _STATE: dict[str, Any] = {}
+#: the project's environment (its databases): what a worker process started by a test gets
+PROJECT_ENV: dict[str, str] = {}
 
 
 def _postgres_url() -> str | None:
@@ -68,21 +70,27 @@ def _postgres_url() -> str | None:
 
 @pytest.fixture(scope="session")
 def project() -> Iterator[Path]:
-    """The project, configured, migrated and ready; its environment is in os.environ for
-    the worker processes a test starts."""
+    """The project, configured, migrated and ready; its environment (for the worker
+    processes a test starts) is in ``PROJECT_ENV``."""
     missing = _framework_missing()
     if missing is not None:
         if os.environ.get("CI"):
             pytest.fail(f"the Django tests must run in CI: {missing}")
         pytest.skip(missing)
     folder = Path(tempfile.mkdtemp(prefix="jaren-django-"))
-    os.environ["SHOP_SQLITE"] = str(folder / "shop.sqlite3")
+    env = {"SHOP_SQLITE": str(folder / "shop.sqlite3"), "DJANGO_SETTINGS_MODULE": "settings"}
     url = _postgres_url()
     if url is not None:
-        os.environ["SHOP_POSTGRES_URL"] = url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "settings"
+        env["SHOP_POSTGRES_URL"] = url
+    PROJECT_ENV.update(env)
+    # set only while the settings are read: the other tests' subprocesses must not inherit them
+    os.environ.update(env)
     sys.path.insert(0, str(PROJECT))
-    django.setup()
+    try:
+        django.setup()
+    finally:
+        for name in env:
+            os.environ.pop(name, None)
     from django.core.management import call_command
 
     for alias in ("default", "pg") if url else ("default",):
@@ -106,7 +114,7 @@ def project() -> Iterator[Path]:
 def alias(request: pytest.FixtureRequest, project: Path) -> Iterator[str]:
     """A task backend (and the database it keeps jobs in), emptied before the test."""
     name: str = request.param
-    if name == "pg" and "SHOP_POSTGRES_URL" not in os.environ:
+    if name == "pg" and "SHOP_POSTGRES_URL" not in PROJECT_ENV:
         if os.environ.get("CI"):
             pytest.fail("the PostgreSQL tests must run in CI: no server")
         pytest.skip("no PostgreSQL server for the tests")

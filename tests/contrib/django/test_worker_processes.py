@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.contrib.django.conftest import PROJECT_ENV
+
 pytestmark = pytest.mark.slow
 
 WAIT = 60.0
@@ -34,7 +36,7 @@ class Workers:
             process = subprocess.Popen(
                 [sys.executable, "manage.py", "jaren_worker", "--backend", alias, *args],
                 cwd=self.project,
-                env={**os.environ, **env},
+                env={**os.environ, **PROJECT_ENV, **env},
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
