@@ -84,6 +84,10 @@ JOBS = "_jaren_jobs"
 CHECKPOINTS = "_jaren_job_checkpoints"
 
 CAPABILITIES: dict[str, str] = {
+    "app-connection": (
+        "the store is on the application's own connection (open_store(connection=...)), "
+        "on which the test holds transactions of the application's own"
+    ),
     "file": "the database is a file at backend.path, which the test may open again by path",
     "gate": (
         "one connection serves all the store's threads, in turn (its gate): a call from "
@@ -149,6 +153,12 @@ class Harness:
             )
 
     # ------------------------------------------------------------ stores
+
+    def app_connection(self, store: Store) -> Any:
+        """The application's connection ``store`` was opened on (capability
+        ``app-connection``), as the application holds it."""
+        self.need("app-connection")
+        return store.connection
 
     def open(self, *, runtime: Runtime | None = None, **options: Any) -> Store:
         """A store on this backend's database, closed by :meth:`close` if the test does not."""
@@ -404,7 +414,7 @@ class SqliteConnection(_Sqlite):
     """
 
     name: ClassVar[str] = "sqlite-connection"
-    capabilities: ClassVar[frozenset[str]] = _Sqlite.capabilities | {"sync-api"}
+    capabilities: ClassVar[frozenset[str]] = _Sqlite.capabilities | {"sync-api", "app-connection"}
 
     def __init__(self, db_path: Path, *, declared: Sequence[str] | None = None) -> None:
         super().__init__(db_path, declared=declared)
@@ -627,7 +637,7 @@ class PostgresConnection(_Postgres):
 
     name: ClassVar[str] = "postgres-connection"
     # one connection behind the store's gate, as on SQLite
-    capabilities: ClassVar[frozenset[str]] = frozenset({"gate", "sync-api"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"gate", "sync-api", "app-connection"})
 
     def __init__(
         self,

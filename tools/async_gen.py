@@ -587,6 +587,7 @@ def __init__(
     self.opened_in = os.getpid()
     self.text_codec = "utf-8"
     self.listener: Any = None
+    self.joining = False  # the async store never opens on an application's connection
     self.schema: str | None = None
     self._texts: dict[str, str] = {}
     self._lock = threading.Lock()
@@ -917,6 +918,7 @@ SPECS = (
                 "channel_name",
                 "_Results",
                 "PostgresBackend.connection",
+                "PostgresBackend.join",  # join_transaction() is the sync store's
             }
         ),
         overrides={

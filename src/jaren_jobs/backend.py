@@ -399,6 +399,11 @@ class StoreBackend(Protocol):
         """Open ``store.transaction()`` (waits for the connection, as bounded)."""
         ...
 
+    def join(self, what: str) -> AppTransaction:
+        """Take the connection for ``store.join_transaction()``: the application's open
+        transaction, which the handle never commits (``StorageError`` when none is open)."""
+        ...
+
     def wake_on_commits(self, wake: Callable[[], None]) -> None:
         """Call ``wake`` when another process commits work (PostgreSQL: LISTEN); may do nothing."""
         ...

@@ -198,6 +198,65 @@ class Store:
         for callback in callbacks:
             callback()
 
+    @contextmanager
+    def join_transaction(
+        self, *, on_commit: Callable[[Callable[[], None]], Any]
+    ) -> Iterator[Transaction]:
+        """Join the transaction the application has open on the store's connection.
+
+        For a store on the application's own connection (``open_store(connection=...)``)
+        while the application holds a transaction open on it (Django's ``atomic()``,
+        SQLAlchemy's ``Session``): ``tx.jobs`` and ``tx.execute`` run inside it, under
+        a savepoint of a unique name, and the library never sends BEGIN, COMMIT or
+        ROLLBACK of its own — a job enqueued here exists if and only if the
+        application commits. An exception out of the block undoes what the block
+        wrote (the savepoint) and leaves the application's transaction open.
+        Wake-ups for this process's workers are handed to ``on_commit`` (Django's
+        ``transaction.on_commit``; SQLAlchemy's ``after_commit`` event), which must
+        call them once the outer transaction commits and never on rollback; a
+        PostgreSQL ``NOTIFY`` is delivered by the server with that commit.
+        With no transaction open on the connection it is a ``StorageError``.
+        """
+        what = "store.join_transaction()"
+        if not callable(on_commit):
+            raise TypeError(f"on_commit must be callable, got {type(on_commit).__name__}")
+        backend = self._backend
+        backend.check_open(what)
+        stack = self._stack
+        if stack and backend.in_my_transaction():
+            raise GateRefused(
+                f"{what}: this thread is inside the store's own transaction already; "
+                "use its tx.jobs",
+                reason="reentrant",
+            )
+        handle = backend.join(what)
+        callbacks: list[Callable[[], None]] = []
+        try:
+            name = f"jaren_jobs_tx_{next(_SAVEPOINTS)}"
+            handle.savepoint(name, what)
+            tx = Transaction(self, handle, self._hub, depth=0)
+            stack.append(tx)
+            try:
+                yield tx
+            except BaseException:
+                stack.pop()
+                tx._end()
+                try:
+                    handle.rollback_to_savepoint(name, what)
+                    handle.release_savepoint(name, what)
+                except JobsError:
+                    pass  # the application's rollback undoes it anyway
+                raise
+            stack.pop()
+            callbacks = tx._end()
+            if tx.rolled_back():
+                raise tx._aborted(what)
+            handle.release_savepoint(name, what)
+        finally:
+            handle.release()
+        for callback in callbacks:
+            on_commit(callback)
+
     def _nested(self, what: str) -> Iterator[Transaction]:
         stack = self._stack
         parent = stack[-1]

@@ -21,7 +21,7 @@ from tests.docs.test_examples import (
 PAGE = REPO / "docs" / "recipes.md"
 RECIPES = REPO / "examples" / "recipes"
 # boilerplate the page names without showing
-NOT_SHOWN = {"django/manage.py"}
+NOT_SHOWN: set[str] = set()
 
 
 def recipe_files() -> list[Path]:

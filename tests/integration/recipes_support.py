@@ -242,13 +242,6 @@ FLASK_TABLES = ("-m", "shop.db")
 FLASK = Server(
     "flask", "SHOP_DATABASE", FLASK_TABLES, lambda port: python("-m", "shop.serve", str(port))
 )
-DJANGO = Server(
-    "django",
-    "JAREN_JOBS_DATABASE",
-    ("manage.py", "create_signup_tables"),
-    gunicorn_serving("--workers", "2", "mysite.wsgi"),
-    worker=lambda where: python("manage.py", "runjobs", "--concurrency", "2"),
-)
 
 
 def flask_under_gunicorn(*options: str) -> Server:
@@ -280,7 +273,6 @@ def serve(how: Server, database: Database, processes: Processes, tmp_path: Path)
     """The recipe copied, its tables made, its server (and worker) started and listening."""
     app = copy_recipe(how.recipe, tmp_path)
     env = recipe_env(app, **{how.database_variable: database.where})
-    env.pop("DJANGO_SETTINGS_MODULE", None)  # Django's manage.py and wsgi.py name their own
     run(python(*how.setup), cwd=app, env=env)
     port = free_port()
     server = processes.start(how.command(port), cwd=app, env=env)

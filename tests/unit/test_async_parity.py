@@ -30,6 +30,10 @@ from jaren_jobs.store import Jobs
 # sync name -> why the async surface does not have it (yet)
 NOT_YET: dict[str, str] = {
     "Store.connection": "the driver's connection is used from the loop only inside a lane",
+    "Store.join_transaction": (
+        "an application's transaction is joined on the thread that holds its connection "
+        "(Django's aenqueue runs the sync one through sync_to_async)"
+    ),
 }
 # what the library itself calls on a sync transaction (the seam's TransactionState), not
 # the application: its async twin delegates to the sync transaction, which keeps them

@@ -37,7 +37,7 @@ LAYERS: list[set[str]] = [
     {"aio"},  # the asyncio front door, over the sync one
     # observability: the OpenTelemetry and Prometheus adapters (SPEC §17), which the
     # dashboard and the CLI serve
-    {"dag", "dashboard", "demo", "cli", "testing", "observability"},
+    {"dag", "contrib", "dashboard", "demo", "cli", "testing", "observability"},
     {"__init__", "__main__"},
 ]
 

@@ -120,6 +120,9 @@ class PgDatabase:
         self.opened_in = os.getpid()
         self.text_codec = "utf-8"
         self.listener: Any = None  # notify.Listener, for a store opened from a URL
+        # while a store opens on an application's connection inside the application's
+        # own transaction: the opening's reads run in it, its writes under savepoints
+        self.joining = False
         # the schema resolved at open, which every statement of the library names
         # (None until then); and each statement's text qualified with it, made once
         self.schema: str | None = None
@@ -424,6 +427,8 @@ class PgDatabase:
         number of times. A connection the server closed while it sat idle is
         replaced before the first statement (``_idle_connection``).
         """
+        if self.joining:
+            return fn() if read_only else self.savepoint(fn, doing=doing)
         retries = 0
         while True:
             self.begin(doing=doing, read_only=read_only)

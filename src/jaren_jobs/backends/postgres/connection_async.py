@@ -71,6 +71,7 @@ class AsyncPgDatabase:
         self.opened_in = os.getpid()
         self.text_codec = "utf-8"
         self.listener: Any = None
+        self.joining = False
         self.schema: str | None = None
         self._texts: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -332,6 +333,8 @@ class AsyncPgDatabase:
         number of times. A connection the server closed while it sat idle is
         replaced before the first statement (``_idle_connection``).
         """
+        if self.joining:
+            return await fn() if read_only else await self.savepoint(fn, doing=doing)
         retries = 0
         while True:
             await self.begin(doing=doing, read_only=read_only)

@@ -86,6 +86,25 @@ class PostgresBackend:
             raise
         return PostgresTransaction(db, self.channel, self)
 
+    def join(self, what: str) -> PostgresTransaction:
+        """The application's open transaction on its connection, joined (never committed).
+
+        A connection out of autocommit counts as in a transaction even before its
+        first statement: psycopg (and so Django's ``atomic()``) begins one with it.
+        """
+        db = self.db
+        db.take(what)
+        conn = db.connection
+        if conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+            db.give_back()
+            raise StorageError(
+                f"{what}: the connection has no open transaction to join (it is in "
+                "autocommit); begin one first (or use store.transaction(), which opens its own)",
+                doing=what,
+                reason="no-transaction",
+            )
+        return PostgresTransaction(db, self.channel, self)
+
     def wake_on_commits(self, wake: Callable[[], None]) -> None:
         """Wake this process's idle workers when any process commits an enqueue."""
         listener = self.db.listener
@@ -238,6 +257,7 @@ def open_postgres(
     )
     try:
         db.take("opening")
+        db.joining = not db.owns and db.in_transaction
         try:
             schema_row = db.transaction(
                 lambda: db.one(sql.RESOLVE_SCHEMA, doing="opening"),
@@ -268,6 +288,7 @@ def open_postgres(
                     cancel_name=cancel_channel(channel),
                 )
         finally:
+            db.joining = False
             db.give_back()
     except BaseException:
         if db.owns:

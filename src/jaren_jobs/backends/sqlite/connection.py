@@ -54,6 +54,9 @@ class Database:
         # the codec of the file's text: what CAST(text AS BLOB) hands back (read_encoding)
         self.text_codec = "utf-8"
         self.opened_in = os.getpid()
+        # while a store opens on an application's connection inside the application's
+        # own transaction: the opening's writes (schema) run under savepoints in it
+        self.joining = False
         # set in a child of os.fork(): the connection is the parent's (see _after_fork)
         self.forked = False
         _OPEN.add(self)
@@ -193,6 +196,8 @@ class Database:
 
     def transaction(self, fn: Callable[[], T], *, doing: str, immediate: bool = True) -> T:
         """Run ``fn`` inside BEGIN [IMMEDIATE] … COMMIT; roll back on any exception."""
+        if self.joining:
+            return self.savepoint(fn, doing=doing)
         connection = self.connection
         if connection.in_transaction:
             raise StorageError(

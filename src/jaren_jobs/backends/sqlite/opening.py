@@ -74,6 +74,7 @@ def open_database(
         owns = True
 
     db = Database(conn, owns=owns, gate=gate)
+    db.joining = not owns and conn.in_transaction
     try:
         _configure(
             db, durability=durability, busy_ms=busy_ms, readonly=readonly, memory=memory, owns=owns
@@ -87,6 +88,8 @@ def open_database(
         if owns:
             conn.close()
         raise
+    finally:
+        db.joining = False
     return db, shown_path
 
 
@@ -97,6 +100,10 @@ def _configure(
     db.run(sql.pragma_busy_timeout(busy_ms), doing=what)
     db.busy_ms = busy_ms
     db.read_encoding(what)
+    if db.joining:
+        # inside the application's transaction SQLite changes neither the journal mode
+        # nor synchronous: the application's own settings stay (the next open sets them)
+        return
     if not memory and not readonly:
         row = db.one(sql.READ_JOURNAL_MODE, doing=what)
         mode = None if row is None else str(row[0]).lower()

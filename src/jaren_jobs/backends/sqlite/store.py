@@ -94,6 +94,20 @@ class SqliteBackend:
             raise
         return SqliteTransaction(db, self)
 
+    def join(self, what: str) -> SqliteTransaction:
+        """The application's open transaction on this connection, joined (never committed)."""
+        db = self.db
+        db.gate.acquire(what)
+        if not db.in_transaction:
+            db.gate.release()
+            raise StorageError(
+                f"{what}: the connection has no open transaction to join; begin one first "
+                "(or use store.transaction(), which opens its own)",
+                doing=what,
+                reason="no-transaction",
+            )
+        return SqliteTransaction(db, self)
+
     def wake_on_commits(self, wake: Callable[[], None]) -> None:
         """SQLite has no notifications: other processes' commits are found by polling."""
 
