@@ -57,8 +57,14 @@ def wait_until(condition: Callable[[], bool], timeout: float = WAIT) -> bool:
 
 
 def leased_ahead(worker: Any) -> bool:
-    """Whether the worker holds a lease for a job it has not started."""
-    return len(worker.leases()) > worker.stats().in_flight
+    """Whether the worker holds a lease for a job it has not started.
+
+    Read in one snapshot under the worker's lock: comparing ``leases()`` with a later
+    ``stats().in_flight`` would count an attempt that ended between the two reads.
+    """
+    claims = worker.claims
+    with worker.tracker.lock:
+        return bool(claims.held_leases())
 
 
 def fast_then(block_at: int, gate: threading.Event, reached: threading.Event) -> Any:

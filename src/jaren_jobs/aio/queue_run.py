@@ -316,7 +316,7 @@ class _QueueRun:
                 raise _Interrupted from exc
             finally:
                 # the handler's running time, for the pacing (the call measured none)
-                self._claims.measured(time.perf_counter() - began, before)
+                self._claims.remeasured(before, time.perf_counter() - began)
         return None
 
     def _plain(self, attempt: Attempt, batch: Batch) -> None:

@@ -94,9 +94,14 @@ class ClaimBook:
     def spent(self) -> float | None:
         return self._spent
 
-    def measured(self, spent: float, before: float | None = None) -> None:
-        """A handler ran for ``spent`` seconds (averaged into ``before`` if given)."""
-        self._spent = averaged(self._spent if before is None else before, spent)
+    def measured(self, spent: float) -> None:
+        """A handler ran for ``spent`` seconds: into the moving average."""
+        self._spent = averaged(self._spent, spent)
+
+    def remeasured(self, before: float | None, spent: float) -> None:
+        """The average as it was ``before`` a call that measured none of the handler's
+        time (an async handler comes back unawaited), with ``spent`` instead."""
+        self._spent = averaged(before, spent)
 
     def slow_start(self) -> None:
         """A slow job hid among fast ones (or a batch stalled): hold few ahead again."""
