@@ -66,7 +66,8 @@ class ClaimBook:
             kinds, owner=self._owner, lease_seconds=lease_seconds, queues=queues
         )
         self.refill: Callable[[Batch], bool] = lambda batch: False  # the settler's, wired
-        self._seqs = itertools.count(1)  # order of issue of every lease held, for leases()
+        #: order of issue of every lease held, for leases() (drawn under the worker's lock)
+        self.seqs = itertools.count(1)
         self.held: dict[int, Held] = {}  # leased and not started yet, by id(job)
         self.batches: set[Batch] = set()  # each looping loop's queue
         self._horizon = min(lease_seconds / 10, HORIZON_SECONDS)
@@ -76,7 +77,7 @@ class ClaimBook:
 
     def next_seq(self) -> int:
         """The next lease's order of issue (the caller holds the worker's lock)."""
-        return next(self._seqs)
+        return next(self.seqs)
 
     # ---------------------------------------------------------------- pacing
 

@@ -60,17 +60,26 @@ class AttemptRunner:
         self._renew = renew
         self._owner = tracker.owner
         self._keys = itertools.count(1)
+        # the containers begin() and end() touch per attempt, looked up once (the
+        # parts own them and never replace them)
+        self._held = claims.held
+        self._seqs = claims.seqs
+        self._attempts = tracker.attempts
+        self._counts = stats.counts
+        self._halt = tracker.halt.signal
+        self._hub_lock = hub.lock
+        self._local = hub.local_attempts
 
     def begin(self, claimed: ClaimedJob) -> Attempt | None:
         """Start the attempt of a held job; None if a cancel with its lease came first."""
         with self._lock:
-            held = self._claims.held.pop(id(claimed), None)
+            held = self._held.pop(id(claimed), None)
             if held is not None and held.cancelled:
                 attempt = None  # never started: no attempt, no outcome
             else:
-                self._stats.add("claims")
-                attempt = Attempt(claimed, next(self._keys), self._claims.next_seq())
-                attempts = self._tracker.attempts
+                self._counts["claims"] += 1
+                attempt = Attempt(claimed, next(self._keys), next(self._seqs))
+                attempts = self._attempts
                 first = not attempts
                 attempts[attempt.key] = attempt
                 if held is not None:
@@ -78,13 +87,13 @@ class AttemptRunner:
         if attempt is None:
             self._claims.forget([held])
             return None
-        with self._hub.lock:
-            self._hub.local_attempts[claimed.id] = attempt.cancel
+        with self._hub_lock:
+            self._local[claimed.id] = attempt.cancel
         if held is not None and held.forced is not None:
             attempt.cancel(held.forced)
         if hooks.observers:  # SPEC §17: a consumer span, the start delay
             attempt.observed = hooks.attempt_started(claimed, self._control.runtime.now_ms())
-        halt = self._tracker.halt.signal
+        halt = self._halt
         if halt.aborted:  # else the tracker's callback of the halt reaches it
             attempt.scope.abort(halt.reason)
         renewer = self._renewer
@@ -151,19 +160,21 @@ class AttemptRunner:
     def end(self, attempt: Attempt, outcome: Outcome) -> None:
         """The attempt's one outcome: counted, logged, traced, and seen by the observer."""
         attempt.ended = True
-        with self._hub.lock:
-            if self._hub.local_attempts.get(attempt.job_id) == attempt.cancel:
-                del self._hub.local_attempts[attempt.job_id]
+        local = self._local
+        with self._hub_lock:
+            if local.get(attempt.job_id) == attempt.cancel:
+                del local[attempt.job_id]
         counter = COUNTER_OF[outcome.outcome]
         with self._lock:
-            self._tracker.attempts.pop(attempt.key, None)
-            self._stats.add(counter)
+            self._attempts.pop(attempt.key, None)
+            self._counts[counter] += 1
         # logged here, once per attempt, before the observers hear of it
         log_outcome(self._owner, attempt, outcome)
         if attempt.observed is not None:  # SPEC §17
             hooks.attempt_ended(attempt.observed, attempt.claimed, outcome, attempt.error)
         observers = self._observers
-        observers.notify("on_outcome", observers.on_outcome, outcome)
+        if observers.on_outcome is not None:
+            observers.notify("on_outcome", observers.on_outcome, outcome)
 
     def abandon(self, attempt: Attempt, exc: BaseException) -> Outcome:
         """A handler raised KeyboardInterrupt/SystemExit: settle nothing, halt the worker."""

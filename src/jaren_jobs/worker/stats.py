@@ -38,20 +38,21 @@ class Stats:
     under it); :meth:`add_locked` takes it.
     """
 
-    __slots__ = ("_counts", "_lock")
+    __slots__ = ("_lock", "counts")
 
     def __init__(self, lock: threading.Lock) -> None:
         self._lock = lock
-        self._counts = dict.fromkeys(_NAMES, 0)
+        #: the counters by name (the hot paths add to it directly, holding the lock)
+        self.counts = dict.fromkeys(_NAMES, 0)
 
     def add(self, name: str, count: int = 1) -> None:
         """Count ``name`` (the caller holds the worker's lock)."""
-        self._counts[name] += count
+        self.counts[name] += count
 
     def add_locked(self, name: str, count: int = 1) -> None:
         with self._lock:
-            self._counts[name] += count
+            self.counts[name] += count
 
     def snapshot(self, in_flight: int) -> WorkerStats:
         """The counters now (the caller holds the worker's lock)."""
-        return WorkerStats(**self._counts, in_flight=in_flight)
+        return WorkerStats(**self.counts, in_flight=in_flight)
