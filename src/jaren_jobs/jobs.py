@@ -42,11 +42,10 @@ class Jobs:
     database, and names a refusal by the fence (SPEC §4).
     """
 
-    __slots__ = ("_engine", "_hub")
+    __slots__ = ("_engine",)
 
     def __init__(self, session: JobsSession, hub: EngineHub) -> None:
         self._engine = JobEngine(session, hub)
-        self._hub = hub
 
     def __repr__(self) -> str:
         return f"<jaren_jobs.Jobs over {self._engine.store_backend.name}>"
@@ -453,7 +452,7 @@ def worker_for_host(
     engine = jobs._engine
     # other processes' enqueues wake it too, where the database can say so
     backend = engine.store_backend
-    backend.wake_on_commits(jobs._hub.wake)
+    backend.wake_on_commits(engine.hub.wake)
     # another process's cancel(id, force=True) of a job it holds: renew it now
-    backend.wake_on_cancel_requests(jobs._hub.cancel_requested)
-    return create_worker(engine, jobs._hub, handlers, host=host, **options)
+    backend.wake_on_cancel_requests(engine.hub.cancel_requested)
+    return create_worker(engine, engine.hub, handlers, host=host, **options)

@@ -75,10 +75,6 @@ class ClaimBook:
         self._spent: float | None = None  # moving average of a handler's running time
         self._ramp = 0  # the jobs held ahead grow by doubling, up to MAX_AHEAD
 
-    def next_seq(self) -> int:
-        """The next lease's order of issue (the caller holds the worker's lock)."""
-        return next(self.seqs)
-
     # ---------------------------------------------------------------- pacing
 
     def ahead(self) -> int:
@@ -145,7 +141,7 @@ class ClaimBook:
         aborts: list[tuple[str, Callable[[Any], None]]] = []
         with self._lock:
             for job in jobs:
-                held = Held(job, self.next_seq(), at)
+                held = Held(job, next(self.seqs), at)
                 held.abort = abort = functools.partial(self.cancel_unstarted, held)
                 self.held[id(job)] = held
                 aborts.append((job.id, abort))

@@ -253,7 +253,7 @@ class Renewer:
         attempt.lease = answer.lease
         attempt.renew_at = time.monotonic() + self.every
         with self._lock:
-            attempt.lease_seq = self._claims.next_seq()
+            attempt.lease_seq = next(self._claims.seqs)
             self._stats.add("renewals")
         return answer
 

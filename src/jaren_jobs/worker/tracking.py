@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TypeVar
 
 from jaren_jobs.backend import Scope
@@ -63,14 +62,6 @@ class Tracker:
             if self.io == 0:
                 self.cond.notify_all()
 
-    @contextmanager
-    def tracked(self, what: str) -> Iterator[None]:
-        self.track(what)
-        try:
-            yield
-        finally:
-            self.untrack()
-
     # ---------------------------------------------------------------- steps and attempts
 
     def enter_step(self) -> bool:
@@ -87,10 +78,6 @@ class Tracker:
             self.busy -= 1
             self.stepping.discard(threading.get_ident())
             self.cond.notify_all()
-
-    def in_flight(self) -> int:
-        with self.lock:
-            return len(self.attempts)
 
     def _abort_attempts(self) -> None:
         """The halt fired: every running attempt's signal aborts with its reason."""
