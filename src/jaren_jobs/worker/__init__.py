@@ -7,8 +7,8 @@ Shape of one worker:
   until the poll interval passes or an in-process enqueue wakes it. A loop
   holds at most a few jobs beyond the one it runs: as many as the handlers'
   measured running time lets it start within a short horizon, never more
-  than ``MAX_AHEAD`` (see ``ClaimBook.ahead``), since each is a lease no other
-  worker can take and an attempt a SIGKILL spends;
+  than its share of ``WORKER_AHEAD`` (see ``ClaimBook.ahead``), since each is
+  a lease no other worker can take and an attempt a SIGKILL spends;
 * ONE settling thread: each returned attempt is posted to it, and it commits
   whatever was posted while it wrote last, in one transaction (through a
   :class:`~jaren_jobs.engine.group_commit.SettlementBatcher`, so each settlement is

@@ -21,7 +21,7 @@ from jaren_jobs.engine.hub import EngineHub
 from jaren_jobs.errors import CancelRequested, JobsError, StoreClosed
 from jaren_jobs.records import ClaimedJob, Lease
 from jaren_jobs.worker.attempt import Held, WorkerStopped, gone
-from jaren_jobs.worker.pacing import HORIZON_SECONDS, Batch, ahead, averaged, ramped
+from jaren_jobs.worker.pacing import HORIZON_SECONDS, Batch, ahead, averaged, loop_cap, ramped
 from jaren_jobs.worker.stats import Stats
 from jaren_jobs.worker.tracking import Tracker
 
@@ -50,6 +50,7 @@ class ClaimBook:
         kinds: list[str],
         lease_seconds: float,
         queues: tuple[str, ...] | None,
+        concurrency: int = 1,
     ) -> None:
         self._engine = engine  # the tracked, halt-aborted view claims run through
         self._hub = hub
@@ -73,7 +74,8 @@ class ClaimBook:
         self._horizon = min(lease_seconds / 10, HORIZON_SECONDS)
         self.budget = 4 * self._horizon  # past it, a batch hands back what it has not started
         self._spent: float | None = None  # moving average of a handler's running time
-        self._ramp = 0  # the jobs held ahead grow by doubling, up to MAX_AHEAD
+        self._ramp = 0  # the jobs held ahead grow by doubling, up to the loop's cap
+        self._cap = loop_cap(concurrency)
 
     # ---------------------------------------------------------------- pacing
 
@@ -82,10 +84,11 @@ class ClaimBook:
 
         As many as it can start within the horizon, by the handlers' measured
         running time (a moving average), grown by doubling, and never more
-        than ``MAX_AHEAD``: a job held ahead is a lease no other worker can
-        take, and one a SIGKILL spends an attempt of.
+        than the loop's share of the worker's look-ahead (``pacing.loop_cap``):
+        a job held ahead is a lease no other worker can take, and one a
+        SIGKILL spends an attempt of.
         """
-        return ahead(self._spent, self._horizon, self._ramp)
+        return ahead(self._spent, self._horizon, self._ramp, self._cap)
 
     @property
     def spent(self) -> float | None:
@@ -192,7 +195,7 @@ class ClaimBook:
             batch.topped_up([])
             return False
         # each top-up that was not overrun lets the loop hold one more ahead
-        self._ramp = ramped(self._ramp)
+        self._ramp = ramped(self._ramp, self._cap)
         return True
 
     def waited_too_long(self, job: ClaimedJob) -> bool:

@@ -12,7 +12,21 @@ from jaren_jobs.records import (
 
 # the most jobs a loop holds leased beyond the one it runs: a SIGKILL spends
 # the attempt of each (their leases expire; the claim counted them)
-MAX_AHEAD = 8
+MAX_AHEAD = 64
+
+# the most jobs a whole worker holds ahead, shared by its loops (each loop may
+# still hold MIN_AHEAD): the look-ahead a SIGKILL can spend, whatever the
+# concurrency. Measured: a commit carries what the loops hold, and under
+# durability FULL a worker of fast jobs runs at the rate of its commits
+WORKER_AHEAD = 128
+
+# what a loop may always hold ahead, however many loops share WORKER_AHEAD
+MIN_AHEAD = 8
+
+
+def loop_cap(concurrency: int) -> int:
+    """The most jobs one of ``concurrency`` loops holds ahead (see ``WORKER_AHEAD``)."""
+    return max(MIN_AHEAD, min(MAX_AHEAD, WORKER_AHEAD // max(1, concurrency)))
 
 
 # how long a leased job may wait for its loop, at most (and never more than a
@@ -20,22 +34,23 @@ MAX_AHEAD = 8
 HORIZON_SECONDS = 0.02
 
 
-def ahead(spent: float | None, horizon: float, ramp: int) -> int:
+def ahead(spent: float | None, horizon: float, ramp: int, cap: int = MAX_AHEAD) -> int:
     """How many jobs a loop may hold beyond the one it runs (see ``ClaimBook.ahead``).
 
     As many as start within ``horizon`` at the handlers' average running
     time ``spent`` (``None``: nothing measured yet, none), at most ``ramp``
-    (which grows by doubling) and never more than ``MAX_AHEAD``.
+    (which grows by doubling) and never more than ``cap`` (the loop's share
+    of the worker's look-ahead, ``loop_cap``).
     """
     if spent is None:
         return 0
     fits = int(horizon / max(spent, 1e-6))
-    return max(0, min(MAX_AHEAD, fits, ramp))
+    return max(0, min(cap, fits, ramp))
 
 
-def ramped(ramp: int) -> int:
+def ramped(ramp: int, cap: int = MAX_AHEAD) -> int:
     """The ramp after a top-up that was not overrun: one more ahead, by doubling."""
-    return min(max(1, ramp * 2), MAX_AHEAD)
+    return min(max(1, ramp * 2), cap)
 
 
 def averaged(previous: float | None, spent: float) -> float:

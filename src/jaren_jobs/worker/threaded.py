@@ -137,6 +137,7 @@ class Worker:
             kinds=self._kinds,
             lease_seconds=lease_seconds,
             queues=queues,
+            concurrency=concurrency,
         )
         renewer = self._renewer = Renewer(
             tracker=tracker,
