@@ -196,10 +196,15 @@ READ_ERRORS = f"""SELECT attempt, at, CAST(error AS BLOB), CAST(traceback AS BLO
 
 # A bounded sweep reads `limit` entries per settled state, oldest first, from
 # "_jaren_jobs_state_newest", and keeps the oldest `limit` of those: never a
-# sort of every settled row. The states are literals, or bound (:s0 ...)
+# sort of every settled row. An unbounded one takes every entry before the
+# horizon, in no order (it deletes them all). The states are literals, or bound
+# (:s0 ...)
 
 
-def _sweep_selection(states: tuple[str, ...]) -> str:
+def _sweep_selection(states: tuple[str, ...], bounded: bool) -> str:
+    if not bounded:
+        return f"""SELECT id FROM {JOBS} INDEXED BY "_jaren_jobs_state_newest"
+    WHERE state IN ({", ".join(states)}) AND {_UNLEASED} AND updated_at < :horizon"""
     branches = "\n    UNION ALL ".join(
         f"""SELECT * FROM (SELECT id, updated_at FROM {JOBS} INDEXED BY "_jaren_jobs_state_newest"
       WHERE state = {state} AND {_UNLEASED} AND updated_at < :horizon
@@ -211,23 +216,15 @@ def _sweep_selection(states: tuple[str, ...]) -> str:
     ORDER BY updated_at, id LIMIT :limit"""
 
 
-def _sweeps(selection: str) -> tuple[str, str, str]:
+@lru_cache(maxsize=16)
+def sweeps(count: int, bounded: bool) -> tuple[str, str, str]:
+    """The sweep's three DELETEs (checkpoints, error history, then jobs) over every settled
+    state (``count`` 0) or ``count`` of them, bound as ``:s0``.. (``sweep(states=...)``);
+    ``bounded``: at most ``:limit`` jobs, the oldest."""
+    states = tuple(f":s{i}" for i in range(count)) or ("'done'", "'dead'", "'cancelled'")
+    selection = _sweep_selection(states, bounded)
     return (
         f"DELETE FROM {CHECKPOINTS} WHERE run_id IN ({selection})",
         f"DELETE FROM {ERRORS} WHERE job_id IN ({selection})",
         f"DELETE FROM {JOBS} WHERE id IN ({selection})",
     )
-
-
-SWEEP_CHECKPOINTS, SWEEP_ERRORS, SWEEP_JOBS = _sweeps(
-    _sweep_selection(("'done'", "'dead'", "'cancelled'"))
-)
-
-
-@lru_cache(maxsize=4)
-def sweep_only(count: int) -> tuple[str, str, str]:
-    """:data:`SWEEP_CHECKPOINTS`, :data:`SWEEP_ERRORS` and :data:`SWEEP_JOBS` for only
-    ``count`` of the settled states, bound as ``:s0``.. (``sweep(states=...)``)."""
-    if count == 0:
-        return SWEEP_CHECKPOINTS, SWEEP_ERRORS, SWEEP_JOBS
-    return _sweeps(_sweep_selection(tuple(f":s{i}" for i in range(count))))

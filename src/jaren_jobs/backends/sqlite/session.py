@@ -309,9 +309,11 @@ class SqliteSession:
         signal: SignalLike | None,
         states: tuple[str, ...] = (),
     ) -> int:
-        params: dict[str, object] = {"horizon": horizon_ms, "limit": -1 if limit is None else limit}
+        params: dict[str, object] = {"horizon": horizon_ms}
+        if limit is not None:
+            params["limit"] = limit
         params.update({f"s{i}": state for i, state in enumerate(states)})
-        checkpoints, errors, jobs = listing.sweep_only(len(states))
+        checkpoints, errors, jobs = listing.sweeps(len(states), limit is not None)
 
         def work() -> int:
             # marked leases that ran out are cancelled, aged from their expiry
