@@ -152,10 +152,8 @@ CREATE_INDEXES = (
       (unique_key) WHERE unique_key IS NOT NULL AND {ACTIVE}""",
 )
 
-# indexes of older schemas that the ones above replace, dropped on upgrade. Schema 10
-# dropped two whose every read another index serves as fast (listing.py): every
-# enqueue or every settlement maintained them, each about a tenth of the bytes a lone
-# enqueue commits
+# indexes of older schemas that the ones above replace, dropped on upgrade (schema 10:
+# two whose reads others serve as fast, listing.py; every write maintained them)
 DROPPED_INDEXES = (
     "_jaren_jobs_state",  # (state, kind) of every row: "_jaren_jobs_unleased" until 10
     "_jaren_jobs_settled",  # sweeps: "_jaren_jobs_state_newest", one branch per state
@@ -208,11 +206,8 @@ def enqueue_rows(count: int, queued: bool = False) -> str:
 
     One multi-row INSERT costs SQLite less than ``count`` executions of
     ENQUEUE. Callers use a few fixed counts, so the connection's statement
-    cache keeps each one prepared. OR FAIL, as the batched updates below: a
-    multi-row statement that may ABORT has SQLite copy every page it first
-    changes into a statement journal, as many bytes again as the WAL gets.
-    Every NOT NULL column gets a checked value, so none can fail; should one
-    anyway, the error undoes the caller's whole write, as every error does.
+    cache keeps each one prepared. OR FAIL, for the reason the batched updates
+    below give (no statement journal: it doubled the bytes a batch wrote).
     """
     if count < 1:
         raise ValueError("a multi-row insert names at least one row")
