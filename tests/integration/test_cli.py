@@ -710,7 +710,6 @@ def build_version_1(path: Path) -> None:
         store.jobs.enqueue("mail", {"to": "b"}, id="p2")
     connection = sqlite3.connect(path)
     with connection:
-        connection.execute('DROP INDEX "_jaren_jobs_unleased"')
         connection.execute('CREATE INDEX "_jaren_jobs_state" ON "_jaren_jobs" (state, kind)')
         connection.execute("UPDATE \"_jaren_meta\" SET value = '1' WHERE key = 'schema_version'")
     connection.execute("PRAGMA journal_mode = DELETE")  # outside a transaction, or a no-op

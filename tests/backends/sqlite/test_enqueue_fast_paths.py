@@ -54,3 +54,35 @@ def test_a_store_on_memory_still_writes_and_reads(runtime: Runtime) -> None:
         jobs = store.jobs.enqueue_many([NewJob("k", n) for n in range(300)])
         assert store.jobs.get(jobs[-1].id) == jobs[-1]
         assert store.jobs.counts().pending == 300
+
+
+def _bytes_written() -> int:
+    """What this process has handed to write() so far (Linux's count, any file)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise AssertionError("/proc/self/io has no wchar line")
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="counts Linux's bytes written")
+@pytest.mark.parametrize("size", [100, 1_000])
+def test_a_batch_writes_its_pages_to_the_wal_and_nowhere_else(tmp_path: Path, size: int) -> None:
+    # A savepoint, or a multi-row statement that may abort, has SQLite copy each
+    # page it first changes into a journal of its own (a temp file past 64 KiB):
+    # as many bytes again as the WAL gets, for nothing a root write needs
+    path = tmp_path / "q.db"
+    with open_store(path) as store:
+        for start in range(0, 8_000, 1_000):
+            store.jobs.enqueue_many([NewJob("k", n) for n in range(start, start + 1_000)])
+        other = sqlite3.connect(path)
+        try:
+            # an empty WAL: its size afterwards is what the batch wrote to it
+            assert other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+        finally:
+            other.close()
+        before = _bytes_written()
+        store.jobs.enqueue_many([NewJob("k", n) for n in range(size)])
+        written = _bytes_written() - before
+        wal = Path(f"{path}-wal").stat().st_size
+    assert wal > 0
+    assert written <= wal + 4096, (written, wal)

@@ -134,10 +134,11 @@ def test_counts_read_an_index_never_the_table(populated: Store) -> None:
     for statement in statements:
         assert_no_table_scan(plan(populated, statement), statement)
     by_state, leased, kinds = (plan(populated, statement) for statement in statements)
-    # every state but leased from one covering index; leased from the lease index
-    assert by_state == [f"SCAN {JOBS} USING COVERING INDEX _jaren_jobs_unleased"]
+    # every state but leased from one covering index; leased from the lease index;
+    # the ready jobs per kind from the claim's index, in kind order (no sort)
+    assert by_state == [f"SCAN {JOBS} USING COVERING INDEX _jaren_jobs_state_id"]
     assert leased == [f"SCAN {JOBS} USING INDEX _jaren_jobs_leased"]
-    assert kinds[0] == f"SEARCH {JOBS} USING COVERING INDEX _jaren_jobs_unleased (state=?)"
+    assert kinds == [f"SCAN {JOBS} USING INDEX _jaren_jobs_ready"]
 
 
 def test_counts_agree_with_the_rows(populated: Store) -> None:
@@ -154,18 +155,36 @@ def test_counts_agree_with_the_rows(populated: Store) -> None:
     assert counts.pending_kinds == dict(kinds)
 
 
-def test_sweep_reads_the_settled_index_in_order(populated: Store) -> None:
+@pytest.mark.parametrize("limit", [10, None])
+@pytest.mark.parametrize("states", [None, ["done", "dead"]])
+def test_sweep_reads_each_settled_state_in_order(
+    populated: Store, states: list[str] | None, limit: int | None
+) -> None:
     from datetime import datetime, timezone
 
     horizon = datetime.fromtimestamp(START, timezone.utc)
-    statements = traced(populated, lambda: populated.jobs.sweep(settled_before=horizon, limit=10))
+    statements = traced(
+        populated,
+        lambda: populated.jobs.sweep(settled_before=horizon, limit=limit, states=states),
+    )
     selections = [s for s in statements if "DELETE" in s]
     assert len(selections) == 3  # checkpoints, error history, then the jobs
     for statement in selections:
         details = plan(populated, statement)
         assert_no_table_scan(details, statement)
-        assert f"SEARCH {JOBS} USING INDEX _jaren_jobs_settled (updated_at<?)" in details
-        assert not any("TEMP B-TREE" in d for d in details), details  # no sort of the settled rows
+        seek = "COVERING INDEX _jaren_jobs_state_newest (state=? AND updated_at<?)"
+        seeks = [d for d in details if d == f"SEARCH {JOBS} USING {seek}"]
+        if limit is None:
+            # every entry before the horizon, in no order: one seek per state, no sort
+            assert len(seeks) == 1, details
+            assert not any("TEMP B-TREE" in d for d in details), details
+            continue
+        assert len(seeks) == (3 if states is None else 2), details  # one branch per state
+        # sorted: only the merge of the branches' oldest (at most `limit` each),
+        # never the settled rows of a state
+        for before, step in itertools.pairwise(details):
+            if "TEMP B-TREE" in step:
+                assert before.startswith("SCAN (subquery"), details
 
 
 def test_a_claim_over_many_kinds_still_reads_the_ready_index(populated: Store) -> None:

@@ -134,10 +134,10 @@ def test_upgrade_keeps_every_row(old_db: Path, runtime: Runtime) -> None:
     assert {
         "_jaren_jobs_ready",
         "_jaren_jobs_leased",
-        "_jaren_jobs_settled",
-        "_jaren_jobs_unleased",
+        "_jaren_jobs_state_id",
+        "_jaren_jobs_state_newest",
     } <= indexes
-    assert "_jaren_jobs_state" not in indexes  # schema 1's, replaced
+    assert not indexes & set(sql.DROPPED_INDEXES)  # schema 1's and 3's, replaced
 
 
 def test_upgraded_rows_read_back_as_jobs(old_db: Path, runtime: Runtime) -> None:
@@ -385,7 +385,7 @@ def test_upgrade_is_one_transaction(old_db: Path) -> None:
     assert max(writes) < commits[0]
 
 
-def test_schema_1_is_upgraded_to_the_unleased_index(db_path: Path) -> None:
+def test_schema_1_is_upgraded_to_the_current_indexes(db_path: Path) -> None:
     # a file written by the previous release: schema 1, a (state, kind) index of every row
     with open_store(db_path) as store:
         store.jobs.enqueue("k", id="pending")
@@ -396,7 +396,6 @@ def test_schema_1_is_upgraded_to_the_unleased_index(db_path: Path) -> None:
         assert store.jobs.complete(claimed.lease) is True
         assert store.jobs.claim(["k"], owner="w") is not None
     conn = sqlite3.connect(db_path)
-    conn.execute('DROP INDEX "_jaren_jobs_unleased"')
     conn.execute('CREATE INDEX "_jaren_jobs_state" ON "_jaren_jobs" (state, kind)')
     conn.execute("UPDATE \"_jaren_meta\" SET value = '1' WHERE key = 'schema_version'")
     conn.commit()
@@ -406,7 +405,7 @@ def test_schema_1_is_upgraded_to_the_unleased_index(db_path: Path) -> None:
         counts = store.jobs.counts()
         assert (counts.pending, counts.leased, counts.done) == (1, 1, 1)
     indexes = {r[0] for r in query(db_path, "SELECT name FROM sqlite_master WHERE type = 'index'")}
-    assert "_jaren_jobs_unleased" in indexes
+    assert "_jaren_jobs_state_id" in indexes
     assert "_jaren_jobs_state" not in indexes
     assert query(db_path, 'SELECT value FROM "_jaren_meta"') == [(str(sql.SCHEMA_VERSION),)]
 
@@ -553,3 +552,69 @@ def test_schema_5_is_upgraded_in_place_with_the_cancel_mark(
         assert job is not None
         assert (job.state, job.cancel_requested) == ("cancelled", True)
         assert store.jobs.claim(["k"], owner="w") is not None  # the pending one, not "live"
+
+
+# ----------------------------------------------------------------- schema 9 -> 10
+
+# the two indexes schema 9 had beside the ones it keeps, verbatim
+SCHEMA_9_ONLY = [
+    """CREATE INDEX "_jaren_jobs_settled" ON "_jaren_jobs"
+      (updated_at, id) WHERE state IN ('done', 'dead', 'cancelled')""",
+    """CREATE INDEX "_jaren_jobs_unleased" ON "_jaren_jobs"
+      (state, kind) WHERE state <> 'leased'""",
+]
+
+
+def test_schema_9_drops_the_indexes_other_indexes_serve(
+    tmp_path: Path, runtime: Runtime, clock: FakeClock
+) -> None:
+    # every enqueue or settlement maintained them; counts and sweeps read the
+    # state indexes and the ready index instead
+    path, fresh = tmp_path / "nine.db", tmp_path / "fresh.db"
+    with open_store(path, runtime=runtime) as store:
+        for name in ("done", "dead", "leased", "failed", "pending"):
+            store.jobs.enqueue("k", id=name, max_attempts=1 if name == "dead" else 2)
+            clock.advance(1)
+        for name in ("done", "dead", "leased", "failed"):
+            claimed = store.jobs.claim(["k"], owner="w")
+            assert claimed is not None
+            assert claimed.id == name
+            if name == "done":
+                store.jobs.complete(claimed.lease)
+            elif name != "leased":
+                store.jobs.fail(claimed.lease, "no", backoff_base_seconds=60)
+            clock.advance(1)
+    conn = sqlite3.connect(path)
+    for statement in SCHEMA_9_ONLY:
+        conn.execute(statement)
+    conn.execute("UPDATE \"_jaren_meta\" SET value = '9' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    before = query(path, 'SELECT * FROM "_jaren_jobs" ORDER BY id')
+
+    with open_store(path, runtime=runtime) as store:
+        assert query(path, 'SELECT value FROM "_jaren_meta"') == [(str(sql.SCHEMA_VERSION),)]
+        assert query(path, 'SELECT * FROM "_jaren_jobs" ORDER BY id') == before
+        counts = store.jobs.counts()
+        assert (counts.pending, counts.failed, counts.leased, counts.done, counts.dead) == (
+            1,
+            1,
+            1,
+            1,
+            1,
+        )
+        assert counts.pending_kinds == {"k": 2}
+        newest = [job.id for job in store.jobs.page(order="newest")]
+        assert newest == ["failed", "leased", "dead", "done", "pending"]  # last change first
+        clock.advance(1)
+        assert (
+            store.jobs.sweep(
+                settled_before=datetime.fromtimestamp(clock.now(), timezone.utc), limit=1
+            )
+            == 1
+        )
+        assert store.jobs.get("done") is None  # the oldest settled row first
+    indexes = {r[0] for r in query(path, "SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert not indexes & {"_jaren_jobs_settled", "_jaren_jobs_unleased"}
+    open_store(fresh, runtime=runtime).close()
+    assert schema_of(path) == schema_of(fresh)

@@ -23,14 +23,16 @@ from jaren_jobs.core.commands import PageFilters
 
 # ----------------------------------------------------------------- counts
 
-COUNT_BY_STATE = f"""SELECT state, COUNT(*) FROM {JOBS} INDEXED BY "_jaren_jobs_unleased"
+# every state but leased from "_jaren_jobs_state_id" (covering: its leading column)
+COUNT_BY_STATE = f"""SELECT state, COUNT(*) FROM {JOBS} INDEXED BY "_jaren_jobs_state_id"
   WHERE state <> 'leased' GROUP BY state"""
 # leased rows are few (what workers hold now): reading each one is cheap.
 # The second count: marked leases that ran out, effectively cancelled
 COUNT_LEASED = f"""SELECT COUNT(*), COUNT(*) FILTER (WHERE {MARKED_EXPIRED})
   FROM {JOBS} INDEXED BY "_jaren_jobs_leased" WHERE state = 'leased'"""
-COUNT_PENDING_KINDS = f"""SELECT kind, COUNT(*) FROM {JOBS} INDEXED BY "_jaren_jobs_unleased"
-  WHERE state IN ('pending', 'failed') AND state <> 'leased' GROUP BY kind"""
+# the ready jobs per kind from the claim's own index (kind first: covering, in kind order)
+COUNT_PENDING_KINDS = f"""SELECT kind, COUNT(*) FROM {JOBS} INDEXED BY "_jaren_jobs_ready"
+  WHERE state IN ('pending', 'failed') GROUP BY kind"""
 
 # counts(queue=...): one queue's jobs per state, and its ready jobs per kind.
 # The ready jobs come from the queue-first index; the rest is read row by row
@@ -74,18 +76,25 @@ QUEUE_GAUGES = f"""SELECT queue, {EFFECTIVE_STATE} AS effective, COUNT(*),
 
 # ----------------------------------------------------------------- pages
 
-# schema 8: what the operator's reads by state seek in (the dashboard, SPEC §15).
-# Leased rows are left out, as of "_jaren_jobs_unleased" (the leased index reads
-# those few). The WHERE of a statement meant for one must name its predicate
-# ("state <> 'leased'") word for word: SQLite uses a partial index only then.
+# schema 9: what the operator's reads by state seek in (the dashboard, SPEC §15).
+# Leased rows are left out (the leased index reads those few): a job passes
+# through 'leased' on every attempt, and an entry here would be inserted at the
+# claim and deleted at the settlement. The WHERE of a statement meant for one
+# must name its predicate ("state <> 'leased'") word for word: SQLite uses a
+# partial index only then. Every enqueue and state change maintains them, so
+# they serve every read by state they can (schema 10 dropped two others that did):
 LISTING_INDEXES = (
-    # a page filtered by state, in id order; run_at rides along for due_counts()
+    # a page filtered by state, in id order; the counts per state; run_at rides
+    # along for due_counts()
     f"""CREATE INDEX IF NOT EXISTS "_jaren_jobs_state_id" ON {JOBS}
       (state, id, run_at) WHERE state <> 'leased'""",
-    # newest first (updated_at, id descending), one state at a time
+    # newest first (updated_at, id descending), one state at a time; a sweep
+    # reads it oldest first, one branch per settled state
     f"""CREATE INDEX IF NOT EXISTS "_jaren_jobs_state_newest" ON {JOBS}
       (state, updated_at, id) WHERE state <> 'leased'""",
-    # newest first over every state (or by kind or queue): merged with the leased rows
+    # newest first over every state (or by kind or queue): merged with the leased
+    # rows. Not a merge of the state index's branches: a kind rare in one state
+    # would have its branch read every row of that state
     f"""CREATE INDEX IF NOT EXISTS "_jaren_jobs_newest" ON {JOBS}
       (updated_at, id) WHERE state <> 'leased'""",
 )
@@ -185,27 +194,35 @@ READ_ERRORS = f"""SELECT attempt, at, CAST(error AS BLOB), CAST(traceback AS BLO
 
 # ----------------------------------------------------------------- sweep
 
-# the settled index is in sweep order: a bounded sweep reads `limit` entries,
-# never sorts every settled row
-_SWEEP_SELECTION = f"""SELECT id FROM {JOBS} INDEXED BY "_jaren_jobs_settled"
-    WHERE state IN ('done', 'dead', 'cancelled') AND updated_at < :horizon
+# A bounded sweep reads `limit` entries per settled state, oldest first, from
+# "_jaren_jobs_state_newest", and keeps the oldest `limit` of those: never a
+# sort of every settled row. An unbounded one takes every entry before the
+# horizon, in no order (it deletes them all). The states are literals, or bound
+# (:s0 ...)
+
+
+def _sweep_selection(states: tuple[str, ...], bounded: bool) -> str:
+    if not bounded:
+        return f"""SELECT id FROM {JOBS} INDEXED BY "_jaren_jobs_state_newest"
+    WHERE state IN ({", ".join(states)}) AND {_UNLEASED} AND updated_at < :horizon"""
+    branches = "\n    UNION ALL ".join(
+        f"""SELECT * FROM (SELECT id, updated_at FROM {JOBS} INDEXED BY "_jaren_jobs_state_newest"
+      WHERE state = {state} AND {_UNLEASED} AND updated_at < :horizon
+      ORDER BY updated_at, id LIMIT :limit)"""
+        for state in states
+    )
+    return f"""SELECT id FROM (
+    {branches})
     ORDER BY updated_at, id LIMIT :limit"""
 
-SWEEP_CHECKPOINTS = f"DELETE FROM {CHECKPOINTS} WHERE run_id IN ({_SWEEP_SELECTION})"
-SWEEP_ERRORS = f"DELETE FROM {ERRORS} WHERE job_id IN ({_SWEEP_SELECTION})"
-SWEEP_JOBS = f"DELETE FROM {JOBS} WHERE id IN ({_SWEEP_SELECTION})"
 
-
-@lru_cache(maxsize=4)
-def sweep_only(count: int) -> tuple[str, str, str]:
-    """:data:`SWEEP_CHECKPOINTS`, :data:`SWEEP_ERRORS` and :data:`SWEEP_JOBS` for only
-    ``count`` of the settled states, bound as ``:s0``.. (``sweep(states=...)``)."""
-    if count == 0:
-        return SWEEP_CHECKPOINTS, SWEEP_ERRORS, SWEEP_JOBS
-    only = ", ".join(f":s{i}" for i in range(count))
-    selection = _SWEEP_SELECTION.replace(
-        "AND updated_at < :horizon", f"AND state IN ({only}) AND updated_at < :horizon"
-    )
+@lru_cache(maxsize=16)
+def sweeps(count: int, bounded: bool) -> tuple[str, str, str]:
+    """The sweep's three DELETEs (checkpoints, error history, then jobs) over every settled
+    state (``count`` 0) or ``count`` of them, bound as ``:s0``.. (``sweep(states=...)``);
+    ``bounded``: at most ``:limit`` jobs, the oldest."""
+    states = tuple(f":s{i}" for i in range(count)) or ("'done'", "'dead'", "'cancelled'")
+    selection = _sweep_selection(states, bounded)
     return (
         f"DELETE FROM {CHECKPOINTS} WHERE run_id IN ({selection})",
         f"DELETE FROM {ERRORS} WHERE job_id IN ({selection})",

@@ -18,8 +18,9 @@ META = '"_jaren_meta"'
 
 # 1: fenced; 2: the (state, kind) index sans leased rows; 3: claim_key; 4: queue, unique_key
 # (§12); 5: error history (§13); 6: cancel_requested_at (§13); 7: history keyed by
-# generation; 8: trace_context (§17); 9: listing.LISTING_INDEXES
-SCHEMA_VERSION = 9
+# generation; 8: trace_context (§17); 9: listing.LISTING_INDEXES; 10: two indexes whose
+# reads others serve dropped (DROPPED_INDEXES)
+SCHEMA_VERSION = 10
 
 # the column order every job SELECT/RETURNING uses; engine rows map by index.
 # The free texts (payload, result, last_error) come back as their bytes, which
@@ -139,15 +140,6 @@ CREATE_INDEXES = (
     # what a rescue reads: leases by expiry
     f"""CREATE INDEX IF NOT EXISTS "_jaren_jobs_leased" ON {JOBS}
       (lease_until) WHERE state = 'leased'""",
-    # what a sweep reads: settled jobs by last change
-    f"""CREATE INDEX IF NOT EXISTS "_jaren_jobs_settled" ON {JOBS}
-      (updated_at, id) WHERE state IN ('done', 'dead', 'cancelled')""",
-    # counts and state-filtered pages. Leased rows are left out (the leased
-    # index counts them): a job passes through 'leased' on every attempt, and
-    # an entry here would be inserted at the claim and deleted at the
-    # settlement, about a tenth of a busy worker's time
-    f"""CREATE INDEX IF NOT EXISTS "_jaren_jobs_unleased" ON {JOBS}
-      (state, kind) WHERE state <> 'leased'""",
     # what a claim filtered by queues reads: ready jobs per (queue, kind) in
     # claim order. The kind-first index above stays for the claims of every
     # queue, which would otherwise sort the backlog of each kind
@@ -160,8 +152,13 @@ CREATE_INDEXES = (
       (unique_key) WHERE unique_key IS NOT NULL AND {ACTIVE}""",
 )
 
-# indexes of older schemas that the ones above replace, dropped on upgrade
-DROPPED_INDEXES = ("_jaren_jobs_state",)
+# indexes of older schemas that the ones above replace, dropped on upgrade (schema 10:
+# two whose reads others serve as fast, listing.py; every write maintained them)
+DROPPED_INDEXES = (
+    "_jaren_jobs_state",  # (state, kind) of every row: "_jaren_jobs_unleased" until 10
+    "_jaren_jobs_settled",  # sweeps: "_jaren_jobs_state_newest", one branch per state
+    "_jaren_jobs_unleased",  # counts: "_jaren_jobs_state_id" and "_jaren_jobs_ready"
+)
 
 
 def drop_index(name: str) -> str:
@@ -209,7 +206,8 @@ def enqueue_rows(count: int, queued: bool = False) -> str:
 
     One multi-row INSERT costs SQLite less than ``count`` executions of
     ENQUEUE. Callers use a few fixed counts, so the connection's statement
-    cache keeps each one prepared.
+    cache keeps each one prepared. OR FAIL, for the reason the batched updates
+    below give (no statement journal: it doubled the bytes a batch wrote).
     """
     if count < 1:
         raise ValueError("a multi-row insert names at least one row")
@@ -219,7 +217,7 @@ def enqueue_rows(count: int, queued: bool = False) -> str:
     else:
         values = ",\n    ".join(["(?, ?, ?, 'pending', ?, ?, 0, ?, 0, ?, ?)"] * count)
         columns = "created_at, updated_at"
-    return f"""INSERT INTO {JOBS}
+    return f"""INSERT OR FAIL INTO {JOBS}
   (id, kind, payload, state, priority, run_at, attempts, max_attempts,
    lease_generation, {columns})
   VALUES {values}

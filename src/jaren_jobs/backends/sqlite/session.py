@@ -104,14 +104,22 @@ class SqliteSession:
         if len(prepared) == 1:
             job = prepared[0]
             return [self._scope.write(lambda: self._insert(job, now_ms(), what), what)]
+        if one_by_one:
+            return self._scope.write(lambda: self._insert_each(prepared, now_ms(), what), what)
+        ids: list[str] = []  # minted once, by the first write; a replay keeps them
+        try:
+            return self._scope.write(
+                lambda: self._insert_batch(prepared, ids, now_ms(), what), what
+            )
+        except _Skipped:
+            # The write was undone whole (its transaction, or the savepoint of
+            # tx.jobs): the batch again, one job at a time, answers exactly what
+            # one-by-one inserts answer: DuplicateJob for the first taken id, in order
+            named = [p._replace(id=job_id) for job_id, p in zip(ids, prepared, strict=True)]
+            return self._scope.write(lambda: self._insert_each(named, now_ms(), what), what)
 
-        def work() -> list[Job]:
-            now = now_ms()
-            if one_by_one:
-                return [self._insert(p, now, what) for p in prepared]
-            return self._insert_batch(prepared, now, what)
-
-        return self._scope.write(work, what)
+    def _insert_each(self, prepared: Sequence[PreparedJob], now: int, what: str) -> list[Job]:
+        return [self._insert(p, now, what) for p in prepared]
 
     def get_job(self, job_id: str, what: str) -> Job | None:
         def work() -> tuple[Any, ...] | None:
@@ -301,9 +309,11 @@ class SqliteSession:
         signal: SignalLike | None,
         states: tuple[str, ...] = (),
     ) -> int:
-        params: dict[str, object] = {"horizon": horizon_ms, "limit": -1 if limit is None else limit}
+        params: dict[str, object] = {"horizon": horizon_ms}
+        if limit is not None:
+            params["limit"] = limit
         params.update({f"s{i}": state for i, state in enumerate(states)})
-        checkpoints, errors, jobs = listing.sweep_only(len(states))
+        checkpoints, errors, jobs = listing.sweeps(len(states), limit is not None)
 
         def work() -> int:
             # marked leases that ran out are cancelled, aged from their expiry
@@ -366,16 +376,20 @@ class SqliteSession:
             )
         return inserted_job(job_id, prepared, run_at, now)
 
-    def _insert_batch(self, prepared: Sequence[PreparedJob], now: int, what: str) -> list[Job]:
+    def _insert_batch(
+        self, prepared: Sequence[PreparedJob], ids: list[str], now: int, what: str
+    ) -> list[Job]:
         """Insert a batch with multi-row statements (inside the caller's write); all or none.
 
-        The batch goes in under a savepoint. If any row was skipped (a taken
-        id), the savepoint is rolled back and the batch replayed one job at a
-        time from the same state, which raises exactly what one-by-one
-        inserts raise: :class:`DuplicateJob` for the first taken id, in order.
+        ``ids`` is filled with the batch's ids (minted here for the jobs without
+        one). No savepoint of its own: one would have SQLite copy every page
+        the batch changes into a journal besides the WAL, doubling what a batch
+        writes. If any row was skipped (a taken id, or a unique key an active
+        job holds), :class:`_Skipped` undoes the caller's whole write instead,
+        and :meth:`insert_jobs` replays the batch one job at a time.
         """
         minted = iter(self._runtime.uuids(sum(1 for p in prepared if p.id is None)))
-        ids = [next(minted) if p.id is None else p.id for p in prepared]
+        ids[:] = [next(minted) if p.id is None else p.id for p in prepared]
         run_ats = [p.run_at(now) for p in prepared]
         params: list[Any] = []
         add = params.extend
@@ -393,25 +407,16 @@ class SqliteSession:
                 add((job_id, p.kind, p.payload, p.priority, run_at, p.max_attempts, now, now))
         db = self._db
         # statements of a few fixed sizes (powers of two), each kept prepared
-        largest = self._seq.largest_rows(0, width)
-
-        def insert() -> None:
-            inserted = start = 0
-            size = largest
-            while start < len(ids):
-                while size > len(ids) - start:
-                    size //= 2
-                chunk = params[start * width : (start + size) * width]
-                inserted += db.run(sql.enqueue_rows(size, queued), chunk, doing=what).rowcount
-                start += size
-            if inserted != len(ids):
-                raise _Skipped
-
-        try:
-            db.savepoint(insert, doing=what)
-        except _Skipped:
-            replay = zip(ids, prepared, strict=True)
-            return [self._insert(p._replace(id=job_id), now, what) for job_id, p in replay]
+        size = self._seq.largest_rows(0, width)
+        inserted = start = 0
+        while start < len(ids):
+            while size > len(ids) - start:
+                size //= 2
+            chunk = params[start * width : (start + size) * width]
+            inserted += db.run(sql.enqueue_rows(size, queued), chunk, doing=what).rowcount
+            start += size
+        if inserted != len(ids):
+            raise _Skipped
         return [
             inserted_job(job_id, p, run_at, now)
             for job_id, p, run_at in zip(ids, prepared, run_ats, strict=True)
