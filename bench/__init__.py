@@ -73,6 +73,11 @@ class Sizes:
     heap_jobs: int  # workload 9 (Python heap, under tracemalloc)
     rounds: int  # repeats of the short rate workloads (median is reported)
     extra: dict[str, Any] = field(default_factory=dict)
+    enqueue_many_one: int = 4_000  # workload 2: one enqueue_many call of this many jobs
+    peer_concurrencies: tuple[int, ...] = (1, 4)  # workload 4's concurrencies for peers
+    scale_processes: tuple[int, ...] = (1, 2, 4, 8)  # workload 10
+    scale_jobs: int = 10_000  # workload 10, per process count
+    scale_peers: bool = True  # workload 10 beside the peers (a quick run leaves them out)
 
 
 QUICK = Sizes(
@@ -93,6 +98,9 @@ QUICK = Sizes(
     memory_jobs=2_000,
     heap_jobs=1_000,
     rounds=1,
+    scale_processes=(1, 2),
+    scale_jobs=300,
+    scale_peers=False,
 )
 
 FULL = Sizes(

@@ -58,6 +58,21 @@ COMPLETE = (
 )
 
 
+# the batched ceiling: claim up to %(limit)s jobs in one statement, complete them in one
+CLAIM_BATCH = (
+    "UPDATE raw_jobs SET state = 'leased', attempts = attempts + 1, lease_token = %s, "
+    "lease_until = %s, updated_at = %s WHERE id IN (SELECT id FROM raw_jobs "
+    "WHERE state = 'pending' AND run_at <= %s ORDER BY priority DESC, run_at, created_at, id "
+    "LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING id, payload, lease_token"
+)
+COMPLETE_BATCH = (
+    "UPDATE raw_jobs SET state = 'done', result = NULL, lease_token = NULL, "
+    "lease_until = NULL, updated_at = %s FROM unnest(%s::text[], %s::text[]) AS d(id, token) "
+    "WHERE raw_jobs.id = d.id AND raw_jobs.state = 'leased' AND raw_jobs.lease_token = d.token"
+)
+BATCH = 100
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -144,6 +159,14 @@ def raw_enqueue_batches(url: str, durability: str, jobs: int, batch: int) -> flo
     return jobs / timer.seconds
 
 
+def raw_enqueue_many_one(url: str, durability: str, jobs: int) -> float:
+    """``executemany`` of ``jobs`` rows in one transaction."""
+    raw_prepare(url)
+    with raw_connect(url, durability) as conn, Timer() as timer:
+        raw_fill(conn, jobs, jobs)
+    return jobs / timer.seconds
+
+
 def raw_claim_complete_one(url: str, durability: str, jobs: int) -> float:
     raw_prepare(url)
     with raw_connect(url, durability) as conn:
@@ -155,6 +178,60 @@ def raw_claim_complete_one(url: str, durability: str, jobs: int) -> float:
                 done += 1
     assert done == jobs, (done, jobs)
     return jobs / timer.seconds
+
+
+def raw_claim_batch(conn: Any, limit: int = BATCH) -> list[tuple[str, str, str]]:
+    """Claim up to ``limit`` jobs in one statement (its own transaction)."""
+    now = now_ms()
+    rows = conn.execute(CLAIM_BATCH, (uuid.uuid4().hex, now + 30_000, now, now, limit)).fetchall()
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+def raw_complete_batch(conn: Any, rows: list[tuple[str, str, str]]) -> None:
+    """Complete ``rows`` in one statement (its own transaction), by id and token."""
+    conn.execute(COMPLETE_BATCH, (now_ms(), [r[0] for r in rows], [r[2] for r in rows]))
+
+
+def raw_drain_batched(url: str, durability: str, jobs: int, concurrency: int) -> float:
+    """The ceiling: ``concurrency`` connections (threads) claiming and completing 100 at a time."""
+    raw_prepare(url)
+    with raw_connect(url, durability) as conn:
+        raw_fill(conn, jobs)
+    conns = [raw_connect(url, durability) for _ in range(concurrency)]
+    done = [0] * concurrency
+
+    def loop(i: int) -> None:
+        while rows := raw_claim_batch(conns[i]):
+            for row in rows:
+                json.loads(row[1])
+            raw_complete_batch(conns[i], rows)
+            done[i] += len(rows)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(concurrency)]
+    with Timer() as timer:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    for conn in conns:
+        conn.close()
+    assert sum(done) == jobs, (done, jobs)
+    return jobs / timer.seconds
+
+
+def raw_batched_process_drainer(spec: dict[str, Any], channels: Channels) -> None:
+    """Scale-out child: the batched ceiling, one connection per process."""
+    with raw_connect(spec["url"], spec["durability"]) as conn:
+        channels.ready.set()
+        channels.go.wait()
+        while not channels.stop.is_set():
+            rows = raw_claim_batch(conn)
+            if not rows:
+                channels.stop.wait(0.005)
+                continue
+            raw_complete_batch(conn, rows)
+            for row in rows:
+                channels.executed(json.loads(row[1])["n"])
 
 
 def raw_process_drainer(spec: dict[str, Any], channels: Channels) -> None:
@@ -264,6 +341,13 @@ def enqueue_one(url: str, durability: str, jobs: int) -> float:
 def enqueue_batches(url: str, durability: str, jobs: int, batch: int) -> float:
     with open_(url, durability) as store, Timer() as timer:
         fill(store, jobs, batch)
+    return jobs / timer.seconds
+
+
+def enqueue_many_one(url: str, durability: str, jobs: int) -> float:
+    """One ``enqueue_many`` call of ``jobs`` jobs."""
+    with open_(url, durability) as store, Timer() as timer:
+        store.jobs.enqueue_many([NewJob(KIND, new_payload(i)) for i in range(jobs)])
     return jobs / timer.seconds
 
 

@@ -17,6 +17,7 @@ Install them with the optional extra: ``pip install -e '.[bench]'``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.metadata
 import json
 import threading
@@ -62,6 +63,24 @@ def with_durability(url: str, durability: str) -> str:
     query = [(k, v) for k, v in query if k != "options"]
     query.append(("options", f"{options} {setting}".strip()))
     return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
+
+
+def asyncpg_connect_args(url: str) -> tuple[str, dict[str, str]]:
+    """``url`` without its ``options``, and those ``-cname=value`` as asyncpg's server_settings.
+
+    asyncpg does not read libpq's ``options`` parameter, so the schema and the
+    durability travel as settings of the connection's startup packet instead.
+    """
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query)
+    settings: dict[str, str] = {}
+    for key, value in query:
+        if key == "options":
+            for option in value.split():
+                name, _, setting = option.removeprefix("-c").partition("=")
+                settings[name] = setting
+    rest = [(k, v) for k, v in query if k != "options"]
+    return urlunsplit(parts._replace(query=urlencode(rest))), settings
 
 
 class Counter:
@@ -322,10 +341,8 @@ class Procrastinate(PgPeer):
             waiter = asyncio.create_task(stopped.wait())
             await asyncio.wait((worker, waiter), return_when=asyncio.FIRST_COMPLETED)
             worker.cancel()  # procrastinate's documented graceful stop of run_worker_async
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await worker
-            except asyncio.CancelledError:
-                pass
             waiter.cancel()
 
 
@@ -350,24 +367,41 @@ class PgQueuer(PgPeer):
         "there is no fence, so a stalled-but-alive worker and its successor can both "
         "finish it.",
         "its handler is an async function run on its event loop, its durability "
-        "setting is 'durable' (all tables logged), psycopg's async driver.",
+        "setting is 'durable' (all tables logged), through asyncpg, its primary driver: "
+        "its psycopg driver waits for notifications on the connection its queries use, "
+        "so a dequeue can wait up to a second behind the listener (measured here: ~1 s "
+        "enqueue-to-start, 180 jobs/s).",
     )
 
-    async def install(self, url: str) -> None:
-        import psycopg
-        from pgqueuer import Queries
-        from pgqueuer.db import PsycopgDriver
+    def available(self) -> bool:
+        try:
+            importlib.metadata.version("asyncpg")
+        except importlib.metadata.PackageNotFoundError:
+            return False
+        return super().available()
 
-        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-            await Queries(PsycopgDriver(conn)).install()
+    async def connect(self, url: str) -> Any:
+        import asyncpg
+
+        dsn, settings = asyncpg_connect_args(url)
+        return await asyncpg.connect(dsn, server_settings=settings)
+
+    async def install(self, url: str) -> None:
+        from pgqueuer import Queries
+        from pgqueuer.db import AsyncpgDriver
+
+        conn = await self.connect(url)
+        try:
+            await Queries(AsyncpgDriver(conn)).install()
+        finally:
+            await conn.close()
 
     async def open(self, url: str) -> Any:
-        import psycopg
         from pgqueuer import Queries
-        from pgqueuer.db import PsycopgDriver
+        from pgqueuer.db import AsyncpgDriver
 
-        conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
-        return conn, Queries(PsycopgDriver(conn))
+        conn = await self.connect(url)
+        return conn, Queries(AsyncpgDriver(conn))
 
     async def close(self, handle: Any) -> None:
         await handle[0].close()
@@ -385,12 +419,11 @@ class PgQueuer(PgPeer):
     async def work(self, url: str, concurrency: int, stopped: asyncio.Event) -> None:
         from datetime import timedelta
 
-        import psycopg
         from pgqueuer import PgQueuer as App
-        from pgqueuer.db import PsycopgDriver
+        from pgqueuer.db import AsyncpgDriver
 
-        conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
-        pgq = App(PsycopgDriver(conn))
+        conn = await self.connect(url)
+        pgq = App(AsyncpgDriver(conn))
 
         # concurrency is pgqueuer's own (see notes): no entrypoint limit, its default batch
         @pgq.entrypoint(TASK)
@@ -448,6 +481,10 @@ class Chancy(PgPeer):
         async with self.chancy(url) as chancy:
             await chancy.migrate()
             await chancy.declare(Queue(QUEUE, concurrency=1))
+            # every chancy worker serves the queue 'default' (it declares it if missing)
+            # with a process pool: declared first here with the asyncio executor, it
+            # costs no pool (and a daemonic bench child could not start one)
+            await chancy.declare(Queue("default", executor=chancy.Executor.Async))
 
     async def open(self, url: str) -> Any:
         chancy = self.chancy(url)

@@ -1,30 +1,47 @@
-"""The PostgreSQL half of the runner: ``python -m bench --backend postgres --pg-url URL``.
+"""The PostgreSQL half of the runner: ``python -m bench --pg-url URL`` (or ``--backend postgres``).
 
-Workloads 1 to 6 of :mod:`bench.run`, each beside a raw psycopg baseline
-(:mod:`bench.pg`) measured in the same run on the same server; every
-measurement in a fresh schema. The targets of the later performance issue
-(the worker >= 5x raw one-at-a-time claim + complete, cross-process
-enqueue-to-start p50 < 5 ms with an idle worker) are reported, never asserted.
+Workloads 1 to 6 and 10 of :mod:`bench.run`, each beside a raw psycopg
+baseline (:mod:`bench.pg`) measured in the same run on the same server, and
+beside the PostgreSQL peers (:mod:`bench.pg_peers`: procrastinate, pgqueuer,
+chancy) where the issue compares with them: workloads 1, 4 (concurrency 1 and
+4), 5, 6 (across processes) and 10. Every measurement runs in a fresh schema.
+The targets of issue 28 are reported (:mod:`bench.targets`), never asserted.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from bench import Sizes, drain_in_processes, median, percentile, remote_latency
 from bench import pg as b
-from bench.report import JAREN, WORKLOADS, Figure, Report, Target, log
+from bench import pg_peers as pp
+from bench.report import JAREN, WORKLOADS, Figure, Report, log
 
-PG_WORKLOADS = (1, 2, 3, 4, 5, 6)
+PG_WORKLOADS = (1, 2, 3, 4, 5, 6, 10)
 
 
 class PgRunner:
-    def __init__(self, sizes: Sizes, durability: str, url: str) -> None:
+    def __init__(
+        self, sizes: Sizes, durability: str, url: str, peers: Sequence[pp.PgPeer] = ()
+    ) -> None:
         self.sizes = sizes
         self.durability = durability
         self.url = url
+        self.peers = list(peers)
+
+    def peer_url(self, url: str) -> str:
+        """The schema's URL with the run's ``synchronous_commit`` for every peer connection."""
+        return pp.with_durability(url, self.durability)
+
+    def peer_rate(self, peer: pp.PgPeer, fn: Any, *args: Any) -> float:
+        rates = []
+        for _ in range(self.sizes.rounds):
+            with b.fresh_schema(self.url, peer.name.replace("-", "")) as url:
+                rates.append(fn(self.peer_url(url), *args))
+        return median(rates)
 
     def pair(self, name: str, raw_fn: Any, ours_fn: Any, *args: Any) -> tuple[float, float]:
         """Raw and jaren_jobs, interleaved round by round so drift hits both alike."""
@@ -41,6 +58,9 @@ class PgRunner:
         figure.raw, figure.values[JAREN] = self.pair(
             "1", b.raw_enqueue_one, b.enqueue_one, self.sizes.enqueue
         )
+        for peer in self.peers:
+            log(f"  {peer.name}")
+            figure.values[peer.name] = self.peer_rate(peer, peer.enqueue_one, self.sizes.enqueue)
         return [figure]
 
     def w2(self) -> list[Figure]:
@@ -49,7 +69,19 @@ class PgRunner:
         figure.raw, figure.values[JAREN] = self.pair(
             "2", b.raw_enqueue_batches, b.enqueue_batches, s.enqueue_many, s.batch
         )
-        return [figure]
+        one = Figure(
+            2,
+            "2.one",
+            f"enqueue_many of {s.enqueue_many_one:,} jobs in one call",
+            "jobs/s",
+            "higher",
+            None,
+            extra={"raw_is": f"executemany of the same {s.enqueue_many_one:,} rows"},
+        )
+        one.raw, one.values[JAREN] = self.pair(
+            "2one", b.raw_enqueue_many_one, b.enqueue_many_one, s.enqueue_many_one
+        )
+        return [figure, one]
 
     def w3(self) -> list[Figure]:
         figure = Figure(3, "3", WORKLOADS[3], "jobs/s", "higher", None)
@@ -80,7 +112,31 @@ class PgRunner:
                 with b.fresh_schema(self.url, "jj4") as url:
                     rates.append(b.drain(url, d, s.drain, concurrency))
             figure.values[JAREN] = median(rates)
+            if concurrency in s.peer_concurrencies:
+                for peer in self.peers:
+                    log(f"    {peer.name}")
+                    figure.values[peer.name] = self.peer_rate(
+                        peer, peer.drain, s.drain, concurrency
+                    )
             figures.append(figure)
+        ceiling = Figure(
+            4,
+            "4.batched",
+            "raw claim + complete, 100 jobs per statement, 4 connections (the ceiling)",
+            "jobs/s",
+            "higher",
+            None,
+            extra={"raw_is": "claim 100 in one UPDATE, complete 100 in one, 4 threads"},
+        )
+        rates = []
+        for _ in range(s.rounds):
+            with b.fresh_schema(self.url, "raw4b") as url:
+                rates.append(b.raw_drain_batched(url, d, s.raw_batch_drain, 4))
+        ceiling.raw = median(rates)
+        c4 = next((f for f in figures if f.extra["concurrency"] == 4), None)
+        if c4 is not None:
+            ceiling.values[JAREN + " c=4"] = c4.values[JAREN]
+        figures.append(ceiling)
         return figures
 
     def w5(self) -> list[Figure]:
@@ -106,7 +162,61 @@ class PgRunner:
                 b.process_drainer, spec, jobs=s.process_jobs, processes=s.processes
             )
         figure.extra["duplicates"][JAREN] = dup
+        for peer in self.peers:
+            log(f"  {peer.name}")
+            figure.values[peer.name], figure.extra["duplicates"][peer.name] = self.peer_processes(
+                peer, s.process_jobs, s.processes
+            )
         return [figure]
+
+    def peer_processes(self, peer: pp.PgPeer, jobs: int, processes: int) -> tuple[float, int]:
+        with b.fresh_schema(self.url, peer.name) as schema:
+            url = self.peer_url(schema)
+            peer.setup(url, jobs)
+            spec = {"peer": peer.name, "url": url, "concurrency": 1}
+            rate, dup, _ = drain_in_processes(
+                pp.process_drainer, spec, jobs=jobs, processes=processes
+            )
+        return rate, dup
+
+    def w10(self) -> list[Figure]:
+        """Scale-out: 1, 2, 4, 8 worker processes (concurrency 1 each) on one database."""
+        s, d = self.sizes, self.durability
+        figures = []
+        for processes in s.scale_processes:
+            log(f"  {processes} processes")
+            figure = Figure(
+                10,
+                f"10.p{processes}",
+                f"{processes} worker process{'es' if processes > 1 else ''} on one database",
+                "jobs/s",
+                "higher",
+                None,
+                extra={
+                    "processes": processes,
+                    "duplicates": {},
+                    "raw_is": "claim 100 + complete 100 per statement in each process",
+                },
+            )
+            with b.fresh_schema(self.url, "raw10") as url:
+                spec = b.raw_processes_setup(url, d, s.scale_jobs)
+                figure.raw, dup, _ = drain_in_processes(
+                    b.raw_batched_process_drainer, spec, jobs=s.scale_jobs, processes=processes
+                )
+            figure.extra["duplicates"]["raw"] = dup
+            with b.fresh_schema(self.url, "jj10") as url:
+                spec = b.processes_setup(url, d, s.scale_jobs, 1)
+                figure.values[JAREN], dup, _ = drain_in_processes(
+                    b.process_drainer, spec, jobs=s.scale_jobs, processes=processes
+                )
+            figure.extra["duplicates"][JAREN] = dup
+            for peer in self.peers if s.scale_peers else []:
+                log(f"    {peer.name}")
+                rate, dup = self.peer_processes(peer, s.scale_jobs, processes)
+                figure.values[peer.name] = rate
+                figure.extra["duplicates"][peer.name] = dup
+            figures.append(figure)
+        return figures
 
     def w6(self) -> list[Figure]:
         s, d = self.sizes, self.durability
@@ -132,6 +242,21 @@ class PgRunner:
                 )
             finally:
                 close()
+        for peer in self.peers:
+            log(f"  {peer.name}")
+            with b.fresh_schema(self.url, peer.name) as schema:
+                url = self.peer_url(schema)
+                peer.setup(url)
+                enqueue, close = peer.producer(url)
+                try:
+                    remote[peer.name] = remote_latency(
+                        pp.latency_consumer,
+                        {"peer": peer.name, "url": url},
+                        enqueue,
+                        samples=s.latency_remote,
+                    )
+                finally:
+                    close()
         figures = []
         for where, samples in (("local", local), ("remote", remote)):
             place = "in-process" if where == "local" else "from another process"
@@ -145,39 +270,21 @@ class PgRunner:
                     percentile(samples["raw"], fraction) * 1000,
                     extra={"samples": len(samples["raw"])},
                 )
-                figure.values[JAREN] = percentile(samples[JAREN], fraction) * 1000
+                for subject, values in samples.items():
+                    if subject != "raw":
+                        figure.values[subject] = percentile(values, fraction) * 1000
                 figures.append(figure)
         return figures
 
 
-def targets(report: Report) -> list[Target]:
-    found: list[Target] = []
-    for concurrency in (1, 4, 16):
-        figure = report.figure(f"4.c{concurrency}")
-        ratio = None if figure is None else figure.ratio(JAREN)
-        if ratio is not None:
-            found.append(
-                Target(
-                    f"worker at concurrency {concurrency} ≥ 5× raw one-at-a-time "
-                    "claim + complete (PostgreSQL)",
-                    f"{ratio:.1f}×",
-                    ratio >= 5,
-                )
-            )
-    figure = report.figure("6.remote.p50")
-    if figure is not None and JAREN in figure.values:
-        p50 = figure.values[JAREN]
-        found.append(
-            Target(
-                "cross-process enqueue-to-start p50 < 5 ms, idle worker (PostgreSQL)",
-                f"{p50:.2f} ms",
-                p50 < 5,
-            )
-        )
-    return found
-
-
-def run(report: Report, sizes: Sizes, durability: str, url: str, only: set[int]) -> None:
+def run(  # noqa: PLR0917 - the runner's one call site passes them in order
+    report: Report,
+    sizes: Sizes,
+    durability: str,
+    url: str,
+    only: set[int],
+    peers: Sequence[pp.PgPeer] = (),
+) -> None:
     import psycopg
 
     with psycopg.connect(url) as conn:
@@ -189,7 +296,7 @@ def run(report: Report, sizes: Sizes, durability: str, url: str, only: set[int])
         "psycopg": psycopg.__version__,
     }
     report.meta["baseline"] = "raw psycopg"
-    runner = PgRunner(sizes, durability, url)
+    runner = PgRunner(sizes, durability, url, peers)
     for number in sorted(only & set(PG_WORKLOADS)):
         log(f"bench: postgres workload {number}: {WORKLOADS[number]}")
         started = time.monotonic()

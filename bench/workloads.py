@@ -88,6 +88,13 @@ def enqueue_batches(path: Path, durability: str, jobs: int, batch: int) -> float
     return jobs / timer.seconds
 
 
+def enqueue_many_one(path: Path, durability: str, jobs: int) -> float:
+    """Workload 2's single batch: one ``enqueue_many`` call of ``jobs`` jobs."""
+    with open_(path, durability) as store, Timer() as timer:
+        store.jobs.enqueue_many([NewJob(KIND, new_payload(i)) for i in range(jobs)])
+    return jobs / timer.seconds
+
+
 def claim_complete_one(path: Path, durability: str, jobs: int) -> float:
     """Workload 3: ``claim`` then ``complete``, one job at a time. Jobs per second."""
     with open_(path, durability) as store:

@@ -51,11 +51,12 @@ def test_quick_run_reports_every_workload_beside_raw(tmp_path: Path) -> None:
     meta = report["meta"]
     assert meta["mode"] == "quick"
     assert meta["durability"] == "full"
-    assert meta["workloads"] == list(range(1, 10))
+    assert meta["workloads"] == list(range(1, 11))
+    assert meta["backend"] == "sqlite"
     assert meta["machine"]["cores"] >= 1
 
     figures = report["figures"]
-    assert {f["workload"] for f in figures} == set(range(1, 10))
+    assert {f["workload"] for f in figures} == set(range(1, 11))
     for figure in figures:
         assert figure["raw"] is not None, figure["key"]
         assert figure["values"], figure["key"]
@@ -67,7 +68,7 @@ def test_quick_run_reports_every_workload_beside_raw(tmp_path: Path) -> None:
                 ratio = figure["ratios"][subject]
                 assert ratio is not None
                 assert abs(ratio - value / figure["raw"]) < 1e-9 * max(1.0, ratio)
-    for workload in (1, 2, 3, 4, 5, 6, 7, 8, 9):
+    for workload in range(1, 11):
         assert any("jaren_jobs" in f["values"] for f in figures if f["workload"] == workload)
 
     # the peers that are installed ran workloads 1, 3, 4, 5 and 6 through their own API
@@ -83,6 +84,12 @@ def test_quick_run_reports_every_workload_beside_raw(tmp_path: Path) -> None:
     (five,) = [f for f in figures if f["workload"] == 5]
     assert five["extra"]["duplicates"]["jaren_jobs"] == 0
 
+    # scale-out: the raw batched loop and jaren_jobs at each process count, no duplicates
+    tens = [f for f in figures if f["workload"] == 10]
+    assert [f["extra"]["processes"] for f in tens] == [1, 2]
+    for figure in tens:
+        assert figure["extra"]["duplicates"] == {"raw": 0, "jaren_jobs": 0}
+
     # the table sizes of workload 7 were built and measured
     sevens = [f for f in figures if f["workload"] == 7]
     assert len(sevens) == len({(f["extra"]["settled"], f["extra"]["pending"]) for f in sevens}) >= 2
@@ -90,13 +97,24 @@ def test_quick_run_reports_every_workload_beside_raw(tmp_path: Path) -> None:
     # plots: drawn when matplotlib is present, and said to be skipped when not
     if importlib.util.find_spec("matplotlib") is not None:
         plots = [Path(p) for p in meta["plots"]]
-        assert {p.name for p in plots} == {"bench-throughput.png", "bench-claim-cost.png"}
+        assert {p.name for p in plots} == {
+            "bench-throughput.png",
+            "bench-claim-cost.png",
+            "bench-scaleout-sqlite.png",
+        }
         for plot in plots:
             assert plot.read_bytes().startswith(b"\x89PNG")
     else:
         assert any("matplotlib" in line for line in meta["skipped"])
 
-    assert {t["text"] for t in report["targets"]}, "the targets were checked"
+    # issue 28's SQLite targets, each with its measured value and met or missed
+    targets = {t["key"]: t for t in report["targets"]}
+    assert len(targets) == len(report["targets"]) == 9
+    for target in targets.values():
+        assert target["met"] in (True, False), target
+        assert isinstance(target["value"], float), target
+    zero = targets["duplicates"]
+    assert (zero["value"], zero["met"]) == (0.0, True)
 
 
 def test_the_cpu_comparison_runs_and_reports_every_call() -> None:
@@ -180,23 +198,40 @@ def test_quick_postgres_run_reports_workloads_one_to_six_beside_raw_psycopg(
     assert (meta["backend"], meta["baseline"], meta["workloads"]) == (
         "postgres",
         "raw psycopg",
-        [1, 2, 3, 4, 5, 6],
+        [1, 2, 3, 4, 5, 6, 10],
     )
     assert meta["postgres"]["server_version"]
+    # the PostgreSQL peers are left out of a quick run, and oban is said to be missing
+    assert meta["peers"] == []
+    assert any("oban" in line for line in meta["skipped"])
     figures = report["figures"]
-    assert {f["workload"] for f in figures} == set(range(1, 7))
+    assert {f["workload"] for f in figures} == {1, 2, 3, 4, 5, 6, 10}
     for figure in figures:
         assert figure["raw"] is not None, figure["key"]
         assert figure["raw"] > 0, figure["key"]
-        assert figure["values"]["jaren_jobs"] >= 0, figure["key"]
-        assert figure["ratios"]["jaren_jobs"] is not None
-    assert {f["extra"]["concurrency"] for f in figures if f["workload"] == 4} == {1, 4, 16}
+        subject = "jaren_jobs c=4" if figure["key"] == "4.batched" else "jaren_jobs"
+        assert figure["values"][subject] >= 0, figure["key"]
+        assert figure["ratios"][subject] is not None
+    assert {f["extra"]["concurrency"] for f in figures if f["key"].startswith("4.c")} == {
+        1,
+        4,
+        16,
+    }
     (five,) = [f for f in figures if f["workload"] == 5]
     assert five["extra"]["duplicates"] == {"raw": 0, "jaren_jobs": 0}
+    tens = [f for f in figures if f["workload"] == 10]
+    assert [f["extra"]["processes"] for f in tens] == [1, 2]
+    for figure in tens:
+        assert figure["extra"]["duplicates"] == {"raw": 0, "jaren_jobs": 0}
     assert {f["key"] for f in figures if f["workload"] == 6} == {
         "6.local.p50",
         "6.local.p99",
         "6.remote.p50",
         "6.remote.p99",
     }
-    assert report["targets"], "the targets were reported"
+    # issue 28's PostgreSQL targets: the peer comparisons are not run without the peers
+    targets = {t["key"]: t for t in report["targets"]}
+    for key in ("enqueue_one", "claim_complete_one", "c4_vs_batched", "remote_p50"):
+        assert targets[key]["met"] in (True, False), targets[key]
+    assert targets["duplicates"]["met"] is True
+    assert targets["c4_vs_peer"]["met"] is None
