@@ -285,6 +285,8 @@ def merge(reports: Sequence[Report], check: Callable[[Report], list[Target]]) ->
     first = reports[0]
     merged = Report(meta=dict(first.meta), notes=first.notes)
     merged.meta["rounds"] = len(reports)
+    merged.meta["seconds"] = sum(r.meta.get("seconds", 0.0) for r in reports)
+    merged.meta["load_after"] = reports[-1].meta.get("load_after", "")
     for figure in first.figures:
         rounds = [r.figure(figure.key) for r in reports]
         present = [f for f in rounds if f is not None]
