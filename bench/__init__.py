@@ -1,15 +1,22 @@
-"""The jaren_jobs benchmark: every figure beside raw SQLite measured in the same run.
+"""The jaren_jobs benchmark: every figure beside a raw baseline measured in the same run.
 
-Run it with ``python -m bench`` (or ``python bench/run.py``); ``--quick`` for
-a run of well under a minute, ``--json`` for machine-readable output. The
-modules:
+Run it with ``python -m bench`` (or ``python bench/run.py``): SQLite, and
+PostgreSQL too given ``--pg-url URL`` (or ``$JAREN_JOBS_BENCH_PG_URL``);
+``--quick`` for a run of well under a minute, ``--json`` for machine-readable
+output, ``--rounds 5`` for the spread. The modules:
 
 * :mod:`bench.raw` — the baseline: the same work written by hand against
   ``sqlite3``, on the library's own table and indexes;
 * :mod:`bench.workloads` — the same work through jaren_jobs;
 * :mod:`bench.peers` — the same work through huey, persist-queue and
   litequeue (the optional ``bench`` extra);
-* :mod:`bench.run` — the runner: sizes, ratios, the table, JSON;
+* :mod:`bench.pg`, :mod:`bench.pg_run` — the PostgreSQL half: raw psycopg
+  by hand (one at a time, and the batched ceiling) and jaren_jobs on a URL;
+* :mod:`bench.pg_peers` — the same work through procrastinate, pgqueuer and
+  chancy (oban is reported skipped: no distribution on the package index);
+* :mod:`bench.targets` — issue 28's targets, met or missed, and the spread
+  of several rounds;
+* :mod:`bench.run` — the runner: sizes, ratios, the tables, JSON;
 * :mod:`bench.plots` — PNG plots when matplotlib is present.
 
 This module holds what they share: sizes, measuring helpers, and the helpers
@@ -76,7 +83,7 @@ class Sizes:
     enqueue_many_one: int = 4_000  # workload 2: one enqueue_many call of this many jobs
     peer_concurrencies: tuple[int, ...] = (1, 4)  # workload 4's concurrencies for peers
     scale_processes: tuple[int, ...] = (1, 2, 4, 8)  # workload 10
-    scale_jobs: int = 10_000  # workload 10, per process count
+    scale_jobs: int = 5_000  # workload 10, per process count
     scale_peers: bool = True  # workload 10 beside the peers (a quick run leaves them out)
 
 

@@ -1,10 +1,17 @@
 """The runner: ``python -m bench`` or ``python bench/run.py``.
 
 Every workload runs against raw ``sqlite3`` and jaren_jobs (and the installed
-peers, for workloads 1, 3, 4, 5 and 6) in the same run, on fresh files in one
+peers, for workloads 1, 3, 4, 5, 6 and 10) in the same run, on fresh files in one
 scratch directory, and every figure is printed beside the raw baseline as a
-ratio. ``--quick`` is the short run the test suite uses; the default is the
-full run that ``docs/performance.md`` reports.
+ratio. Given a PostgreSQL server (``--pg-url`` or ``$JAREN_JOBS_BENCH_PG_URL``)
+the same command then runs :mod:`bench.pg_run` against it; each database gets
+its table of issue 28's targets (:mod:`bench.targets`). ``--quick`` is the short
+run the test suite uses; the default is the full run that ``docs/performance.md``
+reports.
+
+The JSON (``--json``, ``--save``) is one report (``meta``, ``figures``,
+``targets``, ``notes``) when one database ran, and ``{"sqlite": report,
+"postgres": report}`` when both did; ``--from`` reads either back.
 """
 
 from __future__ import annotations
