@@ -75,7 +75,7 @@ WORKLOADS = {
     2: "enqueue_many in batches",
     3: "claim + complete one at a time",
     4: "a worker draining no-op jobs",
-    5: "worker processes on one file",
+    5: "worker processes on one queue",
     6: "enqueue-to-start latency, idle worker",
     7: "claim cost against table size",
     8: "CPU of an idle worker",
