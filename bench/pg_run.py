@@ -19,6 +19,7 @@ from bench import Sizes, drain_in_processes, median, percentile, remote_latency
 from bench import pg as b
 from bench import pg_peers as pp
 from bench.report import JAREN, WORKLOADS, Figure, Report, log
+from bench.workloads import drain_async
 
 PG_WORKLOADS = (1, 2, 3, 4, 5, 6, 10)
 
@@ -119,6 +120,21 @@ class PgRunner:
                         peer, peer.drain, s.drain, concurrency
                     )
             figures.append(figure)
+        asynchronous = Figure(
+            4,
+            "4.async",
+            "an AsyncWorker draining no-op async jobs, concurrency 4",
+            "jobs/s",
+            "higher",
+            one_at_a_time,
+            extra={"concurrency": 4, "raw_is": "claim + complete one at a time"},
+        )
+        rates = []
+        for _ in range(s.rounds):
+            with b.fresh_schema(self.url, "jj4a") as url:
+                rates.append(drain_async(url, d, s.drain, 4, from_first=True))
+        asynchronous.values[JAREN] = median(rates)
+        figures.append(asynchronous)
         ceiling = Figure(
             4,
             "4.batched",

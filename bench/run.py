@@ -165,6 +165,7 @@ class Runner:
                 if errors:
                     figure.extra.setdefault("errors", {})[peer.name] = errors
             figures.append(figure)
+        figures.append(self.w4_async(one_at_a_time))
         ceiling = Figure(
             4,
             "4.batched",
@@ -179,6 +180,24 @@ class Runner:
             ceiling.values[JAREN + " c=4"] = c4.values[JAREN]
         figures.append(ceiling)
         return figures
+
+    def w4_async(self, one_at_a_time: float) -> Figure:
+        """The AsyncWorker at concurrency 4, interleaved with the thread worker's rounds."""
+        s, d = self.sizes, self.durability
+        figure = Figure(
+            4,
+            "4.async",
+            "an AsyncWorker draining no-op async jobs, concurrency 4",
+            "jobs/s",
+            "higher",
+            one_at_a_time,
+            extra={"concurrency": 4, "raw_is": "claim + complete one at a time"},
+        )
+        figure.values[JAREN] = self.rounds(
+            functools.partial(workloads.drain_async, durability=d, jobs=s.drain, concurrency=4),
+            "jj.db",
+        )
+        return figure
 
     def w5(self) -> list[Figure]:
         s, d = self.sizes, self.durability

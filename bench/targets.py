@@ -76,7 +76,15 @@ def _duplicates(report: Report) -> int | None:
 
 
 def _common(report: Report, targets: list[Target]) -> None:
-    """The targets both databases share that this run measures (workloads 7 to 9)."""
+    """The targets both databases share (workloads 4, 7 to 9)."""
+    targets.append(
+        _target(
+            "async_vs_thread",
+            "the AsyncWorker ≥ 0.9× the thread worker (concurrency 4, no-op jobs)",
+            _quotient(_value(report, "4.async"), _value(report, "4.c4")),
+            0.9,
+        )
+    )
     sevens = [f for f in report.figures if f.workload == 7]
     if sevens:
         smallest = min(sevens, key=lambda f: f.extra["settled"] + f.extra["pending"])
@@ -268,6 +276,7 @@ def postgres(report: Report) -> list[Target]:
                     1.0,
                 )
             )
+    _common(report, targets)
     return targets
 
 

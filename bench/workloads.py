@@ -7,6 +7,7 @@ by side.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -131,6 +132,43 @@ def drain(path: Path, durability: str, jobs: int, concurrency: int) -> float:
         counts = store.jobs.counts()
         assert counts.done == jobs, counts
     return jobs / (finished.at - start)
+
+
+def drain_async(
+    path: Path | str, durability: str, jobs: int, concurrency: int, *, from_first: bool = False
+) -> float:
+    """Workload 4's AsyncWorker: no-op ``async def`` jobs at ``concurrency``. Jobs per second.
+
+    The same as :func:`drain` through ``open_async_store``; timed from the
+    worker's start, or with ``from_first`` from the first job's start (as the
+    PostgreSQL drains are), to the last outcome.
+    """
+    first: list[float] = []
+
+    async def noop_async(payload: Any, ctx: Any) -> None:
+        if not first:
+            first.append(time.perf_counter())
+
+    async def main() -> float:
+        async with jaren_jobs.open_async_store(path, durability=durability) as store:
+            for start in range(0, jobs, 1_000):
+                await store.jobs.enqueue_many(
+                    [NewJob(KIND, new_payload(i)) for i in range(start, min(start + 1_000, jobs))]
+                )
+            finished = Finished(jobs)
+            worker = store.jobs.create_worker(
+                {KIND: noop_async}, concurrency=concurrency, on_outcome=finished
+            )
+            began = time.perf_counter()
+            async with worker:
+                if not await asyncio.to_thread(finished.done.wait, WAIT):
+                    raise TimeoutError(f"bench: the AsyncWorker drained {finished.count} of {jobs}")
+            if finished.other:
+                raise RuntimeError(f"bench: {finished.other} attempts did not complete")
+        return jobs / (finished.at - (first[0] if from_first else began))
+
+    rate: float = asyncio.run(main())
+    return rate
 
 
 # ---------------------------------------------------------------- workload 5
