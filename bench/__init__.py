@@ -232,6 +232,26 @@ def count_executions(arrays: Sequence[Any]) -> tuple[int, int]:
     return distinct, total
 
 
+def growth_per_10k(samples: Sequence[tuple[int, int]], jobs: int) -> float:
+    """The slope of a least-squares line through ``(jobs done, bytes)`` after 10% warm-up.
+
+    In KiB per 10k jobs: a bounded structure that fills and empties gives a
+    slope near 0 either way; a leak a steady rise.
+    """
+    points = [(n, r) for n, r in samples if n >= jobs * 0.1]
+    mean_n = sum(n for n, _ in points) / len(points)
+    mean_r = sum(r for _, r in points) / len(points)
+    spread = sum((n - mean_n) ** 2 for n, _ in points)
+    if spread == 0:
+        return 0.0
+    slope = sum((n - mean_n) * (r - mean_r) for n, r in points) / spread
+    return slope / 1024 * 10_000
+
+
+def peak_mib(samples: Sequence[tuple[int, int]]) -> float:
+    return max(r for _, r in samples) / 2**20
+
+
 def sqlite_version() -> str:
     return sqlite3.sqlite_version
 

@@ -22,7 +22,16 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import jaren_jobs
-from bench import KIND, POLL_SECONDS, Channels, Timer, new_payload
+from bench import (
+    KIND,
+    POLL_SECONDS,
+    Channels,
+    Timer,
+    cpu_seconds,
+    measure_heap,
+    new_payload,
+    rss_bytes,
+)
 from jaren_jobs import NewJob, Store
 
 WAIT = 600.0
@@ -465,3 +474,51 @@ def latency_remote_setup(url: str, durability: str) -> tuple[dict[str, Any], Any
         store.jobs.enqueue(KIND, {"n": n, "t": t})
 
     return {"url": url, "durability": durability}, enqueue, store.close
+
+
+# ---------------------------------------------------------------- workloads 8 and 9, raw
+
+
+def raw_idle_cpu(url: str, durability: str, seconds: float, results: Any) -> None:
+    """Workload 8 child: a claim statement every 50 ms on an empty queue."""
+    try:
+        with raw_connect(url, durability) as conn:
+            stop = threading.Event()
+
+            def poll() -> None:
+                while not stop.wait(POLL_SECONDS):
+                    raw_claim(conn)
+
+            thread = threading.Thread(target=poll, daemon=True)
+            thread.start()
+            time.sleep(0.2)
+            before = cpu_seconds()
+            time.sleep(seconds)
+            used = cpu_seconds() - before
+            stop.set()
+            thread.join(5)
+        results.put(used / seconds)
+    except BaseException as exc:  # report, never hang the parent
+        results.put(RuntimeError(f"raw psycopg idle_cpu: {exc!r}"))
+
+
+def raw_memory(url: str, durability: str, jobs: int, heap: bool, results: Any) -> None:
+    """Workload 9 child: the batched loop drains ``jobs`` jobs, sampling RSS or heap."""
+    try:
+        with raw_connect(url, durability) as conn:
+            raw_fill(conn, jobs)
+            measure = measure_heap() if heap else rss_bytes
+            samples: list[tuple[int, int]] = [(0, measure())]
+            done = 0
+            step = max(1, jobs // 10)
+            while rows := raw_claim_batch(conn):
+                for row in rows:
+                    json.loads(row[1])
+                raw_complete_batch(conn, rows)
+                before = done
+                done += len(rows)
+                if done // step != before // step:
+                    samples.append((done, measure()))
+        results.put(samples)
+    except BaseException as exc:
+        results.put(RuntimeError(f"raw psycopg memory: {exc!r}"))

@@ -15,13 +15,22 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bench import Sizes, drain_in_processes, median, percentile, remote_latency
+from bench import (
+    Sizes,
+    drain_in_processes,
+    growth_per_10k,
+    in_subprocess,
+    median,
+    peak_mib,
+    percentile,
+    remote_latency,
+    workloads,
+)
 from bench import pg as b
 from bench import pg_peers as pp
 from bench.report import JAREN, WORKLOADS, Figure, Report, log
-from bench.workloads import drain_async
 
-PG_WORKLOADS = (1, 2, 3, 4, 5, 6, 10)
+PG_WORKLOADS = (1, 2, 3, 4, 5, 6, 8, 9, 10)
 
 
 class PgRunner:
@@ -132,7 +141,7 @@ class PgRunner:
         rates = []
         for _ in range(s.rounds):
             with b.fresh_schema(self.url, "jj4a") as url:
-                rates.append(drain_async(url, d, s.drain, 4, from_first=True))
+                rates.append(workloads.drain_async(url, d, s.drain, 4, from_first=True))
         asynchronous.values[JAREN] = median(rates)
         figures.append(asynchronous)
         ceiling = Figure(
@@ -233,6 +242,80 @@ class PgRunner:
                 figure.extra["duplicates"][peer.name] = dup
             figures.append(figure)
         return figures
+
+    def w8(self) -> list[Figure]:
+        """An idle worker's CPU (50 ms poll, LISTEN on) beside a raw claim every 50 ms."""
+        s, d = self.sizes, self.durability
+        with b.fresh_schema(self.url, "raw8") as url:
+            b.raw_prepare(url)
+            raw_share = in_subprocess(b.raw_idle_cpu, url, d, s.idle_seconds)
+        with b.fresh_schema(self.url, "jj8") as url:
+            b.open_(url, d).close()  # the schema first, as SQLite's file is
+            ours = in_subprocess(workloads.idle_cpu, url, d, s.idle_seconds)
+        return [
+            Figure(
+                8,
+                "8",
+                "CPU of an idle worker, 50 ms poll (raw: a claim statement every 50 ms)",
+                "% of a core",
+                "lower",
+                raw_share * 100,
+                {JAREN: ours * 100},
+                extra={"seconds": s.idle_seconds},
+            )
+        ]
+
+    def w9(self) -> list[Figure]:
+        """Memory while draining: the Python heap's and RSS's slope, and the peak."""
+        s, d = self.sizes, self.durability
+
+        def drain(fn: Any, name: str, jobs: int, heap: bool) -> list[tuple[int, int]]:
+            with b.fresh_schema(self.url, name) as url:
+                if fn is workloads.memory:
+                    b.open_(url, d).close()
+                else:
+                    b.raw_prepare(url)
+                samples: list[tuple[int, int]] = in_subprocess(fn, url, d, jobs, heap)
+            return samples
+
+        raw_rss = drain(b.raw_memory, "raw9", s.memory_jobs, False)
+        our_rss = drain(workloads.memory, "jj9", s.memory_jobs, False)
+        raw_heap = drain(b.raw_memory, "raw9h", s.heap_jobs, True)
+        our_heap = drain(workloads.memory, "jj9h", s.heap_jobs, True)
+        return [
+            Figure(
+                9,
+                "9.heap",
+                f"Python heap growth (fitted slope), draining {s.heap_jobs:,} jobs (tracemalloc)",
+                "KiB per 10k jobs",
+                "lower",
+                growth_per_10k(raw_heap, s.heap_jobs),
+                {JAREN: growth_per_10k(our_heap, s.heap_jobs)},
+                extra={"samples": {"raw": raw_heap, JAREN: our_heap}},
+            ),
+            Figure(
+                9,
+                "9.growth",
+                f"RSS growth (fitted slope), draining {s.memory_jobs:,} jobs",
+                "KiB per 10k jobs",
+                "lower",
+                growth_per_10k(raw_rss, s.memory_jobs),
+                {JAREN: growth_per_10k(our_rss, s.memory_jobs)},
+                extra={
+                    "samples": {"raw": raw_rss, JAREN: our_rss},
+                    "raw_is": "claim 100 and complete 100 per statement; ours: a worker, c=4",
+                },
+            ),
+            Figure(
+                9,
+                "9.peak",
+                "peak RSS while draining",
+                "MiB",
+                "lower",
+                peak_mib(raw_rss),
+                {JAREN: peak_mib(our_rss)},
+            ),
+        ]
 
     def w6(self) -> list[Figure]:
         s, d = self.sizes, self.durability

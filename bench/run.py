@@ -41,8 +41,10 @@ from bench import (
     drain_in_processes,
     dumps,
     filesystem_of,
+    growth_per_10k,
     in_subprocess,
     median,
+    peak_mib,
     percentile,
     raw,
     remote_latency,
@@ -405,21 +407,7 @@ class Runner:
             samples: list[tuple[int, int]] = in_subprocess(module.memory, str(path), d, jobs, heap)
             return samples
 
-        def growth(samples: list[tuple[int, int]], jobs: int) -> float:
-            # the slope of a least-squares line through the samples after 10%
-            # for warm-up, in KiB per 10k jobs: a bounded structure that fills
-            # and empties gives a slope near 0 either way; a leak a steady rise
-            points = [(n, r) for n, r in samples if n >= jobs * 0.1]
-            mean_n = sum(n for n, _ in points) / len(points)
-            mean_r = sum(r for _, r in points) / len(points)
-            spread = sum((n - mean_n) ** 2 for n, _ in points)
-            if spread == 0:
-                return 0.0
-            slope = sum((n - mean_n) * (r - mean_r) for n, r in points) / spread
-            return slope / 1024 * 10_000
-
-        def peak(samples: list[tuple[int, int]]) -> float:
-            return max(r for _, r in samples) / 2**20
+        growth, peak = growth_per_10k, peak_mib
 
         raw_rss = drain(raw, "raw.db", s.memory_jobs, False)
         our_rss = drain(workloads, "jj.db", s.memory_jobs, False)

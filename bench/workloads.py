@@ -30,8 +30,13 @@ from jaren_jobs import NewJob, Outcome, Store
 WAIT = 600.0  # a drain that takes longer than this is broken, not slow
 
 
-def open_(path: Path, durability: str) -> Store:
+def open_(path: Path | str, durability: str) -> Store:
     return jaren_jobs.open_store(path, durability=durability)  # type: ignore[arg-type]
+
+
+def where(text: str) -> Path | str:
+    """A child's database from its argument: a PostgreSQL URL as is, else a file path."""
+    return text if text.startswith(("postgresql://", "postgres://")) else Path(text)
 
 
 def fill(store: Store, jobs: int, *, batch: int = 1_000) -> None:
@@ -262,7 +267,7 @@ def claim_cost(store: Store) -> float:
 def idle_cpu(path_text: str, durability: str, seconds: float, results: Any) -> None:
     """Workload 8 child: an idle worker polling every 50 ms on an empty queue."""
     try:
-        with open_(Path(path_text), durability) as store:
+        with open_(where(path_text), durability) as store:
             worker = store.jobs.create_worker({KIND: noop}, poll_seconds=POLL_SECONDS)
             worker.start()
             time.sleep(0.2)
@@ -290,7 +295,7 @@ def memory(path_text: str, durability: str, jobs: int, heap: bool, results: Any)
         samples: list[tuple[int, int]] = []
         step = max(1, jobs // 10)
         lock = threading.Lock()
-        with open_(Path(path_text), durability) as store:
+        with open_(where(path_text), durability) as store:
             fill(store, jobs)
             finished = Finished(jobs)
 
