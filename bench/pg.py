@@ -522,3 +522,53 @@ def raw_memory(url: str, durability: str, jobs: int, heap: bool, results: Any) -
         results.put(samples)
     except BaseException as exc:
         results.put(RuntimeError(f"raw psycopg memory: {exc!r}"))
+
+
+# ---------------------------------------------------------------- workload 7
+
+LIBRARY_JOBS = '"_jaren_jobs"'
+# the raw claim on the library's own table and index, as bench.raw's CLAIM on SQLite's
+LIBRARY_CLAIM = f"""UPDATE {LIBRARY_JOBS} SET state = 'leased', lease_owner = %s,
+    lease_until = %s, lease_generation = lease_generation + 1, lease_token = %s,
+    attempts = attempts + 1, updated_at = %s
+  WHERE id = (SELECT id FROM {LIBRARY_JOBS} WHERE state IN ('pending', 'failed')
+    AND kind = %s AND run_at <= %s ORDER BY priority DESC, run_at, created_at, id
+    LIMIT 1 FOR UPDATE SKIP LOCKED)
+  RETURNING id, payload, lease_token"""
+
+
+def add_library_rows(url: str, count: int, *, settled: bool, start: int = 0) -> None:
+    """Grow the library's table by ``count`` done (or pending) rows in one statement (untimed).
+
+    Then ``VACUUM ANALYZE``, as autovacuum would have by the time a real table
+    held that many rows: the claim is timed on a table in its steady state.
+    """
+    import psycopg
+
+    old = now_ms() - (86_400_000 if settled else 3_600_000)
+    if settled:
+        statement = f"""INSERT INTO {LIBRARY_JOBS} (id, kind, payload, state, priority, run_at,
+            attempts, max_attempts, lease_generation, settled_generation, result,
+            created_at, updated_at)
+          SELECT 'settled-' || lpad(g::text, 8, '0'), %s, '{{"n": 0}}', 'done', 0, %s, 1, 5,
+            1, 1, 'null', %s, %s FROM generate_series(%s::bigint, %s::bigint) AS g"""
+    else:
+        statement = f"""INSERT INTO {LIBRARY_JOBS} (id, kind, payload, state, priority, run_at,
+            attempts, max_attempts, lease_generation, created_at, updated_at)
+          SELECT 'pending-' || lpad(g::text, 8, '0'), %s, '{{"n": 0}}', 'pending', 0, %s + g, 0,
+            5, 0, %s, %s FROM generate_series(%s::bigint, %s::bigint) AS g"""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(statement, (KIND, old, old, old, start, start + count - 1))
+        conn.execute(f"VACUUM ANALYZE {LIBRARY_JOBS}")
+
+
+def library_claim_cost(conn: Any) -> float:
+    """One raw claim statement's wall time in seconds (the job stays leased)."""
+    now = now_ms()
+    start = time.perf_counter()
+    row = conn.execute(
+        LIBRARY_CLAIM, ("raw", now + 30_000, uuid.uuid4().hex, now, KIND, now)
+    ).fetchone()
+    elapsed = time.perf_counter() - start
+    assert row is not None
+    return elapsed

@@ -30,7 +30,7 @@ from bench import pg as b
 from bench import pg_peers as pp
 from bench.report import JAREN, WORKLOADS, Figure, Report, log
 
-PG_WORKLOADS = (1, 2, 3, 4, 5, 6, 8, 9, 10)
+PG_WORKLOADS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 
 
 class PgRunner:
@@ -241,6 +241,48 @@ class PgRunner:
                 figure.values[peer.name] = rate
                 figure.extra["duplicates"][peer.name] = dup
             figures.append(figure)
+        return figures
+
+    def w7(self) -> list[Figure]:
+        """A claim's cost as the table grows: jaren_jobs' claim beside a raw claim statement."""
+        s, d = self.sizes, self.durability
+        figures = []
+        for pending in sorted({p for _, p in s.table_sizes}):
+            with b.fresh_schema(self.url, f"table{pending}") as url:
+                b.open_(url, d).close()  # the library's tables and indexes
+                b.add_library_rows(url, pending, settled=False)
+                settled_so_far = 0
+                for settled in sorted(st for st, p in s.table_sizes if p == pending):
+                    log(f"  {settled:,} settled + {pending:,} pending")
+                    b.add_library_rows(
+                        url, settled - settled_so_far, settled=True, start=settled_so_far
+                    )
+                    settled_so_far = settled
+                    ours: list[float] = []
+                    raws: list[float] = []
+                    with b.open_(url, d) as store, b.raw_connect(url, d) as conn:
+                        for _ in range(3):  # warm both connections alike
+                            workloads.claim_cost(store)
+                            b.library_claim_cost(conn)
+                        for _ in range(s.table_claims):  # interleaved
+                            ours.append(workloads.claim_cost(store))
+                            raws.append(b.library_claim_cost(conn))
+                    figures.append(
+                        Figure(
+                            7,
+                            f"7.{settled}+{pending}",
+                            f"claim at {settled:,} settled + {pending:,} pending rows",
+                            "ms",
+                            "lower",
+                            median(raws) * 1000,
+                            {JAREN: median(ours) * 1000},
+                            extra={
+                                "settled": settled,
+                                "pending": pending,
+                                "raw_is": "one UPDATE ... SKIP LOCKED on the library's table",
+                            },
+                        )
+                    )
         return figures
 
     def w8(self) -> list[Figure]:

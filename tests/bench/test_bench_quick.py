@@ -226,7 +226,7 @@ def test_the_asyncio_bench_runs_the_same_workloads_on_postgres() -> None:
 
 
 @pytest.mark.slow
-def test_quick_postgres_run_reports_workloads_one_to_six_beside_raw_psycopg(
+def test_quick_postgres_run_reports_every_workload_beside_raw_psycopg(
     tmp_path: Path,
 ) -> None:
     from tests.processes.pg_support import base_url
@@ -252,14 +252,16 @@ def test_quick_postgres_run_reports_workloads_one_to_six_beside_raw_psycopg(
     assert (meta["backend"], meta["baseline"], meta["workloads"]) == (
         "postgres",
         "raw psycopg",
-        [1, 2, 3, 4, 5, 6, 8, 9, 10],
+        list(range(1, 11)),
     )
     assert meta["postgres"]["server_version"]
     # the PostgreSQL peers are left out of a quick run, and oban is said to be missing
     assert meta["peers"] == []
     assert any("oban" in line for line in meta["skipped"])
     figures = report["figures"]
-    assert {f["workload"] for f in figures} == {1, 2, 3, 4, 5, 6, 8, 9, 10}
+    assert {f["workload"] for f in figures} == set(range(1, 11))
+    sevens = [f for f in figures if f["workload"] == 7]
+    assert len(sevens) == len({(f["extra"]["settled"], f["extra"]["pending"]) for f in sevens}) >= 2
     for figure in figures:
         assert figure["raw"] is not None, figure["key"]
         subject = "jaren_jobs c=4" if figure["key"] == "4.batched" else "jaren_jobs"
@@ -292,8 +294,8 @@ def test_quick_postgres_run_reports_workloads_one_to_six_beside_raw_psycopg(
         assert targets[key]["met"] in (True, False), targets[key]
     assert targets["async_vs_thread"]["met"] in (True, False)
     assert targets["duplicates"]["met"] is True
-    assert targets["idle_cpu"]["met"] in (True, False)
-    assert targets["heap_growth"]["met"] in (True, False)
-    # not measured on PostgreSQL by this run: said so, never counted as met
-    for key in ("c4_vs_peer", "claim_flat"):
+    for key in ("idle_cpu", "heap_growth", "claim_flat"):
+        assert targets[key]["met"] in (True, False), targets[key]
+    # the peers are not run by a quick run: said so, never counted as met
+    for key in ("c4_vs_peer", "processes_vs_peer"):
         assert targets[key]["met"] is None, targets[key]
