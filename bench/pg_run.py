@@ -1,7 +1,7 @@
 """The PostgreSQL half of the runner: ``python -m bench --pg-url URL`` (or ``--backend postgres``).
 
-Workloads 1 to 6 and 10 of :mod:`bench.run`, each beside a raw psycopg
-baseline (:mod:`bench.pg`) measured in the same run on the same server, and
+Every workload of :mod:`bench.run`, each beside a raw psycopg baseline
+(:mod:`bench.pg`) measured in the same run on the same server, and
 beside the PostgreSQL peers (:mod:`bench.pg_peers`: procrastinate, pgqueuer,
 chancy) where the issue compares with them: workloads 1, 4 (concurrency 1 and
 4), 5, 6 (across processes) and 10. Every measurement runs in a fresh schema.

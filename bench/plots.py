@@ -7,8 +7,8 @@
 * ``bench-scaleout-sqlite.png``: workload 10, jobs/s against worker processes,
   jaren_jobs beside each peer and the raw batched loop.
 
-A PostgreSQL run draws ``bench-throughput-postgres.png`` and
-``bench-scaleout-postgres.png`` (its baseline is raw psycopg).
+A PostgreSQL run draws the same three with ``-postgres`` in their names
+(``bench-scaleout-postgres.png``; its baseline is raw psycopg).
 """
 
 from __future__ import annotations
@@ -111,18 +111,18 @@ def draw(report: Any, directory: Path) -> tuple[list[Path], str | None]:
                 [f.raw for f in rows],
                 marker="x",
                 linestyle="--",
-                label=f"raw sqlite3 claim, {pending:,} pending",
+                label=f"{raw} claim, {pending:,} pending",
             )
         ax.set_xscale("log")
         ax.set_ylim(bottom=0)
         ax.set_xlabel("settled rows in the table")
         ax.set_ylabel("one claim, ms (median)")
-        ax.set_title("Claim cost against table size")
+        ax.set_title(f"Claim cost against table size ({'PostgreSQL' if postgres else 'SQLite'})")
         ax.legend(fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
         fig.text(0.01, 0.01, caption, fontsize=7, color="grey")
         fig.tight_layout(rect=(0, 0.03, 1, 1))
-        path = directory / "bench-claim-cost.png"
+        path = directory / f"bench-claim-cost{suffix}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
