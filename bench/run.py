@@ -719,7 +719,8 @@ def choose_peers(
     return sqlite_peers, pg_peers
 
 
-def selected(option: str, known: Sequence[int], database: str) -> set[int]:
+def selected(option: str, known: Sequence[int]) -> set[int]:
+    """The workloads ``--only`` names that this database runs (all of them by default)."""
     only = {int(n) for n in option.split(",") if n.strip()} or set(known)
     return only & set(known)
 
@@ -728,7 +729,7 @@ def run_sqlite(
     args: argparse.Namespace, sizes: Sizes, peers: Sequence[Peer], skipped: list[str]
 ) -> Report:
     """One round of the SQLite workloads."""
-    only = selected(args.only, list(WORKLOADS), "SQLite")
+    only = selected(args.only, list(WORKLOADS))
     scratch = Path(tempfile.mkdtemp(prefix="jaren-bench-", dir=args.dir))
     report = Report(
         meta={
@@ -772,7 +773,7 @@ def run_postgres(
     """One round of the PostgreSQL workloads."""
     from bench import pg_run
 
-    only = selected(args.only, pg_run.PG_WORKLOADS, "PostgreSQL")
+    only = selected(args.only, pg_run.PG_WORKLOADS)
     report = Report(
         meta={
             "backend": "postgres",
