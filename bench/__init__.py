@@ -1,15 +1,22 @@
-"""The jaren_jobs benchmark: every figure beside raw SQLite measured in the same run.
+"""The jaren_jobs benchmark: every figure beside a raw baseline measured in the same run.
 
-Run it with ``python -m bench`` (or ``python bench/run.py``); ``--quick`` for
-a run of well under a minute, ``--json`` for machine-readable output. The
-modules:
+Run it with ``python -m bench`` (or ``python bench/run.py``): SQLite, and
+PostgreSQL too given ``--pg-url URL`` (or ``$JAREN_JOBS_BENCH_PG_URL``);
+``--quick`` for a run of well under a minute, ``--json`` for machine-readable
+output, ``--rounds 5`` for the spread. The modules:
 
 * :mod:`bench.raw` — the baseline: the same work written by hand against
   ``sqlite3``, on the library's own table and indexes;
 * :mod:`bench.workloads` — the same work through jaren_jobs;
 * :mod:`bench.peers` — the same work through huey, persist-queue and
   litequeue (the optional ``bench`` extra);
-* :mod:`bench.run` — the runner: sizes, ratios, the table, JSON;
+* :mod:`bench.pg`, :mod:`bench.pg_run` — the PostgreSQL half: raw psycopg
+  by hand (one at a time, and the batched ceiling) and jaren_jobs on a URL;
+* :mod:`bench.pg_peers` — the same work through procrastinate, pgqueuer and
+  chancy (oban is reported skipped: no distribution on the package index);
+* :mod:`bench.targets` — issue 28's targets, met or missed, and the spread
+  of several rounds;
+* :mod:`bench.run` — the runner: sizes, ratios, the tables, JSON;
 * :mod:`bench.plots` — PNG plots when matplotlib is present.
 
 This module holds what they share: sizes, measuring helpers, and the helpers
@@ -73,6 +80,11 @@ class Sizes:
     heap_jobs: int  # workload 9 (Python heap, under tracemalloc)
     rounds: int  # repeats of the short rate workloads (median is reported)
     extra: dict[str, Any] = field(default_factory=dict)
+    enqueue_many_one: int = 4_000  # workload 2: one enqueue_many call of this many jobs
+    peer_concurrencies: tuple[int, ...] = (1, 4)  # workload 4's concurrencies for peers
+    scale_processes: tuple[int, ...] = (1, 2, 4, 8)  # workload 10
+    scale_jobs: int = 5_000  # workload 10, per process count
+    scale_peers: bool = True  # workload 10 beside the peers (a quick run leaves them out)
 
 
 QUICK = Sizes(
@@ -93,6 +105,9 @@ QUICK = Sizes(
     memory_jobs=2_000,
     heap_jobs=1_000,
     rounds=1,
+    scale_processes=(1, 2),
+    scale_jobs=300,
+    scale_peers=False,
 )
 
 FULL = Sizes(
@@ -215,6 +230,26 @@ def count_executions(arrays: Sequence[Any]) -> tuple[int, int]:
     width = len(snapshots[0]) if snapshots else 0
     distinct = width - merged.to_bytes(width, "little").count(0)
     return distinct, total
+
+
+def growth_per_10k(samples: Sequence[tuple[int, int]], jobs: int) -> float:
+    """The slope of a least-squares line through ``(jobs done, bytes)`` after 10% warm-up.
+
+    In KiB per 10k jobs: a bounded structure that fills and empties gives a
+    slope near 0 either way; a leak a steady rise.
+    """
+    points = [(n, r) for n, r in samples if n >= jobs * 0.1]
+    mean_n = sum(n for n, _ in points) / len(points)
+    mean_r = sum(r for _, r in points) / len(points)
+    spread = sum((n - mean_n) ** 2 for n, _ in points)
+    if spread == 0:
+        return 0.0
+    slope = sum((n - mean_n) * (r - mean_r) for n, r in points) / spread
+    return slope / 1024 * 10_000
+
+
+def peak_mib(samples: Sequence[tuple[int, int]]) -> float:
+    return max(r for _, r in samples) / 2**20
 
 
 def sqlite_version() -> str:

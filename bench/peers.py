@@ -313,6 +313,7 @@ class PersistQueue(Peer):
             str(path), multithreading=True, auto_commit=True, db_file_name="queue.db"
         )
         for conn in {id(q._conn): q._conn, id(q._putter): q._putter}.values():
+            assert conn is not None  # both are open once the queue is constructed
             conn.execute(_synchronous(durability))
         return q
 

@@ -22,7 +22,16 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import jaren_jobs
-from bench import KIND, POLL_SECONDS, Channels, Timer, new_payload
+from bench import (
+    KIND,
+    POLL_SECONDS,
+    Channels,
+    Timer,
+    cpu_seconds,
+    measure_heap,
+    new_payload,
+    rss_bytes,
+)
 from jaren_jobs import NewJob, Store
 
 WAIT = 600.0
@@ -56,6 +65,21 @@ COMPLETE = (
     "UPDATE raw_jobs SET state = 'done', result = %s, lease_token = NULL, lease_until = NULL, "
     "updated_at = %s WHERE id = %s AND state = 'leased' AND lease_token = %s"
 )
+
+
+# the batched ceiling: claim up to %(limit)s jobs in one statement, complete them in one
+CLAIM_BATCH = (
+    "UPDATE raw_jobs SET state = 'leased', attempts = attempts + 1, lease_token = %s, "
+    "lease_until = %s, updated_at = %s WHERE id IN (SELECT id FROM raw_jobs "
+    "WHERE state = 'pending' AND run_at <= %s ORDER BY priority DESC, run_at, created_at, id "
+    "LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING id, payload, lease_token"
+)
+COMPLETE_BATCH = (
+    "UPDATE raw_jobs SET state = 'done', result = NULL, lease_token = NULL, "
+    "lease_until = NULL, updated_at = %s FROM unnest(%s::text[], %s::text[]) AS d(id, token) "
+    "WHERE raw_jobs.id = d.id AND raw_jobs.state = 'leased' AND raw_jobs.lease_token = d.token"
+)
+BATCH = 100
 
 
 def now_ms() -> int:
@@ -144,6 +168,14 @@ def raw_enqueue_batches(url: str, durability: str, jobs: int, batch: int) -> flo
     return jobs / timer.seconds
 
 
+def raw_enqueue_many_one(url: str, durability: str, jobs: int) -> float:
+    """``executemany`` of ``jobs`` rows in one transaction."""
+    raw_prepare(url)
+    with raw_connect(url, durability) as conn, Timer() as timer:
+        raw_fill(conn, jobs, jobs)
+    return jobs / timer.seconds
+
+
 def raw_claim_complete_one(url: str, durability: str, jobs: int) -> float:
     raw_prepare(url)
     with raw_connect(url, durability) as conn:
@@ -155,6 +187,60 @@ def raw_claim_complete_one(url: str, durability: str, jobs: int) -> float:
                 done += 1
     assert done == jobs, (done, jobs)
     return jobs / timer.seconds
+
+
+def raw_claim_batch(conn: Any, limit: int = BATCH) -> list[tuple[str, str, str]]:
+    """Claim up to ``limit`` jobs in one statement (its own transaction)."""
+    now = now_ms()
+    rows = conn.execute(CLAIM_BATCH, (uuid.uuid4().hex, now + 30_000, now, now, limit)).fetchall()
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+def raw_complete_batch(conn: Any, rows: list[tuple[str, str, str]]) -> None:
+    """Complete ``rows`` in one statement (its own transaction), by id and token."""
+    conn.execute(COMPLETE_BATCH, (now_ms(), [r[0] for r in rows], [r[2] for r in rows]))
+
+
+def raw_drain_batched(url: str, durability: str, jobs: int, concurrency: int) -> float:
+    """The ceiling: ``concurrency`` connections (threads) claiming and completing 100 at a time."""
+    raw_prepare(url)
+    with raw_connect(url, durability) as conn:
+        raw_fill(conn, jobs)
+    conns = [raw_connect(url, durability) for _ in range(concurrency)]
+    done = [0] * concurrency
+
+    def loop(i: int) -> None:
+        while rows := raw_claim_batch(conns[i]):
+            for row in rows:
+                json.loads(row[1])
+            raw_complete_batch(conns[i], rows)
+            done[i] += len(rows)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(concurrency)]
+    with Timer() as timer:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    for conn in conns:
+        conn.close()
+    assert sum(done) == jobs, (done, jobs)
+    return jobs / timer.seconds
+
+
+def raw_batched_process_drainer(spec: dict[str, Any], channels: Channels) -> None:
+    """Scale-out child: the batched ceiling, one connection per process."""
+    with raw_connect(spec["url"], spec["durability"]) as conn:
+        channels.ready.set()
+        channels.go.wait()
+        while not channels.stop.is_set():
+            rows = raw_claim_batch(conn)
+            if not rows:
+                channels.stop.wait(0.005)
+                continue
+            raw_complete_batch(conn, rows)
+            for row in rows:
+                channels.executed(json.loads(row[1])["n"])
 
 
 def raw_process_drainer(spec: dict[str, Any], channels: Channels) -> None:
@@ -267,6 +353,13 @@ def enqueue_batches(url: str, durability: str, jobs: int, batch: int) -> float:
     return jobs / timer.seconds
 
 
+def enqueue_many_one(url: str, durability: str, jobs: int) -> float:
+    """One ``enqueue_many`` call of ``jobs`` jobs."""
+    with open_(url, durability) as store, Timer() as timer:
+        store.jobs.enqueue_many([NewJob(KIND, new_payload(i)) for i in range(jobs)])
+    return jobs / timer.seconds
+
+
 def claim_complete_one(url: str, durability: str, jobs: int) -> float:
     with open_(url, durability) as store:
         fill(store, jobs)
@@ -281,34 +374,56 @@ def claim_complete_one(url: str, durability: str, jobs: int) -> float:
 
 
 def drain(url: str, durability: str, jobs: int, concurrency: int) -> float:
-    from bench.workloads import Finished, noop
+    """A worker drains ``jobs`` no-op jobs. Jobs per second.
+
+    Timed as the PostgreSQL peers are (:meth:`bench.pg_peers.PgPeer.drain`):
+    from the first job's start, so the worker's start-up and first claim are
+    not in it, to the last job's outcome, after its settlement committed (the
+    peers' clocks stop at the last execution: that leans their way).
+    """
+    from bench.workloads import Finished
+
+    first: list[float] = []
+
+    def handler(payload: Any, ctx: Any) -> None:
+        if not first:
+            first.append(time.perf_counter())
 
     with open_(url, durability) as store:
         fill(store, jobs)
         finished = Finished(jobs)
         worker = store.jobs.create_worker(
-            {KIND: noop}, concurrency=concurrency, on_outcome=finished
+            {KIND: handler}, concurrency=concurrency, on_outcome=finished
         )
-        start = time.perf_counter()
         worker.start()
         if not finished.done.wait(WAIT):
             raise TimeoutError(f"bench: the worker drained {finished.count} of {jobs}")
         worker.stop()
         if finished.other:
             raise RuntimeError(f"bench: {finished.other} attempts did not complete")
-    return jobs / (finished.at - start)
+    return jobs / (finished.at - first[0])
 
 
 def process_drainer(spec: dict[str, Any], channels: Channels) -> None:
+    """Workload 5 and scale-out child: one worker in this process.
+
+    As the PostgreSQL peers' children (:func:`bench.pg_peers.process_drainer`):
+    the worker starts before the shared clock and is ready at its first job,
+    which it holds until ``go``.
+    """
+    reached = threading.Event()
+
     def handler(payload: Any, ctx: Any) -> None:
+        if not reached.is_set():
+            reached.set()
+            channels.ready.set()
+            channels.go.wait()
         channels.executed(payload["n"])
 
     with open_(spec["url"], spec["durability"]) as store:
         worker = store.jobs.create_worker(
             {KIND: handler}, concurrency=spec["concurrency"], poll_seconds=POLL_SECONDS
         )
-        channels.ready.set()
-        channels.go.wait()
         worker.start()
         channels.stop.wait()
         worker.stop()
@@ -359,3 +474,101 @@ def latency_remote_setup(url: str, durability: str) -> tuple[dict[str, Any], Any
         store.jobs.enqueue(KIND, {"n": n, "t": t})
 
     return {"url": url, "durability": durability}, enqueue, store.close
+
+
+# ---------------------------------------------------------------- workloads 8 and 9, raw
+
+
+def raw_idle_cpu(url: str, durability: str, seconds: float, results: Any) -> None:
+    """Workload 8 child: a claim statement every 50 ms on an empty queue."""
+    try:
+        with raw_connect(url, durability) as conn:
+            stop = threading.Event()
+
+            def poll() -> None:
+                while not stop.wait(POLL_SECONDS):
+                    raw_claim(conn)
+
+            thread = threading.Thread(target=poll, daemon=True)
+            thread.start()
+            time.sleep(0.2)
+            before = cpu_seconds()
+            time.sleep(seconds)
+            used = cpu_seconds() - before
+            stop.set()
+            thread.join(5)
+        results.put(used / seconds)
+    except BaseException as exc:  # report, never hang the parent
+        results.put(RuntimeError(f"raw psycopg idle_cpu: {exc!r}"))
+
+
+def raw_memory(url: str, durability: str, jobs: int, heap: bool, results: Any) -> None:
+    """Workload 9 child: the batched loop drains ``jobs`` jobs, sampling RSS or heap."""
+    try:
+        with raw_connect(url, durability) as conn:
+            raw_fill(conn, jobs)
+            measure = measure_heap() if heap else rss_bytes
+            samples: list[tuple[int, int]] = [(0, measure())]
+            done = 0
+            step = max(1, jobs // 10)
+            while rows := raw_claim_batch(conn):
+                for row in rows:
+                    json.loads(row[1])
+                raw_complete_batch(conn, rows)
+                before = done
+                done += len(rows)
+                if done // step != before // step:
+                    samples.append((done, measure()))
+        results.put(samples)
+    except BaseException as exc:
+        results.put(RuntimeError(f"raw psycopg memory: {exc!r}"))
+
+
+# ---------------------------------------------------------------- workload 7
+
+LIBRARY_JOBS = '"_jaren_jobs"'
+# the raw claim on the library's own table and index, as bench.raw's CLAIM on SQLite's
+LIBRARY_CLAIM = f"""UPDATE {LIBRARY_JOBS} SET state = 'leased', lease_owner = %s,
+    lease_until = %s, lease_generation = lease_generation + 1, lease_token = %s,
+    attempts = attempts + 1, updated_at = %s
+  WHERE id = (SELECT id FROM {LIBRARY_JOBS} WHERE state IN ('pending', 'failed')
+    AND kind = %s AND run_at <= %s ORDER BY priority DESC, run_at, created_at, id
+    LIMIT 1 FOR UPDATE SKIP LOCKED)
+  RETURNING id, payload, lease_token"""
+
+
+def add_library_rows(url: str, count: int, *, settled: bool, start: int = 0) -> None:
+    """Grow the library's table by ``count`` done (or pending) rows in one statement (untimed).
+
+    Then ``VACUUM ANALYZE``, as autovacuum would have by the time a real table
+    held that many rows: the claim is timed on a table in its steady state.
+    """
+    import psycopg
+
+    old = now_ms() - (86_400_000 if settled else 3_600_000)
+    if settled:
+        statement = f"""INSERT INTO {LIBRARY_JOBS} (id, kind, payload, state, priority, run_at,
+            attempts, max_attempts, lease_generation, settled_generation, result,
+            created_at, updated_at)
+          SELECT 'settled-' || lpad(g::text, 8, '0'), %s, '{{"n": 0}}', 'done', 0, %s, 1, 5,
+            1, 1, 'null', %s, %s FROM generate_series(%s::bigint, %s::bigint) AS g"""
+    else:
+        statement = f"""INSERT INTO {LIBRARY_JOBS} (id, kind, payload, state, priority, run_at,
+            attempts, max_attempts, lease_generation, created_at, updated_at)
+          SELECT 'pending-' || lpad(g::text, 8, '0'), %s, '{{"n": 0}}', 'pending', 0, %s + g, 0,
+            5, 0, %s, %s FROM generate_series(%s::bigint, %s::bigint) AS g"""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(statement, (KIND, old, old, old, start, start + count - 1))
+        conn.execute(f"VACUUM ANALYZE {LIBRARY_JOBS}")
+
+
+def library_claim_cost(conn: Any) -> float:
+    """One raw claim statement's wall time in seconds (the job stays leased)."""
+    now = now_ms()
+    start = time.perf_counter()
+    row = conn.execute(
+        LIBRARY_CLAIM, ("raw", now + 30_000, uuid.uuid4().hex, now, KIND, now)
+    ).fetchone()
+    elapsed = time.perf_counter() - start
+    assert row is not None
+    return elapsed

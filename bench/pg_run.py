@@ -1,30 +1,57 @@
-"""The PostgreSQL half of the runner: ``python -m bench --backend postgres --pg-url URL``.
+"""The PostgreSQL half of the runner: ``python -m bench --pg-url URL`` (or ``--backend postgres``).
 
-Workloads 1 to 6 of :mod:`bench.run`, each beside a raw psycopg baseline
-(:mod:`bench.pg`) measured in the same run on the same server; every
-measurement in a fresh schema. The targets of the later performance issue
-(the worker >= 5x raw one-at-a-time claim + complete, cross-process
-enqueue-to-start p50 < 5 ms with an idle worker) are reported, never asserted.
+Every workload of :mod:`bench.run`, each beside a raw psycopg baseline
+(:mod:`bench.pg`) measured in the same run on the same server, and
+beside the PostgreSQL peers (:mod:`bench.pg_peers`: procrastinate, pgqueuer,
+chancy) where the issue compares with them: workloads 1, 4 (concurrency 1 and
+4), 5, 6 (across processes) and 10. Every measurement runs in a fresh schema.
+The targets of issue 28 are reported (:mod:`bench.targets`), never asserted.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from bench import Sizes, drain_in_processes, median, percentile, remote_latency
+from bench import (
+    Sizes,
+    drain_in_processes,
+    growth_per_10k,
+    in_subprocess,
+    median,
+    peak_mib,
+    percentile,
+    remote_latency,
+    workloads,
+)
 from bench import pg as b
-from bench.report import JAREN, WORKLOADS, Figure, Report, Target, log
+from bench import pg_peers as pp
+from bench.report import JAREN, WORKLOADS, Figure, Report, log
 
-PG_WORKLOADS = (1, 2, 3, 4, 5, 6)
+PG_WORKLOADS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 
 
 class PgRunner:
-    def __init__(self, sizes: Sizes, durability: str, url: str) -> None:
+    def __init__(
+        self, sizes: Sizes, durability: str, url: str, peers: Sequence[pp.PgPeer] = ()
+    ) -> None:
         self.sizes = sizes
         self.durability = durability
         self.url = url
+        self.peers = list(peers)
+
+    def peer_url(self, url: str) -> str:
+        """The schema's URL with the run's ``synchronous_commit`` for every peer connection."""
+        return pp.with_durability(url, self.durability)
+
+    def peer_rate(self, peer: pp.PgPeer, fn: Any, *args: Any) -> float:
+        rates = []
+        for _ in range(self.sizes.rounds):
+            with b.fresh_schema(self.url, peer.name.replace("-", "")) as url:
+                rates.append(fn(self.peer_url(url), *args))
+        return median(rates)
 
     def pair(self, name: str, raw_fn: Any, ours_fn: Any, *args: Any) -> tuple[float, float]:
         """Raw and jaren_jobs, interleaved round by round so drift hits both alike."""
@@ -41,6 +68,9 @@ class PgRunner:
         figure.raw, figure.values[JAREN] = self.pair(
             "1", b.raw_enqueue_one, b.enqueue_one, self.sizes.enqueue
         )
+        for peer in self.peers:
+            log(f"  {peer.name}")
+            figure.values[peer.name] = self.peer_rate(peer, peer.enqueue_one, self.sizes.enqueue)
         return [figure]
 
     def w2(self) -> list[Figure]:
@@ -49,7 +79,19 @@ class PgRunner:
         figure.raw, figure.values[JAREN] = self.pair(
             "2", b.raw_enqueue_batches, b.enqueue_batches, s.enqueue_many, s.batch
         )
-        return [figure]
+        one = Figure(
+            2,
+            "2.one",
+            f"enqueue_many of {s.enqueue_many_one:,} jobs in one call",
+            "jobs/s",
+            "higher",
+            None,
+            extra={"raw_is": f"executemany of the same {s.enqueue_many_one:,} rows"},
+        )
+        one.raw, one.values[JAREN] = self.pair(
+            "2one", b.raw_enqueue_many_one, b.enqueue_many_one, s.enqueue_many_one
+        )
+        return [figure, one]
 
     def w3(self) -> list[Figure]:
         figure = Figure(3, "3", WORKLOADS[3], "jobs/s", "higher", None)
@@ -80,7 +122,46 @@ class PgRunner:
                 with b.fresh_schema(self.url, "jj4") as url:
                     rates.append(b.drain(url, d, s.drain, concurrency))
             figure.values[JAREN] = median(rates)
+            if concurrency in s.peer_concurrencies:
+                for peer in self.peers:
+                    log(f"    {peer.name}")
+                    figure.values[peer.name] = self.peer_rate(
+                        peer, peer.drain, s.drain, concurrency
+                    )
             figures.append(figure)
+        asynchronous = Figure(
+            4,
+            "4.async",
+            "an AsyncWorker draining no-op async jobs, concurrency 4",
+            "jobs/s",
+            "higher",
+            one_at_a_time,
+            extra={"concurrency": 4, "raw_is": "claim + complete one at a time"},
+        )
+        rates = []
+        for _ in range(s.rounds):
+            with b.fresh_schema(self.url, "jj4a") as url:
+                rates.append(workloads.drain_async(url, d, s.drain, 4, from_first=True))
+        asynchronous.values[JAREN] = median(rates)
+        figures.append(asynchronous)
+        ceiling = Figure(
+            4,
+            "4.batched",
+            "raw claim + complete, 100 jobs per statement, 4 connections (the ceiling)",
+            "jobs/s",
+            "higher",
+            None,
+            extra={"raw_is": "claim 100 in one UPDATE, complete 100 in one, 4 threads"},
+        )
+        rates = []
+        for _ in range(s.rounds):
+            with b.fresh_schema(self.url, "raw4b") as url:
+                rates.append(b.raw_drain_batched(url, d, s.raw_batch_drain, 4))
+        ceiling.raw = median(rates)
+        c4 = next((f for f in figures if f.extra["concurrency"] == 4), None)
+        if c4 is not None:
+            ceiling.values[JAREN + " c=4"] = c4.values[JAREN]
+        figures.append(ceiling)
         return figures
 
     def w5(self) -> list[Figure]:
@@ -106,7 +187,177 @@ class PgRunner:
                 b.process_drainer, spec, jobs=s.process_jobs, processes=s.processes
             )
         figure.extra["duplicates"][JAREN] = dup
+        for peer in self.peers:
+            log(f"  {peer.name}")
+            figure.values[peer.name], figure.extra["duplicates"][peer.name] = self.peer_processes(
+                peer, s.process_jobs, s.processes
+            )
         return [figure]
+
+    def peer_processes(self, peer: pp.PgPeer, jobs: int, processes: int) -> tuple[float, int]:
+        with b.fresh_schema(self.url, peer.name) as schema:
+            url = self.peer_url(schema)
+            peer.setup(url, jobs)
+            spec = {"peer": peer.name, "url": url, "concurrency": 1}
+            rate, dup, _ = drain_in_processes(
+                pp.process_drainer, spec, jobs=jobs, processes=processes
+            )
+        return rate, dup
+
+    def w10(self) -> list[Figure]:
+        """Scale-out: 1, 2, 4, 8 worker processes (concurrency 1 each) on one database."""
+        s, d = self.sizes, self.durability
+        figures = []
+        for processes in s.scale_processes:
+            log(f"  {processes} processes")
+            figure = Figure(
+                10,
+                f"10.p{processes}",
+                f"{processes} worker process{'es' if processes > 1 else ''} on one database",
+                "jobs/s",
+                "higher",
+                None,
+                extra={
+                    "processes": processes,
+                    "duplicates": {},
+                    "raw_is": "claim 100 + complete 100 per statement in each process",
+                },
+            )
+            with b.fresh_schema(self.url, "raw10") as url:
+                spec = b.raw_processes_setup(url, d, s.scale_jobs)
+                figure.raw, dup, _ = drain_in_processes(
+                    b.raw_batched_process_drainer, spec, jobs=s.scale_jobs, processes=processes
+                )
+            figure.extra["duplicates"]["raw"] = dup
+            with b.fresh_schema(self.url, "jj10") as url:
+                spec = b.processes_setup(url, d, s.scale_jobs, 1)
+                figure.values[JAREN], dup, _ = drain_in_processes(
+                    b.process_drainer, spec, jobs=s.scale_jobs, processes=processes
+                )
+            figure.extra["duplicates"][JAREN] = dup
+            for peer in self.peers if s.scale_peers else []:
+                log(f"    {peer.name}")
+                rate, dup = self.peer_processes(peer, s.scale_jobs, processes)
+                figure.values[peer.name] = rate
+                figure.extra["duplicates"][peer.name] = dup
+            figures.append(figure)
+        return figures
+
+    def w7(self) -> list[Figure]:
+        """A claim's cost as the table grows: jaren_jobs' claim beside a raw claim statement."""
+        s, d = self.sizes, self.durability
+        figures = []
+        for pending in sorted({p for _, p in s.table_sizes}):
+            with b.fresh_schema(self.url, f"table{pending}") as url:
+                b.open_(url, d).close()  # the library's tables and indexes
+                b.add_library_rows(url, pending, settled=False)
+                settled_so_far = 0
+                for settled in sorted(st for st, p in s.table_sizes if p == pending):
+                    log(f"  {settled:,} settled + {pending:,} pending")
+                    b.add_library_rows(
+                        url, settled - settled_so_far, settled=True, start=settled_so_far
+                    )
+                    settled_so_far = settled
+                    ours: list[float] = []
+                    raws: list[float] = []
+                    with b.open_(url, d) as store, b.raw_connect(url, d) as conn:
+                        for _ in range(3):  # warm both connections alike
+                            workloads.claim_cost(store)
+                            b.library_claim_cost(conn)
+                        for _ in range(s.table_claims):  # interleaved
+                            ours.append(workloads.claim_cost(store))
+                            raws.append(b.library_claim_cost(conn))
+                    figures.append(
+                        Figure(
+                            7,
+                            f"7.{settled}+{pending}",
+                            f"claim at {settled:,} settled + {pending:,} pending rows",
+                            "ms",
+                            "lower",
+                            median(raws) * 1000,
+                            {JAREN: median(ours) * 1000},
+                            extra={
+                                "settled": settled,
+                                "pending": pending,
+                                "raw_is": "one UPDATE ... SKIP LOCKED on the library's table",
+                            },
+                        )
+                    )
+        return figures
+
+    def w8(self) -> list[Figure]:
+        """An idle worker's CPU (50 ms poll, LISTEN on) beside a raw claim every 50 ms."""
+        s, d = self.sizes, self.durability
+        with b.fresh_schema(self.url, "raw8") as url:
+            b.raw_prepare(url)
+            raw_share = in_subprocess(b.raw_idle_cpu, url, d, s.idle_seconds)
+        with b.fresh_schema(self.url, "jj8") as url:
+            b.open_(url, d).close()  # the schema first, as SQLite's file is
+            ours = in_subprocess(workloads.idle_cpu, url, d, s.idle_seconds)
+        return [
+            Figure(
+                8,
+                "8",
+                "CPU of an idle worker, 50 ms poll (raw: a claim statement every 50 ms)",
+                "% of a core",
+                "lower",
+                raw_share * 100,
+                {JAREN: ours * 100},
+                extra={"seconds": s.idle_seconds},
+            )
+        ]
+
+    def w9(self) -> list[Figure]:
+        """Memory while draining: the Python heap's and RSS's slope, and the peak."""
+        s, d = self.sizes, self.durability
+
+        def drain(fn: Any, name: str, jobs: int, heap: bool) -> list[tuple[int, int]]:
+            with b.fresh_schema(self.url, name) as url:
+                if fn is workloads.memory:
+                    b.open_(url, d).close()
+                else:
+                    b.raw_prepare(url)
+                samples: list[tuple[int, int]] = in_subprocess(fn, url, d, jobs, heap)
+            return samples
+
+        raw_rss = drain(b.raw_memory, "raw9", s.memory_jobs, False)
+        our_rss = drain(workloads.memory, "jj9", s.memory_jobs, False)
+        raw_heap = drain(b.raw_memory, "raw9h", s.heap_jobs, True)
+        our_heap = drain(workloads.memory, "jj9h", s.heap_jobs, True)
+        return [
+            Figure(
+                9,
+                "9.heap",
+                f"Python heap growth (fitted slope), draining {s.heap_jobs:,} jobs (tracemalloc)",
+                "KiB per 10k jobs",
+                "lower",
+                growth_per_10k(raw_heap, s.heap_jobs),
+                {JAREN: growth_per_10k(our_heap, s.heap_jobs)},
+                extra={"samples": {"raw": raw_heap, JAREN: our_heap}},
+            ),
+            Figure(
+                9,
+                "9.growth",
+                f"RSS growth (fitted slope), draining {s.memory_jobs:,} jobs",
+                "KiB per 10k jobs",
+                "lower",
+                growth_per_10k(raw_rss, s.memory_jobs),
+                {JAREN: growth_per_10k(our_rss, s.memory_jobs)},
+                extra={
+                    "samples": {"raw": raw_rss, JAREN: our_rss},
+                    "raw_is": "claim 100 and complete 100 per statement; ours: a worker, c=4",
+                },
+            ),
+            Figure(
+                9,
+                "9.peak",
+                "peak RSS while draining",
+                "MiB",
+                "lower",
+                peak_mib(raw_rss),
+                {JAREN: peak_mib(our_rss)},
+            ),
+        ]
 
     def w6(self) -> list[Figure]:
         s, d = self.sizes, self.durability
@@ -132,6 +383,21 @@ class PgRunner:
                 )
             finally:
                 close()
+        for peer in self.peers:
+            log(f"  {peer.name}")
+            with b.fresh_schema(self.url, peer.name) as schema:
+                url = self.peer_url(schema)
+                peer.setup(url)
+                enqueue, close = peer.producer(url)
+                try:
+                    remote[peer.name] = remote_latency(
+                        pp.latency_consumer,
+                        {"peer": peer.name, "url": url},
+                        enqueue,
+                        samples=s.latency_remote,
+                    )
+                finally:
+                    close()
         figures = []
         for where, samples in (("local", local), ("remote", remote)):
             place = "in-process" if where == "local" else "from another process"
@@ -145,39 +411,21 @@ class PgRunner:
                     percentile(samples["raw"], fraction) * 1000,
                     extra={"samples": len(samples["raw"])},
                 )
-                figure.values[JAREN] = percentile(samples[JAREN], fraction) * 1000
+                for subject, values in samples.items():
+                    if subject != "raw":
+                        figure.values[subject] = percentile(values, fraction) * 1000
                 figures.append(figure)
         return figures
 
 
-def targets(report: Report) -> list[Target]:
-    found: list[Target] = []
-    for concurrency in (1, 4, 16):
-        figure = report.figure(f"4.c{concurrency}")
-        ratio = None if figure is None else figure.ratio(JAREN)
-        if ratio is not None:
-            found.append(
-                Target(
-                    f"worker at concurrency {concurrency} ≥ 5× raw one-at-a-time "
-                    "claim + complete (PostgreSQL)",
-                    f"{ratio:.1f}×",
-                    ratio >= 5,
-                )
-            )
-    figure = report.figure("6.remote.p50")
-    if figure is not None and JAREN in figure.values:
-        p50 = figure.values[JAREN]
-        found.append(
-            Target(
-                "cross-process enqueue-to-start p50 < 5 ms, idle worker (PostgreSQL)",
-                f"{p50:.2f} ms",
-                p50 < 5,
-            )
-        )
-    return found
-
-
-def run(report: Report, sizes: Sizes, durability: str, url: str, only: set[int]) -> None:
+def run(  # noqa: PLR0917 - the runner's one call site passes them in order
+    report: Report,
+    sizes: Sizes,
+    durability: str,
+    url: str,
+    only: set[int],
+    peers: Sequence[pp.PgPeer] = (),
+) -> None:
     import psycopg
 
     with psycopg.connect(url) as conn:
@@ -189,7 +437,7 @@ def run(report: Report, sizes: Sizes, durability: str, url: str, only: set[int])
         "psycopg": psycopg.__version__,
     }
     report.meta["baseline"] = "raw psycopg"
-    runner = PgRunner(sizes, durability, url)
+    runner = PgRunner(sizes, durability, url, peers)
     for number in sorted(only & set(PG_WORKLOADS)):
         log(f"bench: postgres workload {number}: {WORKLOADS[number]}")
         started = time.monotonic()

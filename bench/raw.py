@@ -158,6 +158,23 @@ def enqueue_batches(path: Path, durability: str, jobs: int, batch: int) -> float
     return jobs / timer.seconds
 
 
+def enqueue_many_one(path: Path, durability: str, jobs: int) -> float:
+    """Workload 2's single batch: ``executemany`` of ``jobs`` rows in one transaction."""
+    prepare(path)
+    conn = connect(path, durability)
+    with Timer() as timer:
+        now = now_ms()
+        rows = [
+            (str(uuid.uuid4()), KIND, json.dumps(new_payload(i)), now, now, now)
+            for i in range(jobs)
+        ]
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(INSERT, rows)
+        conn.execute("COMMIT")
+    conn.close()
+    return jobs / timer.seconds
+
+
 def claim_complete_one(path: Path, durability: str, jobs: int) -> float:
     """Workload 3: a claim transaction, then a completion transaction, per job."""
     prepare(path)
@@ -177,6 +194,36 @@ def claim_complete_one(path: Path, durability: str, jobs: int) -> float:
     return jobs / timer.seconds
 
 
+def claim_batch(conn: sqlite3.Connection, batch: int = 100) -> list[Any]:
+    """Claim up to ``batch`` jobs in one transaction (one multi-row UPDATE)."""
+    now = now_ms()
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        rows = conn.execute(
+            CLAIM_BATCH,
+            {
+                "owner": "raw",
+                "until": now + 30_000,
+                "token": str(uuid.uuid4()),
+                "now": now,
+                "kind": KIND,
+                "limit": batch,
+            },
+        ).fetchall()
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return rows
+
+
+def complete_batch(conn: sqlite3.Connection, rows: list[Any]) -> None:
+    """Complete ``rows`` in one transaction."""
+    conn.execute("BEGIN IMMEDIATE")
+    conn.executemany(COMPLETE, [("null", now_ms(), r[0], r[2]) for r in rows])
+    conn.execute("COMMIT")
+
+
 def drain_batched(path: Path, durability: str, jobs: int, batch: int = 100) -> float:
     """Workload 4's ceiling: claim ``batch`` in one transaction, complete them in one."""
     prepare(path)
@@ -184,33 +231,30 @@ def drain_batched(path: Path, durability: str, jobs: int, batch: int = 100) -> f
     fill(conn, jobs)
     done = 0
     with Timer() as timer:
-        while True:
-            now = now_ms()
-            token = str(uuid.uuid4())
-            conn.execute("BEGIN IMMEDIATE")
-            rows = conn.execute(
-                CLAIM_BATCH,
-                {
-                    "owner": "raw",
-                    "until": now + 30_000,
-                    "token": token,
-                    "now": now,
-                    "kind": KIND,
-                    "limit": batch,
-                },
-            ).fetchall()
-            conn.execute("COMMIT")
-            if not rows:
-                break
+        while rows := claim_batch(conn, batch):
             for row in rows:
                 json.loads(row[1])
-            conn.execute("BEGIN IMMEDIATE")
-            conn.executemany(COMPLETE, [("null", now_ms(), r[0], r[2]) for r in rows])
-            conn.execute("COMMIT")
+            complete_batch(conn, rows)
             done += len(rows)
     conn.close()
     assert done == jobs, (done, jobs)
     return jobs / timer.seconds
+
+
+def batched_process_drainer(spec: dict[str, Any], channels: Channels) -> None:
+    """Scale-out child: the batched ceiling, 100 jobs per transaction, in each process."""
+    conn = connect(Path(spec["path"]), spec["durability"])
+    channels.ready.set()
+    channels.go.wait()
+    while not channels.stop.is_set():
+        rows = claim_batch(conn)
+        if not rows:
+            channels.stop.wait(0.005)
+            continue
+        complete_batch(conn, rows)
+        for row in rows:
+            channels.executed(json.loads(row[1])["n"])
+    conn.close()
 
 
 # ---------------------------------------------------------------- workload 5

@@ -39,11 +39,24 @@ class Figure:
 
 @dataclass
 class Target:
-    """One of issue 7's targets, checked against this run's figures."""
+    """One target of issue 28, checked against this run's figures.
+
+    ``value`` is the measured quantity (a ratio, or ms, or %), ``goal`` the
+    bound it must reach (``value >= goal`` when ``better`` is ``higher``);
+    ``met`` is None when the run did not measure it. Over several rounds,
+    ``value`` is the median and ``spread`` the (min, max) of the rounds.
+    """
 
     text: str
     measured: str
-    met: bool
+    met: bool | None
+    value: float | None = None
+    goal: float | None = None
+    better: str = "higher"
+    unit: str = "×"
+    spread: tuple[float, float] | None = None
+    rounds: list[float] = field(default_factory=list)
+    key: str = ""  # stable name for JSON readers (the text may name a peer)
 
 
 @dataclass
@@ -62,11 +75,12 @@ WORKLOADS = {
     2: "enqueue_many in batches",
     3: "claim + complete one at a time",
     4: "a worker draining no-op jobs",
-    5: "worker processes on one file",
+    5: "worker processes on one queue",
     6: "enqueue-to-start latency, idle worker",
     7: "claim cost against table size",
     8: "CPU of an idle worker",
     9: "memory while draining",
+    10: "scale-out: drain rate against worker processes",
 }
 
 

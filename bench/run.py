@@ -1,15 +1,24 @@
 """The runner: ``python -m bench`` or ``python bench/run.py``.
 
 Every workload runs against raw ``sqlite3`` and jaren_jobs (and the installed
-peers, for workloads 1, 3, 4, 5 and 6) in the same run, on fresh files in one
+peers, for workloads 1, 3, 4, 5, 6 and 10) in the same run, on fresh files in one
 scratch directory, and every figure is printed beside the raw baseline as a
-ratio. ``--quick`` is the short run the test suite uses; the default is the
-full run that ``docs/performance.md`` reports.
+ratio. Given a PostgreSQL server (``--pg-url`` or ``$JAREN_JOBS_BENCH_PG_URL``)
+the same command then runs :mod:`bench.pg_run` against it; each database gets
+its table of issue 28's targets (:mod:`bench.targets`). ``--quick`` is the short
+run the test suite uses; the default is the full run that ``docs/performance.md``
+reports.
+
+The JSON (``--json``, ``--save``) is one report (``meta``, ``figures``,
+``targets``, ``notes``) when one database ran, and ``{"sqlite": report,
+"postgres": report}`` when both did; ``--from`` reads either back.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import os
 import platform
 import shutil
@@ -17,7 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,22 +36,26 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 import jaren_jobs
 from bench import (
     FULL,
-    POLL_SECONDS,
     QUICK,
     Sizes,
     drain_in_processes,
     dumps,
     filesystem_of,
+    growth_per_10k,
     in_subprocess,
     median,
+    peak_mib,
     percentile,
     raw,
     remote_latency,
     sqlite_version,
     workloads,
 )
+from bench import targets as issue_targets
 from bench.peers import PEERS, Peer
+from bench.pg_peers import PG_PEERS, UNAVAILABLE, PgPeer
 from bench.report import JAREN, REPO, WORKLOADS, Figure, Report, Target, log
+from bench.targets import spread_text
 
 
 class Runner:
@@ -80,7 +93,7 @@ class Runner:
         figure.raw, figure.values[JAREN] = median(raws), median(ours)
         for peer in self.peers:
             figure.values[peer.name] = self.rounds(
-                lambda p, peer=peer: peer.enqueue_one(p, d, s.enqueue), peer.name
+                functools.partial(peer.enqueue_one, durability=d, jobs=s.enqueue), peer.name
             )
         return [figure]
 
@@ -92,7 +105,21 @@ class Runner:
             raws.append(raw.enqueue_batches(self.fresh("raw.db"), d, s.enqueue_many, s.batch))
             ours.append(workloads.enqueue_batches(self.fresh("jj.db"), d, s.enqueue_many, s.batch))
         figure.raw, figure.values[JAREN] = median(raws), median(ours)
-        return [figure]
+        one = Figure(
+            2,
+            "2.one",
+            f"enqueue_many of {s.enqueue_many_one:,} jobs in one call",
+            "jobs/s",
+            "higher",
+            None,
+            extra={"raw_is": f"executemany of the same {s.enqueue_many_one:,} rows"},
+        )
+        raws, ours = [], []
+        for _ in range(s.rounds):
+            raws.append(raw.enqueue_many_one(self.fresh("raw.db"), d, s.enqueue_many_one))
+            ours.append(workloads.enqueue_many_one(self.fresh("jj.db"), d, s.enqueue_many_one))
+        one.raw, one.values[JAREN] = median(raws), median(ours)
+        return [figure, one]
 
     def w3(self) -> list[Figure]:
         s, d = self.sizes, self.durability
@@ -104,7 +131,8 @@ class Runner:
         figure.raw, figure.values[JAREN] = median(raws), median(ours)
         for peer in self.peers:
             figure.values[peer.name] = self.rounds(
-                lambda p, peer=peer: peer.claim_complete_one(p, d, s.claim_complete), peer.name
+                functools.partial(peer.claim_complete_one, durability=d, jobs=s.claim_complete),
+                peer.name,
             )
         return [figure]
 
@@ -125,7 +153,10 @@ class Runner:
                 extra={"concurrency": concurrency, "raw_is": "claim + complete one at a time"},
             )
             figure.values[JAREN] = self.rounds(
-                lambda p, c=concurrency: workloads.drain(p, d, s.drain, c), "jj.db"
+                functools.partial(
+                    workloads.drain, durability=d, jobs=s.drain, concurrency=concurrency
+                ),
+                "jj.db",
             )
             for peer in self.peers:
                 peer.take_errors()
@@ -136,6 +167,7 @@ class Runner:
                 if errors:
                     figure.extra.setdefault("errors", {})[peer.name] = errors
             figures.append(figure)
+        figures.append(self.w4_async(one_at_a_time))
         ceiling = Figure(
             4,
             "4.batched",
@@ -150,6 +182,24 @@ class Runner:
             ceiling.values[JAREN + " c=4"] = c4.values[JAREN]
         figures.append(ceiling)
         return figures
+
+    def w4_async(self, one_at_a_time: float) -> Figure:
+        """The AsyncWorker at concurrency 4, interleaved with the thread worker's rounds."""
+        s, d = self.sizes, self.durability
+        figure = Figure(
+            4,
+            "4.async",
+            "an AsyncWorker draining no-op async jobs, concurrency 4",
+            "jobs/s",
+            "higher",
+            one_at_a_time,
+            extra={"concurrency": 4, "raw_is": "claim + complete one at a time"},
+        )
+        figure.values[JAREN] = self.rounds(
+            functools.partial(workloads.drain_async, durability=d, jobs=s.drain, concurrency=4),
+            "jj.db",
+        )
+        return figure
 
     def w5(self) -> list[Figure]:
         s, d = self.sizes, self.durability
@@ -186,6 +236,50 @@ class Runner:
                 figure.extra.setdefault("errors", {})[peer.name] = errors
         return [figure]
 
+    def w10(self) -> list[Figure]:
+        """Scale-out: 1, 2, 4, 8 worker processes (concurrency 1 each) on one file."""
+        from bench import peers as peer_module
+
+        s, d = self.sizes, self.durability
+        figures = []
+        for processes in s.scale_processes:
+            log(f"  {processes} processes")
+            figure = Figure(
+                10,
+                f"10.p{processes}",
+                f"{processes} worker process{'es' if processes > 1 else ''} on one file",
+                "jobs/s",
+                "higher",
+                None,
+                extra={
+                    "processes": processes,
+                    "duplicates": {},
+                    "raw_is": "claim 100 + complete 100 per transaction in each process",
+                },
+            )
+            spec = raw.processes_setup(self.fresh("raw.db"), d, s.scale_jobs)
+            figure.raw, dup, _ = drain_in_processes(
+                raw.batched_process_drainer, spec, jobs=s.scale_jobs, processes=processes
+            )
+            figure.extra["duplicates"]["raw"] = dup
+            spec = workloads.processes_setup(self.fresh("jj.db"), d, s.scale_jobs, 1)
+            figure.values[JAREN], dup, _ = drain_in_processes(
+                workloads.process_drainer, spec, jobs=s.scale_jobs, processes=processes
+            )
+            figure.extra["duplicates"][JAREN] = dup
+            for peer in self.peers if s.scale_peers else []:
+                path = self.fresh(peer.name)
+                peer.setup_file(path, d, s.scale_jobs)
+                spec = {"peer": peer.name, "path": str(path), "durability": d, "concurrency": 1}
+                figure.values[peer.name], dup, errors = drain_in_processes(
+                    peer_module.process_drainer, spec, jobs=s.scale_jobs, processes=processes
+                )
+                figure.extra["duplicates"][peer.name] = dup
+                if errors:
+                    figure.extra.setdefault("errors", {})[peer.name] = errors
+            figures.append(figure)
+        return figures
+
     def w6(self) -> list[Figure]:
         from bench import peers as peer_module
 
@@ -215,7 +309,7 @@ class Runner:
                 remote[peer.name] = remote_latency(
                     peer_module.latency_consumer,
                     {"peer": peer.name, "path": str(path), "durability": d},
-                    lambda n, t, peer=peer, handle=handle: peer.put(handle, {"n": n, "t": t}),
+                    functools.partial(_put_timed, peer, handle),
                     samples=s.latency_remote,
                 )
             finally:
@@ -313,21 +407,7 @@ class Runner:
             samples: list[tuple[int, int]] = in_subprocess(module.memory, str(path), d, jobs, heap)
             return samples
 
-        def growth(samples: list[tuple[int, int]], jobs: int) -> float:
-            # the slope of a least-squares line through the samples after 10%
-            # for warm-up, in KiB per 10k jobs: a bounded structure that fills
-            # and empties gives a slope near 0 either way; a leak a steady rise
-            points = [(n, r) for n, r in samples if n >= jobs * 0.1]
-            mean_n = sum(n for n, _ in points) / len(points)
-            mean_r = sum(r for _, r in points) / len(points)
-            spread = sum((n - mean_n) ** 2 for n, _ in points)
-            if spread == 0:
-                return 0.0
-            slope = sum((n - mean_n) * (r - mean_r) for n, r in points) / spread
-            return slope / 1024 * 10_000
-
-        def peak(samples: list[tuple[int, int]]) -> float:
-            return max(r for _, r in samples) / 2**20
+        growth, peak = growth_per_10k, peak_mib
 
         raw_rss = drain(raw, "raw.db", s.memory_jobs, False)
         our_rss = drain(workloads, "jj.db", s.memory_jobs, False)
@@ -369,81 +449,8 @@ class Runner:
         ]
 
 
-# ---------------------------------------------------------------- targets
-
-
-def check_targets(report: Report, sizes: Sizes) -> list[Target]:
-    targets: list[Target] = []
-
-    def ratio(key: str, subject: str = JAREN) -> float | None:
-        figure = report.figure(key)
-        return None if figure is None else figure.ratio(subject)
-
-    def value(key: str, subject: str = JAREN) -> float | None:
-        figure = report.figure(key)
-        return None if figure is None else figure.values.get(subject)
-
-    for key, text in (
-        ("1", "enqueue one at a time ≥ 0.8× raw"),
-        ("3", "claim + complete one at a time ≥ 0.8× raw"),
-    ):
-        r = ratio(key)
-        if r is not None:
-            targets.append(Target(text, f"{r:.2f}×", r >= 0.8))
-    r = ratio("4.c4")
-    if r is not None:
-        targets.append(
-            Target("worker at concurrency 4 ≥ 10× raw one-at-a-time", f"{r:.1f}×", r >= 10)
-        )
-        huey = value("4.c4", "huey")
-        if huey:
-            mine = value("4.c4")
-            assert mine is not None
-            targets.append(
-                Target("worker at concurrency 4 ≥ 5× huey", f"{mine / huey:.1f}×", mine >= 5 * huey)
-            )
-    sevens = [f for f in report.figures if f.workload == 7]
-    if sevens:
-        smallest = min(sevens, key=lambda f: f.extra["settled"] + f.extra["pending"])
-        largest = max(sevens, key=lambda f: f.extra["settled"] + f.extra["pending"])
-        r = largest.values[JAREN] / smallest.values[JAREN]
-        targets.append(
-            Target(
-                f"claim at {largest.extra['settled']:,}+{largest.extra['pending']:,} rows "
-                f"within 1.5× of {smallest.extra['settled']:,}+{smallest.extra['pending']:,}",
-                f"{r:.2f}×",
-                r <= 1.5,
-            )
-        )
-    p50 = value("6.local.p50")
-    if p50 is not None:
-        targets.append(Target("in-process enqueue-to-start p50 < 5 ms", f"{p50:.2f} ms", p50 < 5))
-    p99 = value("6.remote.p99")
-    if p99 is not None:
-        limit = POLL_SECONDS * 1000
-        targets.append(
-            Target(
-                f"cross-process enqueue-to-start p99 ≤ the poll interval ({limit:g} ms)",
-                f"{p99:.1f} ms",
-                p99 <= limit,
-            )
-        )
-    cpu = value("8")
-    if cpu is not None:
-        targets.append(Target("idle worker at a 50 ms poll < 1% of a core", f"{cpu:.2f}%", cpu < 1))
-    heap = value("9.heap")
-    if heap is not None:
-        # a leak is objects kept per job: the Python heap must not grow with jobs
-        # (< 16 KiB per 10k jobs after warm-up, i.e. under 2 bytes a job)
-        targets.append(
-            Target(
-                "no memory growth proportional to jobs processed (Python heap < 16 KiB "
-                "per 10k jobs)",
-                f"{heap:.1f} KiB per 10k jobs",
-                heap < 16,
-            )
-        )
-    return targets
+def _put_timed(peer: Peer, handle: Any, n: int, t: float) -> None:
+    peer.put(handle, {"n": n, "t": t})
 
 
 # ---------------------------------------------------------------- output
@@ -529,14 +536,28 @@ def print_text(report: Report) -> None:
             errors = figure.extra.get("errors", {}).get(subject)
             if errors:
                 line += f", {errors} 'database is locked' errors retried"
+            spread = figure.extra.get("spread", {}).get(subject)
+            if spread and meta.get("rounds", 1) > 1:
+                line += f"; ratio over rounds {spread[0]:.2f}× ({spread[1]:.2f}–{spread[2]:.2f})"
             print(line)
         duplicates = figure.extra.get("duplicates", {}).get("raw")
         if duplicates:
             print(f"    (raw: {duplicates} duplicate executions)")
     if report.targets:
-        print("\ntargets (issue 7)" if baseline == "raw sqlite3" else "\ntargets (reported)")
+        database = "PostgreSQL" if meta.get("backend") == "postgres" else "SQLite"
+        rounds = meta.get("rounds", 1)
+        print(
+            f"\ntargets of issue 28, {database}"
+            + (f" (median of {rounds} rounds, min – max)" if rounds > 1 else " (one round)")
+        )
+        width = max(len(t.text) for t in report.targets)
         for target in report.targets:
-            print(f"  [{'met' if target.met else 'MISSED'}] {target.text}: {target.measured}")
+            status = {True: "met", False: "MISSED", None: "not run"}[target.met]
+            spread = spread_text(target)
+            print(
+                f"  {target.text:<{width}}  {target.measured:>14}  {status:<7}"
+                + (f"  ({spread})" if spread else "")
+            )
     if report.notes:
         print("\npeer notes")
         for name, notes in report.notes.items():
@@ -573,9 +594,12 @@ def print_markdown(report: Report) -> None:
             f"{format_value(figure.raw, figure.unit)} | " + " | ".join(cells) + " |"
         )
     if report.targets:
-        print("\n| target | measured | |\n|---|---:|---|")
+        print("\n| target | measured | spread | |\n|---|---:|---|---|")
         for target in report.targets:
-            print(f"| {target.text} | {target.measured} | {'met' if target.met else 'missed'} |")
+            status = {True: "met", False: "missed", None: "not run"}[target.met]
+            print(
+                f"| {target.text} | {target.measured} | {spread_text(target) or '—'} | {status} |"
+            )
 
 
 def to_json(report: Report) -> dict[str, Any]:
@@ -598,78 +622,118 @@ def to_json(report: Report) -> dict[str, Any]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
-        description="jaren_jobs against raw sqlite3 and its peers, every figure as a ratio "
-        "to raw sqlite3 measured in the same run.",
+        description="jaren_jobs against raw sqlite3 (and, with --pg-url, raw psycopg) and "
+        "their peers, every figure as a ratio to the raw baseline measured in the same run.",
     )
     parser.add_argument("--quick", action="store_true", help="a short run (well under a minute)")
     parser.add_argument("--durability", choices=("full", "normal"), default="full")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     parser.add_argument(
-        "--only", default="", help="comma-separated workload numbers (default: all nine)"
+        "--only", default="", help="comma-separated workload numbers (default: all of them)"
     )
     parser.add_argument(
         "--peers",
-        default="all",
+        default=None,
         help="'all' (every installed peer), 'none', or a comma-separated list of "
-        + ", ".join(PEERS),
+        + ", ".join([*PEERS, *PG_PEERS])
+        + " (default: all, but no PostgreSQL peer in a --quick run)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat the selected workloads N times; report the median and the min-max "
+        "of every ratio and target (each round measures once, not three times)",
     )
     parser.add_argument(
         "--plots",
         metavar="DIR",
         default=None,
-        help="write PNG plots here (default: docs/ in a full run, none in a quick run)",
+        help="write PNG plots here, for every database run (default: docs/ in a full run, "
+        "none in a quick run)",
     )
     parser.add_argument("--no-plots", action="store_true", help="never draw plots")
     parser.add_argument("--save", metavar="PATH", default=None, help="also write the JSON here")
+    parser.add_argument(
+        "--from",
+        dest="load",
+        metavar="PATH",
+        default=None,
+        help="run nothing: print (and with --plots redraw) a run saved with --save",
+    )
     parser.add_argument(
         "--dir", default=None, help="where the scratch databases go (default: the temp dir)"
     )
     parser.add_argument(
         "--backend",
-        choices=("sqlite", "postgres"),
-        default="sqlite",
-        help="postgres: workloads 1-6 on PostgreSQL beside raw psycopg (needs --pg-url)",
+        choices=("sqlite", "postgres", "both"),
+        default=None,
+        help="default: SQLite, and PostgreSQL too when a server is given (--pg-url or "
+        "$JAREN_JOBS_BENCH_PG_URL)",
     )
     parser.add_argument(
         "--pg-url",
         default=None,
-        help="the PostgreSQL server for --backend postgres (each measurement in a schema "
-        "of its own, dropped after; default: $JAREN_JOBS_TEST_POSTGRES_URL)",
+        help="the PostgreSQL server (each measurement in a schema of its own, dropped after; "
+        "default: $JAREN_JOBS_BENCH_PG_URL, and for --backend postgres also "
+        "$JAREN_JOBS_TEST_POSTGRES_URL)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    return args
 
 
-def choose_peers(option: str, skipped: list[str]) -> list[Peer]:
+def choose_peers(
+    option: str | None, quick: bool, skipped: list[str], pg_skipped: list[str]
+) -> tuple[list[Peer], list[PgPeer]]:
+    """The SQLite and PostgreSQL peers to run; what was left out, and why, in the lists."""
     if option == "none":
-        return []
-    names = list(PEERS) if option == "all" else [n.strip() for n in option.split(",") if n]
-    chosen = []
+        return [], []
+    every = [*PEERS, *PG_PEERS, *UNAVAILABLE]
+    if option is None or option == "all":
+        names = every
+        if option is None and quick:  # the PostgreSQL peers take minutes: not in the suite's run
+            names = [*PEERS, *UNAVAILABLE]
+            pg_skipped.append("PostgreSQL peers are left out of a --quick run (--peers all)")
+    else:
+        names = [n.strip() for n in option.split(",") if n.strip()]
+    sqlite_peers: list[Peer] = []
+    pg_peers: list[PgPeer] = []
     for name in names:
-        if name not in PEERS:
-            raise SystemExit(f"bench: unknown peer {name!r}; choose from {', '.join(PEERS)}")
-        peer = PEERS[name]
-        if peer.available():
-            chosen.append(peer)
+        if name in UNAVAILABLE:
+            pg_skipped.append(f"peer {name}: {UNAVAILABLE[name]}")
+        elif name in PEERS:
+            if PEERS[name].available():
+                sqlite_peers.append(PEERS[name])
+            else:
+                skipped.append(f"peer {name} is not installed (pip install -e '.[bench]')")
+        elif name in PG_PEERS:
+            if PG_PEERS[name].available():
+                pg_peers.append(PG_PEERS[name])
+            else:
+                pg_skipped.append(f"peer {name} is not installed (pip install -e '.[bench]')")
         else:
-            skipped.append(f"peer {name} is not installed (pip install -e '.[bench]')")
-    return chosen
+            raise SystemExit(f"bench: unknown peer {name!r}; choose from {', '.join(every)}")
+    return sqlite_peers, pg_peers
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    sizes = QUICK if args.quick else FULL
-    if args.backend == "postgres":
-        return main_postgres(args, sizes)
-    only = {int(n) for n in args.only.split(",") if n.strip()} or set(WORKLOADS)
-    unknown = only - set(WORKLOADS)
-    if unknown:
-        raise SystemExit(f"bench: no workload {sorted(unknown)}; they are 1 to 9")
-    skipped: list[str] = []
-    peers = choose_peers(args.peers, skipped)
+def selected(option: str, known: Sequence[int]) -> set[int]:
+    """The workloads ``--only`` names that this database runs (all of them by default)."""
+    only = {int(n) for n in option.split(",") if n.strip()} or set(known)
+    return only & set(known)
+
+
+def run_sqlite(
+    args: argparse.Namespace, sizes: Sizes, peers: Sequence[Peer], skipped: list[str]
+) -> Report:
+    """One round of the SQLite workloads."""
+    only = selected(args.only, list(WORKLOADS))
     scratch = Path(tempfile.mkdtemp(prefix="jaren-bench-", dir=args.dir))
     report = Report(
         meta={
+            "backend": "sqlite",
             "mode": "quick" if args.quick else "full",
             "durability": args.durability,
             "machine": machine(),
@@ -700,68 +764,136 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
     report.meta["seconds"] = time.monotonic() - began
     report.meta["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    report.targets = check_targets(report, sizes)
-
-    plots_dir = None if args.no_plots else args.plots
-    if plots_dir is None and not args.quick and not args.no_plots:
-        plots_dir = str(REPO / "docs")
-    if plots_dir is not None:
-        from bench.plots import draw
-
-        written, why = draw(report, Path(plots_dir))
-        report.meta["plots"] = [str(p) for p in written]
-        if why:
-            skipped.append(why)
-
-    if args.save:
-        Path(args.save).write_text(dumps(to_json(report)) + "\n")
-    if args.json:
-        print(dumps(to_json(report)))
-    else:
-        print_text(report)
-        if args.markdown:
-            print()
-            print_markdown(report)
-    return 0
+    return report
 
 
-def main_postgres(args: argparse.Namespace, sizes: Sizes) -> int:
+def run_postgres(
+    args: argparse.Namespace, sizes: Sizes, url: str, peers: Sequence[PgPeer], skipped: list[str]
+) -> Report:
+    """One round of the PostgreSQL workloads."""
     from bench import pg_run
 
-    url = args.pg_url or os.environ.get("JAREN_JOBS_TEST_POSTGRES_URL")
-    if not url:
-        raise SystemExit("bench: --backend postgres needs --pg-url URL")
-    only = {int(n) for n in args.only.split(",") if n.strip()} or set(pg_run.PG_WORKLOADS)
-    unknown = only - set(pg_run.PG_WORKLOADS)
-    if unknown:
-        raise SystemExit(f"bench: no PostgreSQL workload {sorted(unknown)}; they are 1 to 6")
+    only = selected(args.only, pg_run.PG_WORKLOADS)
     report = Report(
         meta={
-            "mode": "quick" if args.quick else "full",
             "backend": "postgres",
+            "mode": "quick" if args.quick else "full",
             "durability": args.durability,
             "machine": machine(),
             "filesystem": "server",
             "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-            "peers": [],
-            "peer_versions": {},
+            "peers": [p.name for p in peers],
+            "peer_versions": {p.name: p.version() for p in peers},
             "workloads": sorted(only),
-            "skipped": [],
+            "skipped": skipped,
         },
+        notes={p.name: list(p.notes) for p in peers},
     )
     began = time.monotonic()
-    pg_run.run(report, sizes, args.durability, url, only)
+    pg_run.run(report, sizes, args.durability, url, only, peers)
     report.meta["seconds"] = time.monotonic() - began
-    report.targets = pg_run.targets(report)
-    if args.save:
-        Path(args.save).write_text(dumps(to_json(report)) + "\n")
-    if args.json:
-        print(dumps(to_json(report)))
+    return report
+
+
+def in_rounds(
+    rounds: int, one: Callable[[], Report], check: Callable[[Report], list[Target]]
+) -> Report:
+    """``one()`` run ``rounds`` times: the report itself, or the rounds merged."""
+    reports = []
+    for number in range(rounds):
+        if rounds > 1:
+            log(f"bench: round {number + 1} of {rounds}")
+        reports.append(one())
+    if rounds == 1:
+        reports[0].targets = check(reports[0])
+        reports[0].meta["rounds"] = 1
+        return reports[0]
+    return issue_targets.merge(reports, check)
+
+
+def from_json(data: dict[str, Any]) -> Report:
+    """A report saved by ``--save`` (one database's part of it)."""
+    figures = [
+        Figure(**{k: v for k, v in entry.items() if k != "ratios"}) for entry in data["figures"]
+    ]
+    targets = [
+        Target(**{**entry, "spread": None if entry["spread"] is None else tuple(entry["spread"])})
+        for entry in data["targets"]
+    ]
+    return Report(meta=data["meta"], figures=figures, targets=targets, notes=data["notes"])
+
+
+def run_all(args: argparse.Namespace, sizes: Sizes) -> dict[str, Report]:
+    """SQLite, and PostgreSQL when a server is given (or only one, by --backend)."""
+    url = args.pg_url or os.environ.get("JAREN_JOBS_BENCH_PG_URL")
+    if args.backend == "postgres" and not url:
+        url = os.environ.get("JAREN_JOBS_TEST_POSTGRES_URL")
+    backend = args.backend or ("both" if url else "sqlite")
+    if backend != "sqlite" and not url:
+        raise SystemExit("bench: PostgreSQL needs --pg-url URL (or $JAREN_JOBS_BENCH_PG_URL)")
+    skipped: list[str] = []
+    pg_skipped: list[str] = []
+    peers, pg_peers = choose_peers(args.peers, args.quick, skipped, pg_skipped)
+    reports: dict[str, Report] = {}
+    if backend in ("sqlite", "both"):
+        reports["sqlite"] = in_rounds(
+            args.rounds, lambda: run_sqlite(args, sizes, peers, skipped), issue_targets.sqlite
+        )
+    if backend in ("postgres", "both"):
+        assert url is not None
+        pg_url = url
+        reports["postgres"] = in_rounds(
+            args.rounds,
+            lambda: run_postgres(args, sizes, pg_url, pg_peers, pg_skipped),
+            issue_targets.postgres,
+        )
+    return reports
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    if args.rounds > 1:  # the rounds give the spread; one measurement each
+        sizes = replace(sizes, rounds=1)
+    unknown = {int(n) for n in args.only.split(",") if n.strip()} - set(WORKLOADS)
+    if unknown:
+        raise SystemExit(f"bench: no workload {sorted(unknown)}; they are 1 to {len(WORKLOADS)}")
+
+    if args.load:
+        saved = json.loads(Path(args.load).read_text())
+        parts = saved if "meta" not in saved else {saved["meta"].get("backend", "sqlite"): saved}
+        reports = {name: from_json(part) for name, part in parts.items()}
     else:
-        print_text(report)
-        if args.markdown:
-            print()
-            print_markdown(report)
+        reports = run_all(args, sizes)
+
+    plots_dir = None if args.no_plots else args.plots
+    if plots_dir is None and not args.quick and not args.no_plots and not args.load:
+        plots_dir = str(REPO / "docs")
+    if plots_dir is not None:
+        from bench.plots import draw
+
+        for report in reports.values():
+            written, why = draw(report, Path(plots_dir))
+            report.meta["plots"] = [str(p) for p in written]
+            if why:
+                report.meta["skipped"].append(why)
+
+    if len(reports) == 1:
+        document: dict[str, Any] = to_json(next(iter(reports.values())))
+    else:
+        document = {name: to_json(report) for name, report in reports.items()}
+    if args.save:
+        Path(args.save).write_text(dumps(document) + "\n")
+    if args.json:
+        print(dumps(document))
+    else:
+        for index, report in enumerate(reports.values()):
+            if index:
+                print("\n" + "=" * 78 + "\n")
+            print_text(report)
+            if args.markdown:
+                print()
+                print_markdown(report)
     return 0
 
 

@@ -7,6 +7,7 @@ by side.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -29,8 +30,13 @@ from jaren_jobs import NewJob, Outcome, Store
 WAIT = 600.0  # a drain that takes longer than this is broken, not slow
 
 
-def open_(path: Path, durability: str) -> Store:
+def open_(path: Path | str, durability: str) -> Store:
     return jaren_jobs.open_store(path, durability=durability)  # type: ignore[arg-type]
+
+
+def where(text: str) -> Path | str:
+    """A child's database from its argument: a PostgreSQL URL as is, else a file path."""
+    return text if text.startswith(("postgresql://", "postgres://")) else Path(text)
 
 
 def fill(store: Store, jobs: int, *, batch: int = 1_000) -> None:
@@ -88,6 +94,13 @@ def enqueue_batches(path: Path, durability: str, jobs: int, batch: int) -> float
     return jobs / timer.seconds
 
 
+def enqueue_many_one(path: Path, durability: str, jobs: int) -> float:
+    """Workload 2's single batch: one ``enqueue_many`` call of ``jobs`` jobs."""
+    with open_(path, durability) as store, Timer() as timer:
+        store.jobs.enqueue_many([NewJob(KIND, new_payload(i)) for i in range(jobs)])
+    return jobs / timer.seconds
+
+
 def claim_complete_one(path: Path, durability: str, jobs: int) -> float:
     """Workload 3: ``claim`` then ``complete``, one job at a time. Jobs per second."""
     with open_(path, durability) as store:
@@ -124,6 +137,43 @@ def drain(path: Path, durability: str, jobs: int, concurrency: int) -> float:
         counts = store.jobs.counts()
         assert counts.done == jobs, counts
     return jobs / (finished.at - start)
+
+
+def drain_async(
+    path: Path | str, durability: str, jobs: int, concurrency: int, *, from_first: bool = False
+) -> float:
+    """Workload 4's AsyncWorker: no-op ``async def`` jobs at ``concurrency``. Jobs per second.
+
+    The same as :func:`drain` through ``open_async_store``; timed from the
+    worker's start, or with ``from_first`` from the first job's start (as the
+    PostgreSQL drains are), to the last outcome.
+    """
+    first: list[float] = []
+
+    async def noop_async(payload: Any, ctx: Any) -> None:
+        if not first:
+            first.append(time.perf_counter())
+
+    async def main() -> float:
+        async with jaren_jobs.open_async_store(path, durability=durability) as store:
+            for start in range(0, jobs, 1_000):
+                await store.jobs.enqueue_many(
+                    [NewJob(KIND, new_payload(i)) for i in range(start, min(start + 1_000, jobs))]
+                )
+            finished = Finished(jobs)
+            worker = store.jobs.create_worker(
+                {KIND: noop_async}, concurrency=concurrency, on_outcome=finished
+            )
+            began = time.perf_counter()
+            async with worker:
+                if not await asyncio.to_thread(finished.done.wait, WAIT):
+                    raise TimeoutError(f"bench: the AsyncWorker drained {finished.count} of {jobs}")
+            if finished.other:
+                raise RuntimeError(f"bench: {finished.other} attempts did not complete")
+        return jobs / (finished.at - (first[0] if from_first else began))
+
+    rate: float = asyncio.run(main())
+    return rate
 
 
 # ---------------------------------------------------------------- workload 5
@@ -217,7 +267,7 @@ def claim_cost(store: Store) -> float:
 def idle_cpu(path_text: str, durability: str, seconds: float, results: Any) -> None:
     """Workload 8 child: an idle worker polling every 50 ms on an empty queue."""
     try:
-        with open_(Path(path_text), durability) as store:
+        with open_(where(path_text), durability) as store:
             worker = store.jobs.create_worker({KIND: noop}, poll_seconds=POLL_SECONDS)
             worker.start()
             time.sleep(0.2)
@@ -245,7 +295,7 @@ def memory(path_text: str, durability: str, jobs: int, heap: bool, results: Any)
         samples: list[tuple[int, int]] = []
         step = max(1, jobs // 10)
         lock = threading.Lock()
-        with open_(Path(path_text), durability) as store:
+        with open_(where(path_text), durability) as store:
             fill(store, jobs)
             finished = Finished(jobs)
 
