@@ -12,12 +12,22 @@ rate is shown beside it. Rounds rotate the order; each figure is a median.
 
 * ``none``: nothing observes (the seam's empty-tuple checks only);
 * ``otel-api``: ``instrument()`` with no SDK configured (OpenTelemetry's
-  no-op tracer: what a library user pays until they install an SDK);
+  global provider still its placeholder: what a library user pays until
+  they install an SDK);
 * ``otel``: ``instrument()`` with the SDK, every span recorded, a
   ``BatchSpanProcessor`` and an exporter that discards;
 * ``prometheus``: ``register_metrics()`` on a registry of its own;
 * ``both``: ``otel`` and ``prometheus``.
 
+And the SDK's own floor, with nothing of jaren_jobs observing: the same SDK
+set-up, and one span started and ended around each ``enqueue()`` and inside
+each handler, by hand —
+
+* ``sdk-bare``: ``tracer.start_span(name)`` / ``span.end()``, no attributes;
+* ``sdk-attrs``: the same spans with the attributes SPEC §17 requires (the
+  producer's five and its message id, the consumer's seven and its outcome).
+
+``otel`` minus ``sdk-attrs`` is what jaren_jobs adds to the spans themselves.
 It also times the seam alone: the four checks a job meets when nothing observes.
 """
 
@@ -35,7 +45,7 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.trace import NoOpTracerProvider
+from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
 
 import jaren_jobs
@@ -46,6 +56,7 @@ from jaren_jobs.observability.metrics import register_metrics, unregister_metric
 from jaren_jobs.observe import hooks
 
 CONFIGS = ("none", "otel-api", "otel", "prometheus", "both")
+FLOORS = ("sdk-bare", "sdk-attrs")
 WAIT = 300.0
 
 
@@ -71,28 +82,89 @@ class _Done:
                 self.event.set()
 
 
+def _sdk() -> TracerProvider:
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(_Discard()))
+    return provider
+
+
+def _by_hand(config: str, provider: TracerProvider) -> tuple[Any, Any]:
+    """The floor's enqueue and handler: one span of the SDK's around each, by hand."""
+    tracer = provider.get_tracer("floor")
+    start = tracer.start_span
+
+    if config == "sdk-bare":
+
+        def enqueue(jobs: Any, payload: Any) -> None:
+            span = start("send default")
+            jobs.enqueue("noop", payload)
+            span.end()
+
+        def handler(payload: Any, ctx: Any) -> None:
+            start("process default").end()
+
+        return enqueue, handler
+
+    def enqueue_attrs(jobs: Any, payload: Any) -> None:
+        span = start(
+            "send default",
+            kind=SpanKind.PRODUCER,
+            attributes={
+                "messaging.system": "jaren_jobs",
+                "messaging.operation.type": "send",
+                "messaging.operation.name": "send",
+                "messaging.destination.name": "default",
+                "jaren_jobs.kind": "noop",
+            },
+        )
+        job = jobs.enqueue("noop", payload)
+        span.set_attribute("messaging.message.id", job.id)
+        span.end()
+
+    def handler_attrs(payload: Any, ctx: Any) -> None:
+        span = start(
+            "process default",
+            kind=SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": "jaren_jobs",
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "process",
+                "messaging.destination.name": "default",
+                "messaging.message.id": ctx.job.id,
+                "jaren_jobs.kind": "noop",
+                "jaren_jobs.attempt": ctx.job.lease.attempt,
+            },
+        )
+        span.set_attribute("jaren_jobs.outcome", "completed")
+        span.end()
+
+    return enqueue_attrs, handler_attrs
+
+
 def _measure(config: str, path: Path, jobs: int, durability: str) -> dict[str, float]:
     provider: Any = None
     registry: CollectorRegistry | None = None
     with jaren_jobs.open_store(path, durability=durability) as store:  # type: ignore[arg-type]
         if config == "otel-api":
-            provider = NoOpTracerProvider()
-            instrument(tracer_provider=provider)
+            instrument()  # the global provider: no SDK has been set in this process
         elif config in ("otel", "both"):
-            provider = TracerProvider()
-            provider.add_span_processor(BatchSpanProcessor(_Discard()))
+            provider = _sdk()
             instrument(tracer_provider=provider)
         if config in ("prometheus", "both"):
             registry = CollectorRegistry()
             register_metrics(store, registry=registry)
+        enqueue_one: Any = lambda jobs, payload: jobs.enqueue("noop", payload)  # noqa: E731
+        handler: Any = lambda payload, ctx: None  # noqa: E731
+        if config in FLOORS:
+            provider = _sdk()
+            enqueue_one, handler = _by_hand(config, provider)
         try:
             cpu, wall = cpu_seconds(), time.perf_counter()
-            enqueue = store.jobs.enqueue
             for i in range(jobs):
-                enqueue("noop", {"i": i})
+                enqueue_one(store.jobs, {"i": i})
             enqueue_cpu, enqueue_wall = cpu_seconds() - cpu, time.perf_counter() - wall
             done = _Done(jobs)
-            worker = store.jobs.create_worker({"noop": lambda p, c: None}, on_outcome=done)
+            worker = store.jobs.create_worker({"noop": handler}, on_outcome=done)
             cpu, wall = cpu_seconds(), time.perf_counter()
             worker.start()
             if not done.event.wait(WAIT):
@@ -101,10 +173,9 @@ def _measure(config: str, path: Path, jobs: int, durability: str) -> dict[str, f
             worker.stop()
             assert store.jobs.counts().done == jobs
         finally:
+            uninstrument()
             if provider is not None:
-                uninstrument()
-                if isinstance(provider, TracerProvider):
-                    provider.shutdown()
+                provider.shutdown()
             if registry is not None:
                 unregister_metrics(registry)
     return {
@@ -129,33 +200,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--durability", default="normal")
     args = parser.parse_args(argv)
-    runs: dict[str, list[dict[str, float]]] = {c: [] for c in CONFIGS}
+    every = CONFIGS + FLOORS
+    runs: dict[str, list[dict[str, float]]] = {c: [] for c in every}
     with tempfile.TemporaryDirectory() as folder:
         for round_ in range(args.rounds):
-            shift = round_ % len(CONFIGS)
-            for config in CONFIGS[shift:] + CONFIGS[:shift]:
+            shift = round_ % len(every)
+            for config in every[shift:] + every[:shift]:
                 path = Path(folder) / f"{config}-{round_}.db"
                 runs[config].append(_measure(config, path, args.jobs, args.durability))
 
     def median(config: str, key: str) -> float:
         return statistics.median(run[key] for run in runs[config])
 
+    def spread(config: str, key: str) -> str:
+        values = [run[key] for run in runs[config]]
+        return f"{min(values):.0f}-{max(values):.0f}"
+
     print(
         f"{args.jobs} no-op jobs, enqueue() one by one then a 1-thread worker's drain, SQLite "
-        f"({args.durability}); CPU µs per job (all threads), median of {args.rounds} rounds"
+        f"({args.durability}); CPU µs per job (all threads), median of {args.rounds} rounds "
+        "(range: the rounds' lowest and highest)"
     )
     print(
-        f"{'config':<12}{'drain µs/job':>13}{'cost':>9}{'drain jobs/s':>14}"
-        f"{'enqueue µs/job':>16}{'cost':>9}"
+        f"{'config':<12}{'drain µs/job':>13}{'range':>9}{'cost':>9}{'drain jobs/s':>14}"
+        f"{'enqueue µs/job':>16}{'range':>9}{'cost':>9}"
     )
     base_drain, base_enqueue = median("none", "drain_us"), median("none", "enqueue_us")
-    for config in CONFIGS:
+    for config in every:
         drain, enqueue = median(config, "drain_us"), median(config, "enqueue_us")
         print(
-            f"{config:<12}{drain:>13.1f}{_cost(base_drain, drain):>9}"
-            f"{median(config, 'drain_rate'):>14,.0f}"
-            f"{enqueue:>16.1f}{_cost(base_enqueue, enqueue):>9}"
+            f"{config:<12}{drain:>13.1f}{spread(config, 'drain_us'):>9}"
+            f"{_cost(base_drain, drain):>9}{median(config, 'drain_rate'):>14,.0f}"
+            f"{enqueue:>16.1f}{spread(config, 'enqueue_us'):>9}{_cost(base_enqueue, enqueue):>9}"
         )
+    floor_drain = median("sdk-attrs", "drain_us") - base_drain
+    floor_enqueue = median("sdk-attrs", "enqueue_us") - base_enqueue
+    print(
+        f"the SDK's floor (sdk-attrs - none): {floor_drain:.1f} µs per attempt's span, "
+        f"{floor_enqueue:.1f} µs per enqueue's; jaren_jobs' tracing above it (otel - sdk-attrs): "
+        f"{median('otel', 'drain_us') - median('sdk-attrs', 'drain_us'):+.1f} µs per attempt, "
+        f"{median('otel', 'enqueue_us') - median('sdk-attrs', 'enqueue_us'):+.1f} µs per enqueue"
+    )
     seam = seam_seconds()
     print(
         f"the seam with nothing observing: {seam * 1e9:.0f} ns per job "

@@ -20,6 +20,7 @@ def test_the_cost_benchmark_reports_every_configuration() -> None:
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    rows = {line.split()[0] for line in done.stdout.splitlines()[2:7]}
-    assert rows == {"none", "otel-api", "otel", "prometheus", "both"}
+    rows = {line.split()[0] for line in done.stdout.splitlines()[2:9]}
+    assert rows == {"none", "otel-api", "otel", "prometheus", "both", "sdk-bare", "sdk-attrs"}
+    assert "the SDK's floor" in done.stdout
     assert "the seam with nothing observing" in done.stdout

@@ -14,6 +14,7 @@ recorded by whatever SDK the application configured.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,8 +44,12 @@ _log = logging.getLogger("jaren_jobs.observability")
 SYSTEM = "jaren_jobs"
 _VERSION = "0.1.0"
 
-# a traceparent's fields are lowercase hex: a field is one when stripping these leaves nothing
-_HEX = "0123456789abcdef"
+# version 00's four fields as W3C Trace Context writes them ("vv-" 32 hex "-" 16 hex
+# "-ff", lowercase); a later version's first four fields read the same (the spec's
+# forward-compatibility rule) and it may add more after a "-". A prefix match
+# without groups: the fields are then sliced at their fixed positions
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+_SAMPLED, _UNSAMPLED = TraceFlags(TraceFlags.SAMPLED), TraceFlags(TraceFlags.DEFAULT)
 
 
 # a lost attempt's error.type: the refusal's class name, by its code
@@ -73,26 +78,19 @@ def parse_traceparent(value: object) -> SpanContext | None:
     ``ff`` — is ``None``: a row written by an older release or a foreign
     writer never fails an attempt.
     """
-    # version 00 as W3C Trace Context writes it, by fixed positions: "vv-" 32 hex "-"
-    # 16 hex "-ff"; a later version's first four fields read the same (the spec's
-    # forward-compatibility rule), and it may add fields after a "-"
-    if type(value) is not str or len(value) < 55:
+    if type(value) is not str or _TRACEPARENT.match(value) is None:
         return None
-    if value[2] != "-" or value[35] != "-" or value[52] != "-":
+    version = value[:2]
+    if version == "ff" or (len(value) > 55 and (version == "00" or value[55] != "-")):
         return None
-    version, trace_hex, span_hex, flags_hex = value[:2], value[3:35], value[36:52], value[53:55]
-    if version.strip(_HEX) or trace_hex.strip(_HEX) or span_hex.strip(_HEX):
+    if "\n" in value:  # a header value is one line
         return None
-    if flags_hex.strip(_HEX) or version == "ff":
-        return None
-    if len(value) > 55 and (version == "00" or value[55] != "-" or "\n" in value):
-        return None
-    trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
+    trace_id, span_id = int(value[3:35], 16), int(value[36:52], 16)
     if not trace_id or not span_id:
         return None
-    return SpanContext(
-        trace_id, span_id, is_remote=True, trace_flags=TraceFlags(int(flags_hex, 16) & 0x01)
-    )
+    # only the sampled flag is kept (the other bits are not defined for version 00)
+    flags = _SAMPLED if int(value[53:55], 16) & TraceFlags.SAMPLED else _UNSAMPLED
+    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=flags)
 
 
 def _error_type(exc: BaseException) -> str:
