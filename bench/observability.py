@@ -39,8 +39,10 @@ import tempfile
 import threading
 import time
 import timeit
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -51,6 +53,7 @@ from prometheus_client import CollectorRegistry
 import jaren_jobs
 from bench import cpu_seconds
 from jaren_jobs import Outcome
+from jaren_jobs.core.commands import PreparedJob
 from jaren_jobs.observability import instrument, uninstrument
 from jaren_jobs.observability.metrics import register_metrics, unregister_metrics
 from jaren_jobs.observe import hooks
@@ -141,49 +144,125 @@ def _by_hand(config: str, provider: TracerProvider) -> tuple[Any, Any]:
     return enqueue_attrs, handler_attrs
 
 
-def _measure(config: str, path: Path, jobs: int, durability: str) -> dict[str, float]:
+@contextmanager
+def _observed(config: str, store: Any) -> Iterator[tuple[Any, Any]]:
+    """``config`` turned on for ``store`` (and off again): the enqueue of one job
+    (``enqueue(jobs, payload)``) and the handler to run."""
     provider: Any = None
     registry: CollectorRegistry | None = None
-    with jaren_jobs.open_store(path, durability=durability) as store:  # type: ignore[arg-type]
+    enqueue_one: Any = lambda jobs, payload: jobs.enqueue("noop", payload)  # noqa: E731
+    handler: Any = lambda payload, ctx: None  # noqa: E731
+    try:
         if config == "otel-api":
             instrument()  # the global provider: no SDK has been set in this process
         elif config in ("otel", "both"):
             provider = _sdk()
             instrument(tracer_provider=provider)
+        elif config in FLOORS:
+            provider = _sdk()
+            enqueue_one, handler = _by_hand(config, provider)
         if config in ("prometheus", "both"):
             registry = CollectorRegistry()
             register_metrics(store, registry=registry)
-        enqueue_one: Any = lambda jobs, payload: jobs.enqueue("noop", payload)  # noqa: E731
-        handler: Any = lambda payload, ctx: None  # noqa: E731
-        if config in FLOORS:
-            provider = _sdk()
-            enqueue_one, handler = _by_hand(config, provider)
-        try:
-            cpu, wall = cpu_seconds(), time.perf_counter()
-            for i in range(jobs):
-                enqueue_one(store.jobs, {"i": i})
-            enqueue_cpu, enqueue_wall = cpu_seconds() - cpu, time.perf_counter() - wall
-            done = _Done(jobs)
-            worker = store.jobs.create_worker({"noop": handler}, on_outcome=done)
-            cpu, wall = cpu_seconds(), time.perf_counter()
-            worker.start()
-            if not done.event.wait(WAIT):
-                raise TimeoutError(f"drained {done.count} of {jobs}")
-            drain_cpu, drain_wall = cpu_seconds() - cpu, time.perf_counter() - wall
-            worker.stop()
-            assert store.jobs.counts().done == jobs
-        finally:
-            uninstrument()
-            if provider is not None:
-                provider.shutdown()
-            if registry is not None:
-                unregister_metrics(registry)
+        yield enqueue_one, handler
+    finally:
+        uninstrument()
+        if provider is not None:
+            provider.shutdown()
+        if registry is not None:
+            unregister_metrics(registry)
+
+
+def _measure(config: str, path: Path, jobs: int, durability: str) -> dict[str, float]:
+    with (
+        jaren_jobs.open_store(path, durability=durability) as store,  # type: ignore[arg-type]
+        _observed(config, store) as (enqueue_one, handler),
+    ):
+        cpu, wall = cpu_seconds(), time.perf_counter()
+        for i in range(jobs):
+            enqueue_one(store.jobs, {"i": i})
+        enqueue_cpu, enqueue_wall = cpu_seconds() - cpu, time.perf_counter() - wall
+        done = _Done(jobs)
+        worker = store.jobs.create_worker({"noop": handler}, on_outcome=done)
+        cpu, wall = cpu_seconds(), time.perf_counter()
+        worker.start()
+        if not done.event.wait(WAIT):
+            raise TimeoutError(f"drained {done.count} of {jobs}")
+        drain_cpu, drain_wall = cpu_seconds() - cpu, time.perf_counter() - wall
+        worker.stop()
+        assert store.jobs.counts().done == jobs
     return {
         "enqueue_us": enqueue_cpu / jobs * 1e6,
         "enqueue_rate": jobs / enqueue_wall,
         "drain_us": drain_cpu / jobs * 1e6,
         "drain_rate": jobs / drain_wall,
     }
+
+
+def _least_per_loop(run: Callable[[], None], loops: int) -> float:
+    spent = []
+    for _ in range(5):
+        cpu = time.thread_time()
+        run()
+        spent.append(time.thread_time() - cpu)
+    return min(spent) / loops * 1e6
+
+
+def _hooks_alone(config: str, path: Path, loops: int) -> tuple[float, float]:
+    """CPU µs of the observation work alone, per enqueue and per attempt (this thread).
+
+    What the engine's and the worker's call sites run — for ``none`` their
+    checks only — on one real job (claimed, with the trace context its traced
+    enqueue stored), repeated ``loops`` times; the floors' spans made by hand
+    instead. Free of the drain's SQLite work, so far steadier on a shared
+    machine; the span processor's export thread is not in it (the drain's
+    figures have it).
+    """
+    with (
+        jaren_jobs.open_store(path) as store,
+        _observed(config, store) as (enqueue_one, handler),
+    ):
+        enqueue_one(store.jobs, {})
+        job = store.jobs.claim(["noop"], owner="bench")
+        assert job is not None
+        outcome = Outcome("completed", job.id, "noop", 1, job.lease.generation)
+        item = PreparedJob(None, "noop", "{}", None, None, 3, 0, "default", None, False)
+        ctx = SimpleNamespace(job=job)  # what the floor's handler reads
+
+        class _Answered:  # the floor's enqueue wraps this: the insert's answer, ready
+            @staticmethod
+            def enqueue(kind: str, payload: Any) -> Any:
+                return job
+
+        def hooked_enqueues() -> None:
+            for _ in range(loops):
+                if hooks.observers:
+                    _, sends = hooks.sending((item,))
+                    if sends is not None:
+                        ends: list[Any] = []
+                        sends.sent((job,), ends.append)
+                        for end in ends:
+                            end()
+
+        def floor_enqueues() -> None:
+            for _ in range(loops):
+                enqueue_one(_Answered, None)
+
+        def attempts() -> None:
+            for _ in range(loops):
+                observed = None
+                if hooks.observers:
+                    observed = hooks.attempt_started(job, 0)
+                if observed is None:
+                    handler(None, ctx)
+                else:
+                    hooks.call(observed, handler, None, ctx)
+                    hooks.attempt_ended(observed, job, outcome, None)
+                if hooks.observers:
+                    hooks.settlement_batch(1)
+
+        enqueues = floor_enqueues if config in FLOORS else hooked_enqueues
+        return _least_per_loop(enqueues, loops), _least_per_loop(attempts, loops)
 
 
 def seam_seconds() -> float:
@@ -199,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=4000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--durability", default="normal")
+    parser.add_argument("--loops", type=int, default=5000, help="repeats of the hooks alone")
     args = parser.parse_args(argv)
     every = CONFIGS + FLOORS
     runs: dict[str, list[dict[str, float]]] = {c: [] for c in every}
@@ -241,6 +321,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{median('otel', 'drain_us') - median('sdk-attrs', 'drain_us'):+.1f} µs per attempt, "
         f"{median('otel', 'enqueue_us') - median('sdk-attrs', 'enqueue_us'):+.1f} µs per enqueue"
     )
+    print(
+        "the observation work alone (the call sites' hooks on one real job, repeated; this "
+        "thread's CPU, the least of 5 runs): µs per enqueue, per attempt"
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        alone = {c: _hooks_alone(c, Path(folder) / f"{c}.db", args.loops) for c in every}
+    for config in every:
+        enqueue_alone, attempt_alone = alone[config]
+        print(f"  {config:<12}{enqueue_alone:>8.2f}{attempt_alone:>8.2f}")
     seam = seam_seconds()
     print(
         f"the seam with nothing observing: {seam * 1e9:.0f} ns per job "
