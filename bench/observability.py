@@ -201,7 +201,7 @@ def _measure(config: str, path: Path, jobs: int, durability: str) -> dict[str, f
 
 def _least_per_loop(run: Callable[[], None], loops: int) -> float:
     spent = []
-    for _ in range(5):
+    for _ in range(2):  # the first also warms what the run builds once
         cpu = time.thread_time()
         run()
         spent.append(time.thread_time() - cpu)
@@ -321,15 +321,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{median('otel', 'drain_us') - median('sdk-attrs', 'drain_us'):+.1f} µs per attempt, "
         f"{median('otel', 'enqueue_us') - median('sdk-attrs', 'enqueue_us'):+.1f} µs per enqueue"
     )
-    print(
-        "the observation work alone (the call sites' hooks on one real job, repeated; this "
-        "thread's CPU, the least of 5 runs): µs per enqueue, per attempt"
-    )
+    # rounds rotate the order here too, and the least of a configuration's rounds
+    # is kept: another process's load only ever adds to a figure
+    alone: dict[str, list[tuple[float, float]]] = {c: [] for c in every}
     with tempfile.TemporaryDirectory() as folder:
-        alone = {c: _hooks_alone(c, Path(folder) / f"{c}.db", args.loops) for c in every}
+        for round_ in range(args.rounds):
+            shift = round_ % len(every)
+            for config in every[shift:] + every[:shift]:
+                path = Path(folder) / f"{config}-{round_}.db"
+                alone[config].append(_hooks_alone(config, path, args.loops))
+    print(
+        "the observation work alone (the call sites' hooks on one real job, repeated "
+        f"{args.loops} times; this thread's CPU, the least of {args.rounds} rounds): "
+        "µs per enqueue, per attempt, and above none"
+    )
+    base_alone = min(e for e, _ in alone["none"]), min(a for _, a in alone["none"])
     for config in every:
-        enqueue_alone, attempt_alone = alone[config]
-        print(f"  {config:<12}{enqueue_alone:>8.2f}{attempt_alone:>8.2f}")
+        enqueue_alone = min(e for e, _ in alone[config])
+        attempt_alone = min(a for _, a in alone[config])
+        print(
+            f"  {config:<12}{enqueue_alone:>8.2f}{attempt_alone:>8.2f}"
+            f"{enqueue_alone - base_alone[0]:>+10.2f}{attempt_alone - base_alone[1]:>+8.2f}"
+        )
     seam = seam_seconds()
     print(
         f"the seam with nothing observing: {seam * 1e9:.0f} ns per job "
