@@ -134,8 +134,21 @@ class _Metrics(Observer, Collector):
         except AttributeError:
             tally = self._local.tally = _Tally(threading.current_thread())
             with self._lock:
+                # a new thread is when the ended ones are let go too, scraped or not
+                self._retire()
                 self._tallies.append(tally)
             return tally
+
+    def _retire(self) -> None:
+        """Fold the tallies of threads that ended into the retired one (under the lock)."""
+        live: list[_Tally] = []
+        for tally in self._tallies:
+            if tally.thread is not None and not tally.thread.is_alive():
+                # a thread that ended writes no more: its counts join the retired ones
+                _fold(self._retired, tally)
+            else:
+                live.append(tally)
+        self._tallies = live
 
     def attempt_started(self, job: Any, now_ms: int) -> Any:
         tally = self._tally()
@@ -182,15 +195,8 @@ class _Metrics(Observer, Collector):
     def _summed(self) -> _Tally:
         total = _Tally(None)
         with self._lock:
-            live: list[_Tally] = []
-            for tally in self._tallies:
-                if tally.thread is not None and not tally.thread.is_alive():
-                    # a thread that ended writes no more: its counts join the retired ones
-                    _fold(self._retired, tally)
-                else:
-                    live.append(tally)
-            self._tallies = live
-            for tally in (self._retired, *live):
+            self._retire()
+            for tally in (self._retired, *self._tallies):
                 _fold(total, tally)
         return total
 
