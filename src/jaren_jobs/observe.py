@@ -44,8 +44,14 @@ class Observer:
     handler only when ``wraps`` is true.
     """
 
-    #: whether ``entering``/``leaving`` wrap the handler (else the call skips them)
+    #: whether ``entering``/``leaving`` wrap the handler (else the call skips them);
+    #: a subclass that overrides ``entering`` wraps unless it says otherwise
     wraps = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "wraps" not in vars(cls):
+            cls.wraps = cls.entering is not Observer.entering
 
     def enqueueing(self, items: Sequence[Any]) -> Sending | None:
         return None
