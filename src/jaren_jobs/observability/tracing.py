@@ -259,6 +259,10 @@ def instrument(*, tracer_provider: TracerProvider | None = None) -> None:
 
     ``tracer_provider``: where the spans go (default: the global provider).
     Idempotent; a later call with another provider replaces the earlier one.
+    While the global provider is still OpenTelemetry's placeholder (no SDK set
+    yet) no span is made and next to nothing is paid per job; an SDK set later
+    is used from the next enqueue and attempt. A provider that can never record
+    (``NoOpTracerProvider``) installs nothing.
     """
     global _installed
     # the global provider (whose first read also loads one OTEL_PYTHON_TRACER_PROVIDER names)
