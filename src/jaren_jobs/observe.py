@@ -19,12 +19,16 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Hooks", "Observer", "Sending", "add", "hooks", "remove"]
+__all__ = ["UNOBSERVED", "Hooks", "Observer", "Sending", "add", "hooks", "remove"]
 
 _log = logging.getLogger("jaren_jobs.observe")
 
 _lock = threading.Lock()
 _complained: set[tuple[int, str]] = set()
+
+
+#: what ``Observer.attempt_started`` answers to hear nothing more of that attempt
+UNOBSERVED: Any = object()
 
 
 class Observer:
@@ -34,8 +38,20 @@ class Observer:
     (``items`` are the checked new jobs, ``core.commands.PreparedJob``);
     ``attempt_started`` answers any state the adapter keeps for the attempt,
     handed back to ``attempt_ended`` with the :class:`~jaren_jobs.Outcome`
-    and the exception the handler raised (``None`` if none).
+    and the exception the handler raised (``None`` if none) — or
+    :data:`UNOBSERVED`, and the observer hears nothing more of the attempt
+    (a tracer with nothing to record). ``entering``/``leaving`` wrap the
+    handler only when ``wraps`` is true.
     """
+
+    #: whether ``entering``/``leaving`` wrap the handler (else the call skips them);
+    #: a subclass that overrides ``entering`` wraps unless it says otherwise
+    wraps = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "wraps" not in vars(cls):
+            cls.wraps = cls.entering is not Observer.entering
 
     def enqueueing(self, items: Sequence[Any]) -> Sending | None:
         return None
@@ -79,12 +95,19 @@ def add(observer: Observer) -> None:
     with _lock:
         if observer not in hooks.observers:
             hooks.observers = (*hooks.observers, observer)
+            hooks.settling = _settling(hooks.observers)
 
 
 def remove(observer: Observer) -> None:
     """Uninstall ``observer`` (not installed: nothing happens)."""
     with _lock:
         hooks.observers = tuple(o for o in hooks.observers if o is not observer)
+        hooks.settling = _settling(hooks.observers)
+
+
+def _settling(observers: tuple[Observer, ...]) -> tuple[Observer, ...]:
+    # only the observers that hear of settlement batches are called per batch
+    return tuple(o for o in observers if type(o).settlement_batch is not Observer.settlement_batch)
 
 
 def _failed(observer: object, hook: str, exc: Exception) -> None:
@@ -117,10 +140,11 @@ class _Sendings(Sending):
 class Hooks:
     """What the engine and the workers call; ``observers`` is empty unless observed."""
 
-    __slots__ = ("observers",)
+    __slots__ = ("observers", "settling")
 
     def __init__(self) -> None:
         self.observers: tuple[Observer, ...] = ()
+        self.settling: tuple[Observer, ...] = ()
 
     def sending(self, items: Sequence[Any]) -> tuple[Sequence[Any], Sending | None]:
         """An enqueue call begins: the items to insert (stamped), and what hears the
@@ -139,15 +163,19 @@ class Hooks:
         sends = _Sendings(parts)
         return sends.stamp(items), sends
 
-    def attempt_started(self, job: Any, now_ms: int) -> tuple[tuple[Observer, Any], ...]:
-        """An attempt of ``job`` (a ClaimedJob) starts at ``now_ms``: each observer's state."""
+    def attempt_started(self, job: Any, now_ms: int) -> tuple[tuple[Observer, Any], ...] | None:
+        """An attempt of ``job`` (a ClaimedJob) starts at ``now_ms``: each observer's state,
+        or ``None`` when no observer follows it (the attempt then runs as unobserved)."""
         states: list[tuple[Observer, Any]] = []
         for observer in self.observers:
             try:
-                states.append((observer, observer.attempt_started(job, now_ms)))
+                state = observer.attempt_started(job, now_ms)
             except Exception as exc:
                 _failed(observer, "attempt_started", exc)
-        return tuple(states)
+                continue
+            if state is not UNOBSERVED:
+                states.append((observer, state))
+        return tuple(states) if states else None
 
     @staticmethod
     def attempt_ended(
@@ -168,10 +196,14 @@ class Hooks:
         """``handler(*args)`` with each observer around it (a span current while it runs)."""
         entered: list[tuple[Observer, Any, Any]] = []
         for observer, state in states:
+            if not observer.wraps:
+                continue
             try:
                 entered.append((observer, state, observer.entering(state)))
             except Exception as exc:
                 _failed(observer, "entering", exc)
+        if not entered:
+            return handler(*args)
         try:
             return handler(*args)
         finally:
@@ -192,7 +224,7 @@ class Hooks:
 
     def settlement_batch(self, size: int) -> None:
         """A worker's settling thread committed ``size`` settlements in one transaction."""
-        for observer in self.observers:
+        for observer in self.settling:
             try:
                 observer.settlement_batch(size)
             except Exception as exc:

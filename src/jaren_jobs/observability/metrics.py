@@ -17,22 +17,23 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    REGISTRY,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import metrics as prometheus_metrics
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
 )
-from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import make_wsgi_app
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 from jaren_jobs.aio.store import AsyncStore
 from jaren_jobs.codec import ms_from_datetime
@@ -60,72 +61,230 @@ _DELAY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
-class _Metrics(Observer):
-    """The counters and histograms of one registry, fed by every worker of the process."""
+class _Tally:
+    """One thread's counts since it first fed the metrics: written by that thread alone.
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.attempts = Counter(
-            "jaren_jobs_attempts",
-            "Attempts that ended, by queue, kind and outcome.",
-            ["queue", "kind", "outcome"],
-            registry=registry,
-        )
-        self.duration = Histogram(
-            "jaren_jobs_attempt_duration_seconds",
-            "An attempt's time from its start to its outcome (handler and settlement).",
-            ["queue", "kind"],
-            buckets=_DURATION_BUCKETS,
-            registry=registry,
-        )
-        self.delay = Histogram(
-            "jaren_jobs_start_delay_seconds",
-            "From when a job was due (run_at) to when an attempt of it started.",
-            ["queue"],
-            buckets=_DELAY_BUCKETS,
-            registry=registry,
-        )
-        self.in_flight = Gauge(
-            "jaren_jobs_attempts_in_flight",
-            "Attempts started and not yet ended, in this process.",
-            ["queue"],
-            registry=registry,
-        )
-        self.batches = Histogram(
-            "jaren_jobs_settlement_batch_size",
-            "Settlements a worker's settling thread wrote in one transaction.",
-            buckets=_BATCH_BUCKETS,
-            registry=registry,
-        )
-        # labelled children by label values: a dict lookup per attempt, not labels()
-        self._children: dict[tuple[Any, ...], Any] = {}
+    One writer per tally keeps every count exact without a lock on the hot
+    path (an attempt's start and end are a few dict and list updates); a
+    scrape sums the tallies. A histogram's row is its bucket counts (not
+    cumulative, +Inf last) and then its sum.
+    """
 
-    def collectors(self) -> tuple[Any, ...]:
-        return (self.attempts, self.duration, self.delay, self.in_flight, self.batches)
+    __slots__ = ("attempts", "batches", "created", "delay", "duration", "in_flight", "thread")
 
-    def _child(self, metric: Any, *values: str) -> Any:
-        key = (id(metric), *values)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*values)
-        return child
+    def __init__(self, thread: threading.Thread | None) -> None:
+        self.thread = thread
+        self.attempts: dict[tuple[str, str, str], int] = {}
+        self.duration: dict[tuple[str, str], list[float]] = {}
+        self.delay: dict[str, list[float]] = {}
+        self.in_flight: dict[str, int] = {}
+        self.batches: list[float] = [0] * (len(_BATCH_BUCKETS) + 2)
+        # when each series first appeared (its ``_created`` sample), by metric and labels
+        self.created: dict[tuple[str, Any], float] = {}
+
+
+def _row(buckets: tuple[float, ...]) -> list[float]:
+    return [0] * (len(buckets) + 2)
+
+
+def _observe(row: list[float], buckets: tuple[float, ...], value: float) -> None:
+    # the first bucket whose bound is >= value (``le``), +Inf past the last
+    row[bisect_left(buckets, value)] += 1
+    row[-1] += value
+
+
+def _sum_rows(into: dict[Any, list[float]], rows: dict[Any, list[float]]) -> None:
+    for key, live in list(rows.items()):  # one C call: the writer may add keys meanwhile
+        row = live[:]
+        known = into.get(key)
+        if known is None:
+            into[key] = row
+        else:
+            for index, value in enumerate(row):
+                known[index] += value
+
+
+def _sum_counts(into: dict[Any, int], counts: dict[Any, int]) -> None:
+    for key, value in list(counts.items()):
+        into[key] = into.get(key, 0) + value
+
+
+class _Metrics(Observer, Collector):
+    """The counters and histograms of one registry, fed by every worker of the process.
+
+    Each feeding thread keeps a :class:`_Tally` of its own; :meth:`collect`
+    sums them into the families prometheus_client exposes. A thread that has
+    ended has its tally folded into one of the retired ones at the next scrape, so
+    threads coming and going do not grow the list.
+    """
+
+    def __init__(self, clock: Callable[[], int]) -> None:
+        self._clock = clock  # epoch ms: when a series first appeared (its ``_created``)
+        self._local = threading.local()
+        self._lock = threading.Lock()  # taken by a thread's first feed and by scrapes
+        self._tallies: list[_Tally] = []
+        self._retired = _Tally(None)
+        # unlabelled: exposed from the start
+        self._retired.created["batches", ()] = clock() / 1000
+
+    def _tally(self) -> _Tally:
+        try:
+            tally: _Tally = self._local.tally
+            return tally
+        except AttributeError:
+            tally = self._local.tally = _Tally(threading.current_thread())
+            with self._lock:
+                # a new thread is when the ended ones are let go too, scraped or not
+                self._retire()
+                self._tallies.append(tally)
+            return tally
+
+    def _retire(self) -> None:
+        """Fold the tallies of threads that ended into the retired one (under the lock)."""
+        live: list[_Tally] = []
+        for tally in self._tallies:
+            if tally.thread is not None and not tally.thread.is_alive():
+                # a thread that ended writes no more: its counts join the retired ones
+                _fold(self._retired, tally)
+            else:
+                live.append(tally)
+        self._tallies = live
 
     def attempt_started(self, job: Any, now_ms: int) -> Any:
+        tally = self._tally()
         queue = job.queue
-        due = ms_from_datetime(job.run_at)
-        self._child(self.delay, queue).observe(max(0, now_ms - due) / 1000)
-        self._child(self.in_flight, queue).inc()
+        row = tally.delay.get(queue)
+        if row is None:
+            row = tally.delay[queue] = _row(_DELAY_BUCKETS)
+            tally.created["delay", queue] = self._clock() / 1000
+        delay = max(0, now_ms - ms_from_datetime(job.run_at)) / 1000
+        row[bisect_left(_DELAY_BUCKETS, delay)] += 1
+        row[-1] += delay
+        in_flight = tally.in_flight
+        in_flight[queue] = in_flight.get(queue, 0) + 1
         return time.perf_counter()
 
     def attempt_ended(
         self, state: Any, job: Any, outcome: Any, error: BaseException | None
     ) -> None:
+        spent = time.perf_counter() - state
+        tally = self._tally()
         queue, kind = job.queue, job.kind
-        self._child(self.in_flight, queue).dec()
-        self._child(self.attempts, queue, kind, outcome.outcome).inc()
-        self._child(self.duration, queue, kind).observe(time.perf_counter() - state)
+        in_flight = tally.in_flight
+        # an attempt may end in another thread than it started: the sum is what counts
+        in_flight[queue] = in_flight.get(queue, 0) - 1
+        key = (queue, kind, outcome.outcome)
+        attempts = tally.attempts
+        count = attempts.get(key)
+        if count is None:
+            attempts[key] = 1
+            tally.created["attempts", key] = self._clock() / 1000
+        else:
+            attempts[key] = count + 1
+        pair = (queue, kind)
+        row = tally.duration.get(pair)
+        if row is None:
+            row = tally.duration[pair] = _row(_DURATION_BUCKETS)
+            tally.created["duration", pair] = self._clock() / 1000
+        row[bisect_left(_DURATION_BUCKETS, spent)] += 1
+        row[-1] += spent
 
     def settlement_batch(self, size: int) -> None:
-        self.batches.observe(size)
+        _observe(self._tally().batches, _BATCH_BUCKETS, size)
+
+    def _summed(self) -> _Tally:
+        total = _Tally(None)
+        with self._lock:
+            self._retire()
+            for tally in (self._retired, *self._tallies):
+                _fold(total, tally)
+        return total
+
+    def describe(self) -> Iterator[Metric]:
+        # names only: registering reads nothing
+        return iter(self._families(_Tally(None), with_created=False))
+
+    def collect(self) -> Iterator[Metric]:
+        # prometheus_client's switch of the ``_created`` series (disable_created_metrics())
+        with_created = bool(getattr(prometheus_metrics, "_use_created", True))
+        return iter(self._families(self._summed(), with_created=with_created))
+
+    @staticmethod
+    def _families(total: _Tally, *, with_created: bool) -> list[Metric]:
+        created = total.created if with_created else {}
+        attempts = CounterMetricFamily(
+            "jaren_jobs_attempts",
+            "Attempts that ended, by queue, kind and outcome.",
+            labels=["queue", "kind", "outcome"],
+        )
+        for key, count in sorted(total.attempts.items()):
+            attempts.add_metric(key, count, created.get(("attempts", key)))
+        duration = HistogramMetricFamily(
+            "jaren_jobs_attempt_duration_seconds",
+            "An attempt's time from its start to its outcome (handler and settlement).",
+            labels=["queue", "kind"],
+        )
+        for pair, row in sorted(total.duration.items()):
+            _add_histogram(duration, pair, row, _DURATION_BUCKETS, created.get(("duration", pair)))
+        delay = HistogramMetricFamily(
+            "jaren_jobs_start_delay_seconds",
+            "From when a job was due (run_at) to when an attempt of it started.",
+            labels=["queue"],
+        )
+        for queue, row in sorted(total.delay.items()):
+            _add_histogram(delay, (queue,), row, _DELAY_BUCKETS, created.get(("delay", queue)))
+        in_flight = GaugeMetricFamily(
+            "jaren_jobs_attempts_in_flight",
+            "Attempts started and not yet ended, in this process.",
+            labels=["queue"],
+        )
+        for queue, count in sorted(total.in_flight.items()):
+            in_flight.add_metric([queue], count)
+        batches = HistogramMetricFamily(
+            "jaren_jobs_settlement_batch_size",
+            "Settlements a worker's settling thread wrote in one transaction.",
+            labels=[],
+        )
+        # unlabelled: present from the start, zeros included
+        _add_histogram(batches, (), total.batches, _BATCH_BUCKETS, created.get(("batches", ())))
+        return [attempts, duration, delay, in_flight, batches]
+
+
+def _fold(into: _Tally, tally: _Tally) -> None:
+    _sum_counts(into.attempts, tally.attempts)
+    _sum_rows(into.duration, tally.duration)
+    _sum_rows(into.delay, tally.delay)
+    _sum_counts(into.in_flight, tally.in_flight)
+    for index, value in enumerate(tally.batches[:]):
+        into.batches[index] += value
+    for key, at in list(tally.created.items()):
+        into.created[key] = min(at, into.created.get(key, at))
+
+
+def _le(bound: float) -> str:
+    # a bucket's ``le`` label, written as prometheus_client's own histograms write it
+    text: str = floatToGoString(bound)  # type: ignore[no-untyped-call]
+    return text
+
+
+def _add_histogram(
+    family: HistogramMetricFamily,
+    labels: Sequence[str],
+    row: list[float],
+    buckets: tuple[float, ...],
+    created: float | None,
+) -> None:
+    cumulative: list[tuple[str, float]] = []
+    running = 0.0
+    for bound, count in zip((*buckets, float("inf")), row, strict=False):
+        running += count
+        cumulative.append((_le(bound), running))
+    family.add_metric(labels, cumulative, row[-1])
+    if created is not None:  # what prometheus_client's own Histogram exposes beside it
+        names = ("queue", "kind")[: len(labels)]
+        family.samples.append(
+            Sample(f"{family.name}_created", dict(zip(names, labels, strict=True)), created)
+        )
 
 
 class _StoreGauges(Collector):
@@ -230,8 +389,9 @@ def register_metrics(
                 "register_metrics(): this registry already holds the gauges of another store; "
                 "give each store a registry of its own"
             )
-        metrics = _Metrics(target)
+        metrics = _Metrics(engine_of(sync.jobs).runtime.now_ms)
         gauges = _StoreGauges(sync, cache_seconds)
+        target.register(metrics)
         target.register(gauges)
         _registered[id(target)] = (target, metrics, sync, gauges)
         add(metrics)
@@ -246,7 +406,7 @@ def unregister_metrics(registry: CollectorRegistry | None = None) -> None:
         return
     _, metrics, _, gauges = known
     remove(metrics)
-    for collector in (*metrics.collectors(), gauges):
+    for collector in (metrics, gauges):
         target.unregister(collector)
 
 
