@@ -43,6 +43,8 @@ T = TypeVar("T")
 # recent savepoint of its name, so a shared name could undo a sibling's write
 _SAVEPOINTS = itertools.count(1)
 _TEXTS_KEPT = 512
+# a deferred unit of work whose final statement committed it (see PgDatabase.run)
+_ENDED = "\x00ended"
 Params = Sequence[Any] | Mapping[str, Any]
 
 # a half-open connection must not hang a worker for hours (SPEC §10)
@@ -127,6 +129,9 @@ class PgDatabase:
         # (None until then); and each statement's text qualified with it, made once
         self.schema: str | None = None
         self._texts: dict[str, str] = {}
+        # per holder: the BEGIN a unit of work of ours has not sent yet (it goes with
+        # the unit's first statement), or _ENDED once its final statement committed it
+        self._deferred: dict[int, str] = {}
         self._lock = threading.Lock()
         # the connections no call holds (the last given back is the next handed out:
         # a quiet store keeps using one), those held, by thread, and every one open
@@ -153,9 +158,13 @@ class PgDatabase:
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
         try:
+            # the isolation named here too: a unit of work of one statement runs in
+            # autocommit, without a BEGIN to name it (a server's or role's default,
+            # SERIALIZABLE say, would turn the fence's waits into serialization failures)
             conn.execute(
                 f"SET synchronous_commit = {'on' if self.durability == 'full' else 'off'}; "
                 f"SET default_transaction_read_only = {'on' if self.readonly else 'off'}; "
+                "SET default_transaction_isolation = 'read committed'; "
                 f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}"
             )
         except psycopg.Error as exc:
@@ -317,11 +326,38 @@ class PgDatabase:
         return text
 
     def run(
-        self, statement: str, params: Params | None = None, *, doing: str
+        self, statement: str, params: Params | None = None, *, doing: str, final: bool = False
     ) -> psycopg.Cursor[Any]:
+        """Run ``statement``; ``final``: no other statement follows it in its unit of work.
+
+        Inside :meth:`transaction` on a connection of ours, the BEGIN goes in one round
+        trip with the unit's first statement, and the COMMIT with its final one: a
+        unit of one final statement runs in autocommit, its own transaction.
+        """
         self.check_open(doing)
+        deferred = self._deferred
         try:
-            return self.connection.execute(self._qualified(statement), params)
+            conn = self.connection
+            if not deferred:
+                return conn.execute(self._qualified(statement), params)
+            holder = threading.get_ident()
+            begin = deferred.get(holder)
+            if begin is None:
+                return conn.execute(self._qualified(statement), params)
+            assert begin != _ENDED, "a statement after its unit of work's final one"
+            if final:
+                deferred[holder] = _ENDED
+                if begin:
+                    return conn.execute(self._qualified(statement), params)
+                return self._pipelined(conn, None, self._qualified(statement), params, "COMMIT")
+            if params is None:  # a script of several statements cannot be pipelined
+                conn.execute(begin)
+                deferred[holder] = ""
+                return conn.execute(self._qualified(statement), params)
+            deferred[holder] = ""  # sent: the COMMIT is owed
+            if not begin:
+                return conn.execute(self._qualified(statement), params)
+            return self._pipelined(conn, begin, self._qualified(statement), params, None)
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
         except UnicodeEncodeError as exc:  # every caller checks its text; this is the backstop
@@ -330,25 +366,44 @@ class PgDatabase:
             ) from None
 
     def one(
-        self, statement: str, params: Params | None = None, *, doing: str
+        self, statement: str, params: Params | None = None, *, doing: str, final: bool = False
     ) -> tuple[Any, ...] | None:
-        cursor = self.run(statement, params, doing=doing)
+        cursor = self.run(statement, params, doing=doing, final=final)
         try:
             return cursor.fetchone()
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
 
     def all(
-        self, statement: str, params: Params | None = None, *, doing: str
+        self, statement: str, params: Params | None = None, *, doing: str, final: bool = False
     ) -> list[tuple[Any, ...]]:
-        cursor = self.run(statement, params, doing=doing)
+        cursor = self.run(statement, params, doing=doing, final=final)
         try:
             return cursor.fetchall()
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
 
-    def changes(self, statement: str, params: Params | None = None, *, doing: str) -> int:
-        return int(self.run(statement, params, doing=doing).rowcount)
+    def changes(
+        self, statement: str, params: Params | None = None, *, doing: str, final: bool = False
+    ) -> int:
+        return int(self.run(statement, params, doing=doing, final=final).rowcount)
+
+    def _pipelined(
+        self,
+        conn: psycopg.Connection[Any],
+        before: str | None,
+        statement: str,
+        params: Params | None,
+        after: str | None,
+    ) -> psycopg.Cursor[Any]:
+        """``statement`` with ``before`` and ``after`` (BEGIN, COMMIT) in one round trip."""
+        with conn.pipeline():
+            if before is not None:
+                conn.execute(before)
+            cursor = conn.execute(statement, params)
+            if after is not None:
+                conn.execute(after)
+        return cursor
 
     @property
     def status(self) -> pq.TransactionStatus:
@@ -396,7 +451,29 @@ class PgDatabase:
             self.rollback_quietly()
             raise storage_error(exc, doing) from exc
 
+    def _begin_deferred(self, *, doing: str, read_only: bool) -> None:
+        """:meth:`begin`, its BEGIN sent with the unit's first statement (see :meth:`run`)."""
+        conn = self.connection
+        if not (self.owns and conn.autocommit):
+            self.begin(doing=doing, read_only=read_only)
+            return
+        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            raise StorageError(
+                f"{doing}: the connection has an open transaction that jaren_jobs did not "
+                "start; commit it first",
+                doing=doing,
+            )
+        self._deferred[threading.get_ident()] = (
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+            if read_only
+            else "BEGIN ISOLATION LEVEL READ COMMITTED"
+        )
+
     def commit(self, *, doing: str) -> None:
+        if self._deferred:
+            state = self._deferred.pop(threading.get_ident(), None)
+            if state:
+                return  # no statement sent, or the final one committed it: nothing owed
         try:
             conn = self.connection
             if conn.autocommit:
@@ -408,6 +485,8 @@ class PgDatabase:
             raise storage_error(exc, doing) from exc
 
     def rollback_quietly(self) -> None:
+        if self._deferred:
+            self._deferred.pop(threading.get_ident(), None)
         conn = self.connection
         try:
             if conn.closed or conn.info.transaction_status == pq.TransactionStatus.IDLE:
@@ -431,7 +510,7 @@ class PgDatabase:
             return fn() if read_only else self.savepoint(fn, doing=doing)
         retries = 0
         while True:
-            self.begin(doing=doing, read_only=read_only)
+            self._begin_deferred(doing=doing, read_only=read_only)
             try:
                 result = fn()
                 self.commit(doing=doing)

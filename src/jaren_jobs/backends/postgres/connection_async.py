@@ -37,6 +37,7 @@ __all__ = ["AsyncPgDatabase", "AsyncPgRootScope", "AsyncPgTxScope"]
 T = TypeVar("T")
 _SAVEPOINTS = itertools.count(1)
 _TEXTS_KEPT = 512
+_ENDED = "\x00ended"
 Params = Sequence[Any] | Mapping[str, Any]
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
 TRANSIENT_RETRIES = 8
@@ -74,6 +75,7 @@ class AsyncPgDatabase:
         self.joining = False
         self.schema: str | None = None
         self._texts: dict[str, str] = {}
+        self._deferred: dict[object, str] = {}
         self._lock = threading.Lock()
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         self._held: dict[object, psycopg.AsyncConnection[Any]] = {}
@@ -91,7 +93,7 @@ class AsyncPgDatabase:
             raise storage_error(exc, doing) from exc
         try:
             await conn.execute(
-                f"SET synchronous_commit = {('on' if self.durability == 'full' else 'off')}; SET default_transaction_read_only = {('on' if self.readonly else 'off')}; SET statement_timeout = {STATEMENT_TIMEOUT_MS}"
+                f"SET synchronous_commit = {('on' if self.durability == 'full' else 'off')}; SET default_transaction_read_only = {('on' if self.readonly else 'off')}; SET default_transaction_isolation = 'read committed'; SET statement_timeout = {STATEMENT_TIMEOUT_MS}"
             )
         except psycopg.Error as exc:
             await conn.close()
@@ -227,11 +229,40 @@ class AsyncPgDatabase:
         return text
 
     async def run(
-        self, statement: str, params: Params | None = None, *, doing: str
+        self, statement: str, params: Params | None = None, *, doing: str, final: bool = False
     ) -> psycopg.AsyncCursor[Any]:
+        """Run ``statement``; ``final``: no other statement follows it in its unit of work.
+
+        Inside :meth:`transaction` on a connection of ours, the BEGIN goes in one round
+        trip with the unit's first statement, and the COMMIT with its final one: a
+        unit of one final statement runs in autocommit, its own transaction.
+        """
         self.check_open(doing)
+        deferred = self._deferred
         try:
-            return await self.connection.execute(self._qualified(statement), params)
+            conn = self.connection
+            if not deferred:
+                return await conn.execute(self._qualified(statement), params)
+            holder = current_holder()
+            begin = deferred.get(holder)
+            if begin is None:
+                return await conn.execute(self._qualified(statement), params)
+            assert begin != _ENDED, "a statement after its unit of work's final one"
+            if final:
+                deferred[holder] = _ENDED
+                if begin:
+                    return await conn.execute(self._qualified(statement), params)
+                return await self._pipelined(
+                    conn, None, self._qualified(statement), params, "COMMIT"
+                )
+            if params is None:
+                await conn.execute(begin)
+                deferred[holder] = ""
+                return await conn.execute(self._qualified(statement), params)
+            deferred[holder] = ""
+            if not begin:
+                return await conn.execute(self._qualified(statement), params)
+            return await self._pipelined(conn, begin, self._qualified(statement), params, None)
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
         except UnicodeEncodeError as exc:
@@ -240,25 +271,44 @@ class AsyncPgDatabase:
             ) from None
 
     async def one(
-        self, statement: str, params: Params | None = None, *, doing: str
+        self, statement: str, params: Params | None = None, *, doing: str, final: bool = False
     ) -> tuple[Any, ...] | None:
-        cursor = await self.run(statement, params, doing=doing)
+        cursor = await self.run(statement, params, doing=doing, final=final)
         try:
             return await cursor.fetchone()
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
 
     async def all(
-        self, statement: str, params: Params | None = None, *, doing: str
+        self, statement: str, params: Params | None = None, *, doing: str, final: bool = False
     ) -> list[tuple[Any, ...]]:
-        cursor = await self.run(statement, params, doing=doing)
+        cursor = await self.run(statement, params, doing=doing, final=final)
         try:
             return await cursor.fetchall()
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
 
-    async def changes(self, statement: str, params: Params | None = None, *, doing: str) -> int:
-        return int((await self.run(statement, params, doing=doing)).rowcount)
+    async def changes(
+        self, statement: str, params: Params | None = None, *, doing: str, final: bool = False
+    ) -> int:
+        return int((await self.run(statement, params, doing=doing, final=final)).rowcount)
+
+    async def _pipelined(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        before: str | None,
+        statement: str,
+        params: Params | None,
+        after: str | None,
+    ) -> psycopg.AsyncCursor[Any]:
+        """``statement`` with ``before`` and ``after`` (BEGIN, COMMIT) in one round trip."""
+        async with conn.pipeline():
+            if before is not None:
+                await conn.execute(before)
+            cursor = await conn.execute(statement, params)
+            if after is not None:
+                await conn.execute(after)
+        return cursor
 
     @property
     def status(self) -> pq.TransactionStatus:
@@ -300,7 +350,28 @@ class AsyncPgDatabase:
             await self.rollback_quietly()
             raise storage_error(exc, doing) from exc
 
+    async def _begin_deferred(self, *, doing: str, read_only: bool) -> None:
+        """:meth:`begin`, its BEGIN sent with the unit's first statement (see :meth:`run`)."""
+        conn = self.connection
+        if not (self.owns and conn.autocommit):
+            await self.begin(doing=doing, read_only=read_only)
+            return
+        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            raise StorageError(
+                f"{doing}: the connection has an open transaction that jaren_jobs did not start; commit it first",
+                doing=doing,
+            )
+        self._deferred[current_holder()] = (
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+            if read_only
+            else "BEGIN ISOLATION LEVEL READ COMMITTED"
+        )
+
     async def commit(self, *, doing: str) -> None:
+        if self._deferred:
+            state = self._deferred.pop(current_holder(), None)
+            if state:
+                return
         try:
             conn = self.connection
             if conn.autocommit:
@@ -312,6 +383,8 @@ class AsyncPgDatabase:
             raise storage_error(exc, doing) from exc
 
     async def rollback_quietly(self) -> None:
+        if self._deferred:
+            self._deferred.pop(current_holder(), None)
         conn = self.connection
         try:
             if conn.closed or conn.info.transaction_status == pq.TransactionStatus.IDLE:
@@ -337,7 +410,7 @@ class AsyncPgDatabase:
             return await fn() if read_only else await self.savepoint(fn, doing=doing)
         retries = 0
         while True:
-            await self.begin(doing=doing, read_only=read_only)
+            await self._begin_deferred(doing=doing, read_only=read_only)
             try:
                 result = await fn()
                 await self.commit(doing=doing)

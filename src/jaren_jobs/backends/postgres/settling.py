@@ -17,14 +17,19 @@ from typing import Any
 from jaren_jobs.backend import Missed
 from jaren_jobs.backends.postgres import queries as sql
 from jaren_jobs.backends.postgres.connection import PgDatabase
-from jaren_jobs.core.commands import Failure
+from jaren_jobs.core.commands import ClaimRequest, Failure
 from jaren_jobs.core.fence import FenceRow
 from jaren_jobs.core.policy import failure_transition, retry_at_ms
+from jaren_jobs.core.rows import claim_key, claimed_from_row
 from jaren_jobs.core.settle import Completion, SettleBatch, Snoozing
-from jaren_jobs.records import Lease
+from jaren_jobs.records import ClaimedJob, Lease
 from jaren_jobs.runtime import ResolvedRuntime
 
 __all__ = ["PgSettling", "fence_row_of", "pg_text"]
+
+# a claim of up to this many jobs is one statement, its tokens minted before it runs (a
+# few unused ones cost less than a round trip); a larger one locks, then mints
+_MINTED_AHEAD = 64
 
 
 def fence_row_of(values: Sequence[Any]) -> FenceRow | None:
@@ -93,10 +98,10 @@ class PgSettling:
         return None if row is None else fence_row_of(row)
 
     def _fenced(
-        self, statement: str, params: dict[str, Any], lease: Lease, what: str
+        self, statement: str, params: dict[str, Any], lease: Lease, what: str, final: bool = False
     ) -> bool | Missed:
         """A ``sql.fenced`` write: ``True``, or the fence row it met, from the same round trip."""
-        row = self._db.one(statement, params, doing=what)
+        row = self._db.one(statement, params, doing=what, final=final)
         assert row is not None
         if row[0]:
             return True
@@ -116,16 +121,29 @@ class PgSettling:
         return Missed(fence_row_of(row[1:]))
 
     def complete_within(
-        self, lease: Lease, result: str, now: int, what: str, *, notify: bool = False
+        self,
+        lease: Lease,
+        result: str,
+        now: int,
+        what: str,
+        *,
+        notify: bool = False,
+        final: bool = False,
     ) -> bool | Missed:
         params = {"result": result, "now": now, "id": lease.job_id, "token": lease.token}
         if notify and self._settled is not None:
             params["settled"] = self._settled
-            return self._fenced(sql.SETTLE_DONE_NOTIFY, params, lease, what)
-        return self._fenced(sql.SETTLE_DONE, params, lease, what)
+            return self._fenced(sql.SETTLE_DONE_NOTIFY, params, lease, what, final)
+        return self._fenced(sql.SETTLE_DONE, params, lease, what, final)
 
     def _complete_many(
-        self, items: Sequence[tuple[int, Completion]], now: int, what: str, *, notify: bool
+        self,
+        items: Sequence[tuple[int, Completion]],
+        now: int,
+        what: str,
+        *,
+        notify: bool,
+        final: bool = False,
     ) -> dict[int, bool | Missed]:
         """Distinct jobs' completions in one statement, which also answers the missed ones'
         fence rows."""
@@ -141,7 +159,7 @@ class PgSettling:
             statement = sql.SETTLE_DONE_MANY_NOTIFY
         found = {
             row[0]: True if row[1] else Missed(fence_row_of(row[2:]))
-            for row in self._db.all(statement, params, doing=what)
+            for row in self._db.all(statement, params, doing=what, final=final)
         }
         return {index: found[c.lease.job_id] for index, c in items}
 
@@ -218,13 +236,59 @@ class PgSettling:
         params = {"now": now, "ids": [h[0] for h in held], "tokens": [h[1] for h in held]}
         return self._db.changes(sql.RELEASE_LEASES, params, doing=what)
 
+    def claim_within(
+        self, request: ClaimRequest, limit: int, what: str, *, final: bool
+    ) -> list[ClaimedJob]:
+        """Lock and lease up to ``limit`` jobs: one statement up to ``_MINTED_AHEAD`` (its
+        tokens minted before it knows how many rows it finds), two beyond."""
+        now = self._runtime.now_ms()
+        params: dict[str, Any] = {"now": now, "limit": limit}
+        for index, kind in enumerate(request.kinds):
+            params[f"k{index}"] = kind
+        queues = 0
+        if request.queues is not None:
+            queues = len(request.queues)
+            for index, queue in enumerate(request.queues):
+                params[f"q{index}"] = queue
+        params["owner"] = request.owner
+        params["until"] = now + request.lease_ms
+        if limit <= _MINTED_AHEAD:
+            tokens = self._runtime.uuids(limit)
+            keys = [claim_key(token) for token in tokens]
+            params["tokens"] = tokens
+            params["keys"] = keys
+            statement = sql.claim(len(request.kinds), queues)
+            rows = self._db.all(statement, params, doing=what, final=final)
+            rows.sort(key=lambda row: row[-1])  # the claim order
+            return [claimed_from_row(row, keys[row[-1] - 1]) for row in rows]
+        locked = self._db.all(sql.claim_lock(len(request.kinds), queues), params, doing=what)
+        ids = [row[0] for row in locked]
+        if not ids:
+            return []
+        tokens = self._runtime.uuids(len(ids))
+        keys = [claim_key(token) for token in tokens]
+        rows = self._db.all(
+            sql.CLAIM_ROWS,
+            {**params, "ids": ids, "tokens": tokens, "keys": keys},
+            doing=what,
+            final=final,
+        )
+        place = {job_id: index for index, job_id in enumerate(ids)}
+        rows.sort(key=lambda row: place[row[0]])
+        by_token = dict(zip(tokens, keys, strict=True))
+        return [claimed_from_row(row, by_token[row[15]]) for row in rows]
+
     def settle_within(
-        self, batch: SettleBatch, now: int, what: str
+        self, batch: SettleBatch, now: int, what: str, *, final: bool = False
     ) -> tuple[tuple[bool | Missed, ...], int]:
         """The batch's settlements and releases inside the caller's write: per settlement
         ``True`` or :class:`Missed`, and how many released leases were still held. The
-        batch's claims are the session's (they run after these, in the same write)."""
+        batch's claims are the session's (they run after these, in the same write).
+
+        ``final``: nothing follows in the write, so completions alone (the common batch)
+        go as its final statement, which commits it in the same round trip."""
         items = batch.settlements
+        final = final and not batch.releases
         settled: list[bool | Missed] = [True] * len(items)
         rest: Sequence[int] = range(len(items))
         if len(items) > 1:
@@ -237,7 +301,8 @@ class PgSettling:
                     seen.add(job_id)
                     together.append((index, s))
             if len(together) >= 2:
-                many = self._complete_many(together, now, what, notify=True)
+                alone = final and len(together) == len(items)
+                many = self._complete_many(together, now, what, notify=True, final=alone)
                 for index, answer in many.items():
                     settled[index] = answer
                 joined = {index for index, _ in together}
@@ -251,7 +316,10 @@ class PgSettling:
         for index in rest:
             item = items[index]
             if isinstance(item, Completion):
-                answer = self.complete_within(item.lease, item.result, now, what, notify=notify)
+                alone = final and len(items) == 1
+                answer = self.complete_within(
+                    item.lease, item.result, now, what, notify=notify, final=alone
+                )
                 notify = False
             elif isinstance(item, Snoozing):
                 answer = self.snooze_within(item, now, what)
