@@ -122,14 +122,15 @@ REQUEUE_KEY_HOLDER = f"""SELECT other.id FROM {JOBS} AS j
     AND other.{ACTIVE} AND other.id <> j.id
   WHERE j.state IN ('dead', 'cancelled') AND j.id = %s"""
 
-# a batch in one statement: arrays, one element per job
+# a batch in one statement: arrays, one element per job, sent in binary (psycopg's text
+# format quotes each element, by a regular expression: most of the batch's dump time)
 ENQUEUE_MANY = f"""INSERT INTO {JOBS}
   (id, kind, payload, state, priority, run_at, attempts, max_attempts,
    lease_generation, created_at, updated_at, queue, unique_key, trace_context)
   SELECT i, k, p, 'pending', pr, r, 0, m, 0, %(now)s, %(now)s, q, u, tc
-  FROM unnest(%(ids)s::text[], %(kinds)s::text[], %(payloads)s::text[],
-              %(priorities)s::bigint[], %(run_ats)s::bigint[], %(maxes)s::bigint[],
-              %(queues)s::text[], %(keys)s::text[], %(traces)s::text[])
+  FROM unnest(%(ids)b::text[], %(kinds)b::text[], %(payloads)b::text[],
+              %(priorities)b::bigint[], %(run_ats)b::bigint[], %(maxes)b::bigint[],
+              %(queues)b::text[], %(keys)b::text[], %(traces)b::text[])
     AS t(i, k, p, pr, r, m, q, u, tc)
   ON CONFLICT DO NOTHING"""
 
