@@ -547,6 +547,7 @@ _DB_AWAITED = frozenset(
         "commit",
         "rollback_quietly",
         "end_read",
+        "together",
     }
 )
 
@@ -612,18 +613,17 @@ async def _pipelined(
     self,
     conn: psycopg.AsyncConnection[Any],
     before: str | None,
-    statement: str,
-    params: Params | None,
+    statements: Sequence[tuple[str, Params | None]],
     after: str | None,
-) -> psycopg.AsyncCursor[Any]:
-    """``statement`` with ``before`` and ``after`` (BEGIN, COMMIT) in one round trip."""
+) -> list[psycopg.AsyncCursor[Any]]:
+    """``statements`` between ``before`` and ``after`` (BEGIN, COMMIT), one round trip."""
     async with conn.pipeline():
         if before is not None:
             await conn.execute(before)
-        cursor = await conn.execute(statement, params)
+        cursors = [await conn.execute(statement, params) for statement, params in statements]
         if after is not None:
             await conn.execute(after)
-    return cursor
+    return cursors
 ''',
     "PgDatabase.connection": '''
 @property
@@ -691,6 +691,7 @@ _SETTLING_AWAITED = frozenset(
         "release_within",
         "settle_within",
         "claim_within",
+        "settle_together",
     }
 )
 

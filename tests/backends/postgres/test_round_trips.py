@@ -30,7 +30,7 @@ from jaren_jobs import (
     NewJob,
     Store,
 )
-from jaren_jobs.core.commands import ClaimRequest
+from jaren_jobs.core.commands import ClaimRequest, Failure
 from jaren_jobs.core.settle import Completion, SettleBatch
 from jaren_jobs.jobs import engine_of
 from tests.conftest import FakeClock
@@ -437,7 +437,7 @@ def test_a_lone_claim_and_a_lone_complete_are_one_round_trip_each(store: Store) 
     assert trips == [1]
 
 
-def test_a_batch_settled_with_its_next_claim_is_two_round_trips(store: Store) -> None:
+def test_a_batch_settled_with_its_next_claim_is_one_round_trip(store: Store) -> None:
     store.jobs.enqueue_many([NewJob("k", id=f"j{n}") for n in range(8)])
     claimed = store.jobs.claim_many(["k"], owner="w", limit=4, lease_seconds=10)
     request = engine_of(store.jobs)
@@ -445,8 +445,45 @@ def test_a_batch_settled_with_its_next_claim_is_two_round_trips(store: Store) ->
     batch = SettleBatch(tuple(Completion(c.lease, '"ok"') for c in claimed), claims=((ask, 4),))
     with round_trips(store) as trips:
         answer = request.settle(batch, "worker")
-    assert trips == [2]  # BEGIN with the settlement, the claim with COMMIT
+    assert trips == [1]  # BEGIN, the completions, the claim, COMMIT: one pipeline
     assert answer.settled == (True, True, True, True)
     assert [c.id for c in answer.claimed[0]] == ["j4", "j5", "j6", "j7"]
     states = [store.jobs.get(f"j{n}") for n in range(8)]
     assert [j.state for j in states if j is not None] == ["done"] * 4 + ["leased"] * 4
+
+
+def test_a_batch_with_a_refusal_and_a_failure_still_settles_each_and_claims(
+    store: Store, clock: FakeClock
+) -> None:
+    """The shapes the one-round-trip batch leaves to the statement-by-statement path (a
+    failure beside the completions) and a refusal inside it answer as before."""
+    store.jobs.enqueue_many([NewJob("k", id=f"j{n}") for n in range(6)])
+    claimed = store.jobs.claim_many(["k"], owner="w", limit=3, lease_seconds=10)
+    store.jobs.cancel("j1", lease=claimed[1].lease)
+    engine = engine_of(store.jobs)
+    ask = ClaimRequest(("k",), "w", 10_000, None)
+    batch = SettleBatch(
+        (Completion(claimed[0].lease, "1"), Completion(claimed[1].lease, "2")), claims=((ask, 2),)
+    )
+    with round_trips(store) as trips:
+        answer = engine.settle(batch, "worker")
+    assert trips == [1]
+    assert answer.settled[0] is True
+    refused = answer.settled[1]
+    assert not isinstance(refused, bool)
+    assert refused.row is not None
+    assert refused.row.state == "cancelled"
+    assert [c.id for c in answer.claimed[0]] == ["j3", "j4"]
+    mixed = SettleBatch(
+        (
+            Failure(claimed[2].lease, "boom", True, 1.0, 60.0, None),
+            Completion(answer.claimed[0][0].lease, "3"),
+        ),
+        claims=((ask, 1),),
+    )
+    with round_trips(store) as trips:
+        answer = engine.settle(mixed, "worker")
+    # BEGIN with the failure, the completion, the claim with COMMIT
+    assert trips == [3]
+    assert answer.settled == (True, True)
+    assert [c.id for c in answer.claimed[0]] == ["j5"]

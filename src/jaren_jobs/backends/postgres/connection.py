@@ -349,7 +349,8 @@ class PgDatabase:
                 deferred[holder] = _ENDED
                 if begin:
                     return conn.execute(self._qualified(statement), params)
-                return self._pipelined(conn, None, self._qualified(statement), params, "COMMIT")
+                sent = [(self._qualified(statement), params)]
+                return self._pipelined(conn, None, sent, "COMMIT")[0]
             if params is None:  # a script of several statements cannot be pipelined
                 conn.execute(begin)
                 deferred[holder] = ""
@@ -357,7 +358,7 @@ class PgDatabase:
             deferred[holder] = ""  # sent: the COMMIT is owed
             if not begin:
                 return conn.execute(self._qualified(statement), params)
-            return self._pipelined(conn, begin, self._qualified(statement), params, None)
+            return self._pipelined(conn, begin, [(self._qualified(statement), params)], None)[0]
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
         except UnicodeEncodeError as exc:  # every caller checks its text; this is the backstop
@@ -388,22 +389,46 @@ class PgDatabase:
     ) -> int:
         return int(self.run(statement, params, doing=doing, final=final).rowcount)
 
+    def together(
+        self, statements: Sequence[tuple[str, Params]], *, doing: str
+    ) -> list[list[tuple[Any, ...]]] | None:
+        """``statements`` as the whole unit of work, in ONE round trip (its BEGIN, each of
+        them, its COMMIT in one pipeline): each one's rows. None when the unit is not
+        one of ours that has sent nothing yet: the caller runs them one by one."""
+        deferred = self._deferred
+        holder = threading.get_ident()
+        begin = deferred.get(holder) if deferred else None
+        if not begin or begin == _ENDED:
+            return None
+        self.check_open(doing)
+        deferred[holder] = _ENDED
+        try:
+            conn = self.connection
+            sent = [(self._qualified(statement), params) for statement, params in statements]
+            cursors = self._pipelined(conn, begin, sent, "COMMIT")
+            return [cursor.fetchall() for cursor in cursors]
+        except psycopg.Error as exc:
+            raise storage_error(exc, doing) from exc
+        except UnicodeEncodeError as exc:  # as in run()
+            raise ValueError(
+                f"{doing}: a text given cannot be stored as UTF-8 ({exc.reason})"
+            ) from None
+
     def _pipelined(
         self,
         conn: psycopg.Connection[Any],
         before: str | None,
-        statement: str,
-        params: Params | None,
+        statements: Sequence[tuple[str, Params | None]],
         after: str | None,
-    ) -> psycopg.Cursor[Any]:
-        """``statement`` with ``before`` and ``after`` (BEGIN, COMMIT) in one round trip."""
+    ) -> list[psycopg.Cursor[Any]]:
+        """``statements`` between ``before`` and ``after`` (BEGIN, COMMIT), one round trip."""
         with conn.pipeline():
             if before is not None:
                 conn.execute(before)
-            cursor = conn.execute(statement, params)
+            cursors = [conn.execute(statement, params) for statement, params in statements]
             if after is not None:
                 conn.execute(after)
-        return cursor
+        return cursors
 
     @property
     def status(self) -> pq.TransactionStatus:

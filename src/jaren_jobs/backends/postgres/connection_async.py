@@ -252,9 +252,8 @@ class AsyncPgDatabase:
                 deferred[holder] = _ENDED
                 if begin:
                     return await conn.execute(self._qualified(statement), params)
-                return await self._pipelined(
-                    conn, None, self._qualified(statement), params, "COMMIT"
-                )
+                sent = [(self._qualified(statement), params)]
+                return (await self._pipelined(conn, None, sent, "COMMIT"))[0]
             if params is None:
                 await conn.execute(begin)
                 deferred[holder] = ""
@@ -262,7 +261,9 @@ class AsyncPgDatabase:
             deferred[holder] = ""
             if not begin:
                 return await conn.execute(self._qualified(statement), params)
-            return await self._pipelined(conn, begin, self._qualified(statement), params, None)
+            return (
+                await self._pipelined(conn, begin, [(self._qualified(statement), params)], None)
+            )[0]
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
         except UnicodeEncodeError as exc:
@@ -293,22 +294,46 @@ class AsyncPgDatabase:
     ) -> int:
         return int((await self.run(statement, params, doing=doing, final=final)).rowcount)
 
+    async def together(
+        self, statements: Sequence[tuple[str, Params]], *, doing: str
+    ) -> list[list[tuple[Any, ...]]] | None:
+        """``statements`` as the whole unit of work, in ONE round trip (its BEGIN, each of
+        them, its COMMIT in one pipeline): each one's rows. None when the unit is not
+        one of ours that has sent nothing yet: the caller runs them one by one."""
+        deferred = self._deferred
+        holder = current_holder()
+        begin = deferred.get(holder) if deferred else None
+        if not begin or begin == _ENDED:
+            return None
+        self.check_open(doing)
+        deferred[holder] = _ENDED
+        try:
+            conn = self.connection
+            sent = [(self._qualified(statement), params) for statement, params in statements]
+            cursors = await self._pipelined(conn, begin, sent, "COMMIT")
+            return [await cursor.fetchall() for cursor in cursors]
+        except psycopg.Error as exc:
+            raise storage_error(exc, doing) from exc
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"{doing}: a text given cannot be stored as UTF-8 ({exc.reason})"
+            ) from None
+
     async def _pipelined(
         self,
         conn: psycopg.AsyncConnection[Any],
         before: str | None,
-        statement: str,
-        params: Params | None,
+        statements: Sequence[tuple[str, Params | None]],
         after: str | None,
-    ) -> psycopg.AsyncCursor[Any]:
-        """``statement`` with ``before`` and ``after`` (BEGIN, COMMIT) in one round trip."""
+    ) -> list[psycopg.AsyncCursor[Any]]:
+        """``statements`` between ``before`` and ``after`` (BEGIN, COMMIT), one round trip."""
         async with conn.pipeline():
             if before is not None:
                 await conn.execute(before)
-            cursor = await conn.execute(statement, params)
+            cursors = [await conn.execute(statement, params) for statement, params in statements]
             if after is not None:
                 await conn.execute(after)
-        return cursor
+        return cursors
 
     @property
     def status(self) -> pq.TransactionStatus:

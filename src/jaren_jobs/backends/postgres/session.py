@@ -483,6 +483,10 @@ class PostgresSession(PgReads):
     def _settle(self, batch: SettleBatch, now: int, what: str, *, final: bool) -> SettleAnswer:
         """``final``: the batch is its unit of work, so its last statement may commit it."""
         claims = batch.claims
+        if final and claims:
+            together = self._settling.settle_together(batch, now, what)
+            if together is not None:
+                return SettleAnswer(together[0], 0, together[1], now)
         settled, released = self._settling.settle_within(
             batch, now, what, final=final and not claims
         )

@@ -447,6 +447,10 @@ class AsyncPostgresSession(AsyncPgReads):
     ) -> SettleAnswer:
         """``final``: the batch is its unit of work, so its last statement may commit it."""
         claims = batch.claims
+        if final and claims:
+            together = await self._settling.settle_together(batch, now, what)
+            if together is not None:
+                return SettleAnswer(together[0], 0, together[1], now)
         settled, released = await self._settling.settle_within(
             batch, now, what, final=final and (not claims)
         )

@@ -44,6 +44,13 @@ def ended_cancelled(before: FenceRow | None, error: str | None) -> Missed:
     return Missed(after)
 
 
+def _claimed(rows: list[tuple[Any, ...]], keys: list[bytes]) -> list[ClaimedJob]:
+    """A one-statement claim's rows, in claim order (each row's place is its last column,
+    which also picks its token's claim key)."""
+    rows.sort(key=lambda row: row[-1])
+    return [claimed_from_row(row, keys[row[-1] - 1]) for row in rows]
+
+
 class AsyncPgSettling:
     """The settle-batch statements over one PostgreSQL store's connection."""
 
@@ -213,26 +220,11 @@ class AsyncPgSettling:
     ) -> list[ClaimedJob]:
         """Lock and lease up to ``limit`` jobs: one statement up to ``_MINTED_AHEAD`` (its
         tokens minted before it knows how many rows it finds), two beyond."""
-        now = self._runtime.now_ms()
-        params: dict[str, Any] = {"now": now, "limit": limit}
-        for index, kind in enumerate(request.kinds):
-            params[f"k{index}"] = kind
-        queues = 0
-        if request.queues is not None:
-            queues = len(request.queues)
-            for index, queue in enumerate(request.queues):
-                params[f"q{index}"] = queue
-        params["owner"] = request.owner
-        params["until"] = now + request.lease_ms
         if limit <= _MINTED_AHEAD:
-            tokens = self._runtime.uuids(limit)
-            keys = [claim_key(token) for token in tokens]
-            params["tokens"] = tokens
-            params["keys"] = keys
-            statement = sql.claim(len(request.kinds), queues)
-            rows = await self._db.all(statement, params, doing=what, final=final)
-            rows.sort(key=lambda row: row[-1])
-            return [claimed_from_row(row, keys[row[-1] - 1]) for row in rows]
+            statement, params, keys = self._claim_statement(request, limit)
+            return _claimed(await self._db.all(statement, params, doing=what, final=final), keys)
+        params = self._claim_params(request, limit)
+        queues = 0 if request.queues is None else len(request.queues)
         locked = await self._db.all(sql.claim_lock(len(request.kinds), queues), params, doing=what)
         ids = [row[0] for row in locked]
         if not ids:
@@ -249,6 +241,70 @@ class AsyncPgSettling:
         rows.sort(key=lambda row: place[row[0]])
         by_token = dict(zip(tokens, keys, strict=True))
         return [claimed_from_row(row, by_token[row[15]]) for row in rows]
+
+    def _claim_params(self, request: ClaimRequest, limit: int) -> dict[str, Any]:
+        now = self._runtime.now_ms()
+        params: dict[str, Any] = {"now": now, "limit": limit}
+        for index, kind in enumerate(request.kinds):
+            params[f"k{index}"] = kind
+        if request.queues is not None:
+            for index, queue in enumerate(request.queues):
+                params[f"q{index}"] = queue
+        params["owner"] = request.owner
+        params["until"] = now + request.lease_ms
+        return params
+
+    def _claim_statement(
+        self, request: ClaimRequest, limit: int
+    ) -> tuple[str, dict[str, Any], list[bytes]]:
+        """The one-statement claim of up to ``limit`` jobs, its ``limit`` tokens minted."""
+        params = self._claim_params(request, limit)
+        tokens = self._runtime.uuids(limit)
+        keys = [claim_key(token) for token in tokens]
+        params["tokens"] = tokens
+        params["keys"] = keys
+        queues = 0 if request.queues is None else len(request.queues)
+        return (sql.claim(len(request.kinds), queues), params, keys)
+
+    async def settle_together(
+        self, batch: SettleBatch, now: int, what: str
+    ) -> tuple[tuple[bool | Missed, ...], tuple[list[ClaimedJob], ...]] | None:
+        """A worker's usual batch — completions of distinct jobs and its next claims, the
+        batch its whole unit of work — in ONE round trip: its BEGIN, the completions'
+        statement, each claim's, its COMMIT, pipelined (none reads another's answer).
+        None when the batch is another shape, or the unit has begun: the caller then
+        runs the statements one by one."""
+        items = batch.settlements
+        if batch.releases or not items or (not batch.claims):
+            return None
+        if any((count > _MINTED_AHEAD for _, count in batch.claims)):
+            return None
+        ids = [item.lease.job_id for item in items]
+        if len(set(ids)) != len(ids) or not all(isinstance(i, Completion) for i in items):
+            return None
+        done = [item for item in items if isinstance(item, Completion)]
+        params: dict[str, Any] = {
+            "now": now,
+            "ids": ids,
+            "tokens": [c.lease.token for c in done],
+            "results": [c.result for c in done],
+        }
+        statement = sql.SETTLE_DONE_MANY
+        if self._settled is not None:
+            params["settled"] = self._settled
+            statement = sql.SETTLE_DONE_MANY_NOTIFY
+        claims = [self._claim_statement(request, count) for request, count in batch.claims]
+        answers = await self._db.together(
+            [(statement, params), *((text, bound) for text, bound, _ in claims)], doing=what
+        )
+        if answers is None:
+            return None
+        found = {row[0]: True if row[1] else Missed(fence_row_of(row[2:])) for row in answers[0]}
+        settled = tuple(found[job_id] for job_id in ids)
+        claimed = tuple(
+            (_claimed(rows, keys) for rows, (_, _, keys) in zip(answers[1:], claims, strict=True))
+        )
+        return (settled, claimed)
 
     async def settle_within(
         self, batch: SettleBatch, now: int, what: str, *, final: bool = False
