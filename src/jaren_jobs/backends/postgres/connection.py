@@ -82,6 +82,10 @@ def _readable(conn: Any) -> bool:
     return bool(ready)
 
 
+def _unencodable(exc: UnicodeEncodeError, doing: str) -> ValueError:
+    return ValueError(f"{doing}: a text given cannot be stored as UTF-8 ({exc.reason})")
+
+
 def connect_settings(conninfo: str) -> dict[str, Any]:
     """:data:`CONNECT_DEFAULTS` less what ``conninfo`` sets itself: the URL's own win.
 
@@ -338,33 +342,24 @@ class PgDatabase:
         deferred = self._deferred
         try:
             conn = self.connection
-            if not deferred:
-                return conn.execute(self._qualified(statement), params)
+            text = self._qualified(statement)
             holder = threading.get_ident()
-            begin = deferred.get(holder)
-            if begin is None:
-                return conn.execute(self._qualified(statement), params)
+            begin = deferred.get(holder) if deferred else None
             assert begin != _ENDED, "a statement after its unit of work's final one"
-            if final:
-                deferred[holder] = _ENDED
-                if begin:
-                    return conn.execute(self._qualified(statement), params)
-                sent = [(self._qualified(statement), params)]
-                return self._pipelined(conn, None, sent, "COMMIT")[0]
-            if params is None:  # a script of several statements cannot be pipelined
+            if begin is None or (not begin and not final):
+                return conn.execute(text, params)  # not a unit of ours, or its BEGIN went
+            deferred[holder] = _ENDED if final else ""  # "": BEGIN sent, the COMMIT owed
+            if begin and final:  # the unit's only statement: in autocommit, its own
+                return conn.execute(text, params)
+            if begin and params is None:  # a script of several statements: not pipelined
                 conn.execute(begin)
-                deferred[holder] = ""
-                return conn.execute(self._qualified(statement), params)
-            deferred[holder] = ""  # sent: the COMMIT is owed
-            if not begin:
-                return conn.execute(self._qualified(statement), params)
-            return self._pipelined(conn, begin, [(self._qualified(statement), params)], None)[0]
+                return conn.execute(text, params)
+            after = "COMMIT" if final else None
+            return self._pipelined(conn, begin or None, [(text, params)], after)[0]
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
         except UnicodeEncodeError as exc:  # every caller checks its text; this is the backstop
-            raise ValueError(
-                f"{doing}: a text given cannot be stored as UTF-8 ({exc.reason})"
-            ) from None
+            raise _unencodable(exc, doing) from None
 
     def one(
         self, statement: str, params: Params | None = None, *, doing: str, final: bool = False
@@ -410,9 +405,7 @@ class PgDatabase:
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
         except UnicodeEncodeError as exc:  # as in run()
-            raise ValueError(
-                f"{doing}: a text given cannot be stored as UTF-8 ({exc.reason})"
-            ) from None
+            raise _unencodable(exc, doing) from None
 
     def _pipelined(
         self,
@@ -438,8 +431,9 @@ class PgDatabase:
     def in_transaction(self) -> bool:
         return self.status != pq.TransactionStatus.IDLE
 
-    def begin(self, *, doing: str, read_only: bool = False) -> None:
-        """Open a transaction of the library's own on the connection."""
+    def begin(self, *, doing: str, read_only: bool = False, deferred: bool = False) -> None:
+        """Open a transaction of the library's own on the connection; ``deferred``: on a
+        connection of ours, its BEGIN goes with the unit's first statement (:meth:`run`)."""
         conn = self.connection
         if conn.info.transaction_status != pq.TransactionStatus.IDLE:
             raise StorageError(
@@ -454,6 +448,9 @@ class PgDatabase:
             if read_only
             else "BEGIN ISOLATION LEVEL READ COMMITTED"
         )
+        if deferred and self.owns and conn.autocommit:
+            self._deferred[threading.get_ident()] = begin
+            return
         options = []
         if not self.owns:
             # the application's connection keeps its own settings: ours are per
@@ -475,24 +472,6 @@ class PgDatabase:
         except psycopg.Error as exc:
             self.rollback_quietly()
             raise storage_error(exc, doing) from exc
-
-    def _begin_deferred(self, *, doing: str, read_only: bool) -> None:
-        """:meth:`begin`, its BEGIN sent with the unit's first statement (see :meth:`run`)."""
-        conn = self.connection
-        if not (self.owns and conn.autocommit):
-            self.begin(doing=doing, read_only=read_only)
-            return
-        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
-            raise StorageError(
-                f"{doing}: the connection has an open transaction that jaren_jobs did not "
-                "start; commit it first",
-                doing=doing,
-            )
-        self._deferred[threading.get_ident()] = (
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-            if read_only
-            else "BEGIN ISOLATION LEVEL READ COMMITTED"
-        )
 
     def commit(self, *, doing: str) -> None:
         if self._deferred:
@@ -535,7 +514,7 @@ class PgDatabase:
             return fn() if read_only else self.savepoint(fn, doing=doing)
         retries = 0
         while True:
-            self._begin_deferred(doing=doing, read_only=read_only)
+            self.begin(doing=doing, read_only=read_only, deferred=True)
             try:
                 result = fn()
                 self.commit(doing=doing)

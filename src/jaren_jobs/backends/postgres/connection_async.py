@@ -56,6 +56,10 @@ def _readable(conn: Any) -> bool:
     return bool(ready)
 
 
+def _unencodable(exc: UnicodeEncodeError, doing: str) -> ValueError:
+    return ValueError(f"{doing}: a text given cannot be stored as UTF-8 ({exc.reason})")
+
+
 class AsyncPgDatabase:
     """The store's connections to PostgreSQL: a pool of ``gate.capacity`` (one: the
     application's), each used by one thread at a time, taken and given back
@@ -241,35 +245,24 @@ class AsyncPgDatabase:
         deferred = self._deferred
         try:
             conn = self.connection
-            if not deferred:
-                return await conn.execute(self._qualified(statement), params)
+            text = self._qualified(statement)
             holder = current_holder()
-            begin = deferred.get(holder)
-            if begin is None:
-                return await conn.execute(self._qualified(statement), params)
+            begin = deferred.get(holder) if deferred else None
             assert begin != _ENDED, "a statement after its unit of work's final one"
-            if final:
-                deferred[holder] = _ENDED
-                if begin:
-                    return await conn.execute(self._qualified(statement), params)
-                sent = [(self._qualified(statement), params)]
-                return (await self._pipelined(conn, None, sent, "COMMIT"))[0]
-            if params is None:
+            if begin is None or (not begin and (not final)):
+                return await conn.execute(text, params)
+            deferred[holder] = _ENDED if final else ""
+            if begin and final:
+                return await conn.execute(text, params)
+            if begin and params is None:
                 await conn.execute(begin)
-                deferred[holder] = ""
-                return await conn.execute(self._qualified(statement), params)
-            deferred[holder] = ""
-            if not begin:
-                return await conn.execute(self._qualified(statement), params)
-            return (
-                await self._pipelined(conn, begin, [(self._qualified(statement), params)], None)
-            )[0]
+                return await conn.execute(text, params)
+            after = "COMMIT" if final else None
+            return (await self._pipelined(conn, begin or None, [(text, params)], after))[0]
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
         except UnicodeEncodeError as exc:
-            raise ValueError(
-                f"{doing}: a text given cannot be stored as UTF-8 ({exc.reason})"
-            ) from None
+            raise _unencodable(exc, doing) from None
 
     async def one(
         self, statement: str, params: Params | None = None, *, doing: str, final: bool = False
@@ -315,9 +308,7 @@ class AsyncPgDatabase:
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
         except UnicodeEncodeError as exc:
-            raise ValueError(
-                f"{doing}: a text given cannot be stored as UTF-8 ({exc.reason})"
-            ) from None
+            raise _unencodable(exc, doing) from None
 
     async def _pipelined(
         self,
@@ -343,8 +334,9 @@ class AsyncPgDatabase:
     def in_transaction(self) -> bool:
         return self.status != pq.TransactionStatus.IDLE
 
-    async def begin(self, *, doing: str, read_only: bool = False) -> None:
-        """Open a transaction of the library's own on the connection."""
+    async def begin(self, *, doing: str, read_only: bool = False, deferred: bool = False) -> None:
+        """Open a transaction of the library's own on the connection; ``deferred``: on a
+        connection of ours, its BEGIN goes with the unit's first statement (:meth:`run`)."""
         conn = self.connection
         if conn.info.transaction_status != pq.TransactionStatus.IDLE:
             raise StorageError(
@@ -356,6 +348,9 @@ class AsyncPgDatabase:
             if read_only
             else "BEGIN ISOLATION LEVEL READ COMMITTED"
         )
+        if deferred and self.owns and conn.autocommit:
+            self._deferred[current_holder()] = begin
+            return
         options = []
         if not self.owns:
             sync = "on" if self.durability == "full" else "off"
@@ -374,23 +369,6 @@ class AsyncPgDatabase:
         except psycopg.Error as exc:
             await self.rollback_quietly()
             raise storage_error(exc, doing) from exc
-
-    async def _begin_deferred(self, *, doing: str, read_only: bool) -> None:
-        """:meth:`begin`, its BEGIN sent with the unit's first statement (see :meth:`run`)."""
-        conn = self.connection
-        if not (self.owns and conn.autocommit):
-            await self.begin(doing=doing, read_only=read_only)
-            return
-        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
-            raise StorageError(
-                f"{doing}: the connection has an open transaction that jaren_jobs did not start; commit it first",
-                doing=doing,
-            )
-        self._deferred[current_holder()] = (
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-            if read_only
-            else "BEGIN ISOLATION LEVEL READ COMMITTED"
-        )
 
     async def commit(self, *, doing: str) -> None:
         if self._deferred:
@@ -435,7 +413,7 @@ class AsyncPgDatabase:
             return await fn() if read_only else await self.savepoint(fn, doing=doing)
         retries = 0
         while True:
-            await self._begin_deferred(doing=doing, read_only=read_only)
+            await self.begin(doing=doing, read_only=read_only, deferred=True)
             try:
                 result = await fn()
                 await self.commit(doing=doing)
