@@ -547,6 +547,7 @@ _DB_AWAITED = frozenset(
         "commit",
         "rollback_quietly",
         "end_read",
+        "together",
     }
 )
 
@@ -590,6 +591,7 @@ def __init__(
     self.joining = False  # the async store never opens on an application's connection
     self.schema: str | None = None
     self._texts: dict[str, str] = {}
+    self._deferred: dict[object, str] = {}  # see the sync __init__
     self._lock = threading.Lock()
     self._idle: list[psycopg.Connection[Any]] = []
     self._held: dict[object, psycopg.Connection[Any]] = {}
@@ -605,6 +607,23 @@ def finish_quietly(connections: list[psycopg.Connection[Any]]) -> None:
     for conn in connections:
         with contextlib.suppress(Exception):
             conn.pgconn.finish()
+''',
+    "PgDatabase._pipelined": '''
+async def _pipelined(
+    self,
+    conn: psycopg.AsyncConnection[Any],
+    before: str | None,
+    statements: Sequence[tuple[str, Params | None]],
+    after: str | None,
+) -> list[psycopg.AsyncCursor[Any]]:
+    """``statements`` between ``before`` and ``after`` (BEGIN, COMMIT), one round trip."""
+    async with conn.pipeline():
+        if before is not None:
+            await conn.execute(before)
+        cursors = [await conn.execute(statement, params) for statement, params in statements]
+        if after is not None:
+            await conn.execute(after)
+    return cursors
 ''',
     "PgDatabase.connection": '''
 @property
@@ -665,7 +684,15 @@ _HANDLE_AWAITED = frozenset(
 
 # the settle-batch statements' calls, awaited by the session that runs them
 _SETTLING_AWAITED = frozenset(
-    {"complete_within", "snooze_within", "fail_within", "release_within", "settle_within"}
+    {
+        "complete_within",
+        "snooze_within",
+        "fail_within",
+        "release_within",
+        "settle_within",
+        "claim_within",
+        "settle_together",
+    }
 )
 
 SPECS: tuple[Spec, ...] = (
@@ -742,7 +769,9 @@ def store_backend(self) -> Any:
     ),
     Spec(
         source="backends/postgres/connection.py",
-        awaited=_DB_AWAITED | _PSYCOPG_AWAITED | frozenset({"_connect", "_idle_connection"}),
+        awaited=_DB_AWAITED
+        | _PSYCOPG_AWAITED
+        | frozenset({"_connect", "_idle_connection", "_pipelined"}),
         names={
             "PgDatabase": "AsyncPgDatabase",
             "PgRootScope": "AsyncPgRootScope",
@@ -990,9 +1019,13 @@ SPECS = (
         source="backends/postgres/settling.py",
         awaited=_DB_AWAITED,
         names={"PgSettling": "AsyncPgSettling", "PgDatabase": "AsyncPgDatabase"},
-        modules={"jaren_jobs.backends.postgres.connection": "jaren_jobs.backends.postgres.connection_async"},
+        modules={
+            "jaren_jobs.backends.postgres.connection": "jaren_jobs.backends.postgres.connection_async"
+        },
         drop=frozenset({"fence_row_of", "_holds", "pg_text"}),
-        imports=("from jaren_jobs.backends.postgres.settling import _holds, fence_row_of, pg_text",),
+        imports=(
+            "from jaren_jobs.backends.postgres.settling import _holds, fence_row_of, pg_text",
+        ),
         docstring=(
             "The asyncio twin of :mod:`jaren_jobs.backends.postgres.settling`: the same\n"
             "settle-batch statements, each awaited on an ``AsyncConnection``.\n"
@@ -1056,6 +1089,7 @@ HAND_WRITTEN: dict[str, str] = {
     "backends/postgres/open_async.py": "the async side of opening a store (its pool and "
     "listener); the sync store opens in store.py, whose other half has no async twin",
 }
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -23,12 +23,14 @@ from contextlib import contextmanager
 import pytest
 
 from jaren_jobs import (
+    DuplicateJob,
     JobSettled,
     LeaseExpired,
     LeaseSuperseded,
     NewJob,
     Store,
 )
+from jaren_jobs.core.commands import ClaimRequest, Failure
 from jaren_jobs.core.settle import Completion, SettleBatch
 from jaren_jobs.jobs import engine_of
 from tests.conftest import FakeClock
@@ -311,3 +313,177 @@ def test_the_one_round_trip_writes_use_the_primary_key(pg: PostgresUrl) -> None:
             plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + statement, params))
             assert "_jaren_jobs_pkey" in plan, (name, plan)
             assert "Seq Scan" not in plan, (name, plan)
+
+
+# ----------------------------------------------------------------- round trips at the root
+
+# a Sync or a simple Query waits on the server; so does a Flush, unless it follows a
+# Sync (psycopg's end of a pipeline: the results are on their way already)
+_WAITS = re.compile(r"^F\t\d+\t(?:Sync|Query)\b|(?<!Sync\n)^F\t\d+\tFlush\b", re.M)
+
+
+@contextmanager
+def round_trips(store: Store) -> Iterator[list[int]]:
+    """How many times the store's connection waited on the server while inside (a
+    pipeline's statements share one wait)."""
+    conn = store._backend.db.connection  # type: ignore[attr-defined]
+    counted: list[int] = []
+    with tempfile.TemporaryFile("w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            yield counted
+        finally:
+            conn.pgconn.untrace()
+            trace.seek(0)
+            counted.append(len(_WAITS.findall(trace.read())))
+
+
+def _listening(store: Store, pg: PostgresUrl) -> psycopg.Connection[tuple[object, ...]]:
+    listener = psycopg.connect(pg.url, autocommit=True)
+    channel = store._backend.channel  # type: ignore[attr-defined]
+    listener.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
+    return listener
+
+
+def _woken(listener: psycopg.Connection[tuple[object, ...]]) -> int:
+    return sum(1 for _ in listener.notifies(timeout=0.5, stop_after=1))
+
+
+def test_a_lone_enqueue_is_one_round_trip_its_notify_included(
+    pg: PostgresUrl, store: Store
+) -> None:
+    listener = _listening(store, pg)
+    try:
+        for n in range(3):  # past psycopg's prepare threshold too
+            with round_trips(store) as trips:
+                store.jobs.enqueue("k", {"n": n})
+            assert trips == [1]
+            assert _woken(listener) == 1
+        store.jobs.enqueue("k", id="taken")
+        assert _woken(listener) == 1
+        with round_trips(store) as trips, pytest.raises(DuplicateJob):
+            store.jobs.enqueue("k", id="taken")
+        assert trips == [1]
+        assert _woken(listener) == 0  # nothing inserted: nobody woken
+    finally:
+        listener.close()
+
+
+def test_an_enqueue_inside_a_transaction_notifies_at_its_commit_only(
+    pg: PostgresUrl, store: Store
+) -> None:
+    listener = _listening(store, pg)
+    try:
+        with store.transaction() as tx:
+            tx.jobs.enqueue("k", id="a")
+            assert _woken(listener) == 0
+        assert _woken(listener) == 1
+
+        def rolled_back() -> None:
+            with store.transaction() as tx:
+                tx.jobs.enqueue("k", id="b")
+                raise RuntimeError("rolled back")
+
+        with pytest.raises(RuntimeError):
+            rolled_back()
+        assert _woken(listener) == 0
+        assert store.jobs.get("b") is None
+    finally:
+        listener.close()
+
+
+def test_enqueue_many_is_one_round_trip_and_a_taken_id_writes_nothing(
+    pg: PostgresUrl, store: Store
+) -> None:
+    listener = _listening(store, pg)
+    try:
+        with round_trips(store) as trips:
+            store.jobs.enqueue_many([NewJob("k", {"n": n}) for n in range(50)])
+        assert trips == [1]
+        assert _woken(listener) == 1
+        store.jobs.enqueue("k", id="taken")
+        assert _woken(listener) == 1
+        with pytest.raises(DuplicateJob):
+            store.jobs.enqueue_many([NewJob("k", id="fresh"), NewJob("k", id="taken")])
+        assert store.jobs.get("fresh") is None
+        assert _woken(listener) == 0
+    finally:
+        listener.close()
+
+
+def test_a_lone_claim_and_a_lone_complete_are_one_round_trip_each(store: Store) -> None:
+    for n in range(8):
+        store.jobs.enqueue("k", id=f"j{n}")
+    claims: list[int] = []
+    completions: list[int] = []
+    for n in range(8):  # past psycopg's prepare threshold too
+        with round_trips(store) as trips:
+            claimed = store.jobs.claim(["k"], owner="w", lease_seconds=10)
+        claims += trips
+        assert claimed is not None
+        assert claimed.id == f"j{n}"
+        with round_trips(store) as trips:
+            store.jobs.complete(claimed.lease, n)
+        completions += trips
+        job = store.jobs.get(claimed.id)
+        assert job is not None
+        assert (job.state, job.attempts) == ("done", 1)
+    # one each; once, psycopg's prepare of the statement (its 5th use) is one more
+    assert sorted(claims) == [1] * 7 + [2], claims
+    assert sorted(completions) == [1] * 7 + [2], completions
+    with round_trips(store) as trips:
+        assert store.jobs.claim(["k"], owner="w") is None
+    assert trips == [1]
+
+
+def test_a_batch_settled_with_its_next_claim_is_one_round_trip(store: Store) -> None:
+    store.jobs.enqueue_many([NewJob("k", id=f"j{n}") for n in range(8)])
+    claimed = store.jobs.claim_many(["k"], owner="w", limit=4, lease_seconds=10)
+    request = engine_of(store.jobs)
+    ask = ClaimRequest(("k",), "w", 10_000, None)
+    batch = SettleBatch(tuple(Completion(c.lease, '"ok"') for c in claimed), claims=((ask, 4),))
+    with round_trips(store) as trips:
+        answer = request.settle(batch, "worker")
+    assert trips == [1]  # BEGIN, the completions, the claim, COMMIT: one pipeline
+    assert answer.settled == (True, True, True, True)
+    assert [c.id for c in answer.claimed[0]] == ["j4", "j5", "j6", "j7"]
+    states = [store.jobs.get(f"j{n}") for n in range(8)]
+    assert [j.state for j in states if j is not None] == ["done"] * 4 + ["leased"] * 4
+
+
+def test_a_batch_with_a_refusal_and_a_failure_still_settles_each_and_claims(
+    store: Store, clock: FakeClock
+) -> None:
+    """The shapes the one-round-trip batch leaves to the statement-by-statement path (a
+    failure beside the completions) and a refusal inside it answer as before."""
+    store.jobs.enqueue_many([NewJob("k", id=f"j{n}") for n in range(6)])
+    claimed = store.jobs.claim_many(["k"], owner="w", limit=3, lease_seconds=10)
+    store.jobs.cancel("j1", lease=claimed[1].lease)
+    engine = engine_of(store.jobs)
+    ask = ClaimRequest(("k",), "w", 10_000, None)
+    batch = SettleBatch(
+        (Completion(claimed[0].lease, "1"), Completion(claimed[1].lease, "2")), claims=((ask, 2),)
+    )
+    with round_trips(store) as trips:
+        answer = engine.settle(batch, "worker")
+    assert trips == [1]
+    assert answer.settled[0] is True
+    refused = answer.settled[1]
+    assert not isinstance(refused, bool)
+    assert refused.row is not None
+    assert refused.row.state == "cancelled"
+    assert [c.id for c in answer.claimed[0]] == ["j3", "j4"]
+    mixed = SettleBatch(
+        (
+            Failure(claimed[2].lease, "boom", True, 1.0, 60.0, None),
+            Completion(answer.claimed[0][0].lease, "3"),
+        ),
+        claims=((ask, 1),),
+    )
+    with round_trips(store) as trips:
+        answer = engine.settle(mixed, "worker")
+    # BEGIN with the failure, the completion, the claim with COMMIT
+    assert trips == [3]
+    assert answer.settled == (True, True)
+    assert [c.id for c in answer.claimed[0]] == ["j5"]

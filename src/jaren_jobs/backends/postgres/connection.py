@@ -43,6 +43,8 @@ T = TypeVar("T")
 # recent savepoint of its name, so a shared name could undo a sibling's write
 _SAVEPOINTS = itertools.count(1)
 _TEXTS_KEPT = 512
+# a deferred unit of work whose final statement committed it (see PgDatabase.run)
+_ENDED = "\x00ended"
 Params = Sequence[Any] | Mapping[str, Any]
 
 # a half-open connection must not hang a worker for hours (SPEC §10)
@@ -78,6 +80,10 @@ def _readable(conn: Any) -> bool:
     except (OSError, ValueError, psycopg.Error):
         return True  # no socket to poll: not a connection to use
     return bool(ready)
+
+
+def _unencodable(exc: UnicodeEncodeError, doing: str) -> ValueError:
+    return ValueError(f"{doing}: a text given cannot be stored as UTF-8 ({exc.reason})")
 
 
 def connect_settings(conninfo: str) -> dict[str, Any]:
@@ -127,6 +133,9 @@ class PgDatabase:
         # (None until then); and each statement's text qualified with it, made once
         self.schema: str | None = None
         self._texts: dict[str, str] = {}
+        # per holder: the BEGIN a unit of work of ours has not sent yet (it goes with
+        # the unit's first statement), or _ENDED once its final statement committed it
+        self._deferred: dict[int, str] = {}
         self._lock = threading.Lock()
         # the connections no call holds (the last given back is the next handed out:
         # a quiet store keeps using one), those held, by thread, and every one open
@@ -153,9 +162,13 @@ class PgDatabase:
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
         try:
+            # the isolation named here too: a unit of work of one statement runs in
+            # autocommit, without a BEGIN to name it (a server's or role's default,
+            # SERIALIZABLE say, would turn the fence's waits into serialization failures)
             conn.execute(
                 f"SET synchronous_commit = {'on' if self.durability == 'full' else 'off'}; "
                 f"SET default_transaction_read_only = {'on' if self.readonly else 'off'}; "
+                "SET default_transaction_isolation = 'read committed'; "
                 f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}"
             )
         except psycopg.Error as exc:
@@ -317,38 +330,98 @@ class PgDatabase:
         return text
 
     def run(
-        self, statement: str, params: Params | None = None, *, doing: str
+        self, statement: str, params: Params | None = None, *, doing: str, final: bool = False
     ) -> psycopg.Cursor[Any]:
+        """Run ``statement``; ``final``: no other statement follows it in its unit of work.
+
+        Inside :meth:`transaction` on a connection of ours, the BEGIN goes in one round
+        trip with the unit's first statement, and the COMMIT with its final one: a
+        unit of one final statement runs in autocommit, its own transaction.
+        """
         self.check_open(doing)
+        deferred = self._deferred
         try:
-            return self.connection.execute(self._qualified(statement), params)
+            conn = self.connection
+            text = self._qualified(statement)
+            holder = threading.get_ident()
+            begin = deferred.get(holder) if deferred else None
+            assert begin != _ENDED, "a statement after its unit of work's final one"
+            if begin is None or (not begin and not final):
+                return conn.execute(text, params)  # not a unit of ours, or its BEGIN went
+            deferred[holder] = _ENDED if final else ""  # "": BEGIN sent, the COMMIT owed
+            if begin and final:  # the unit's only statement: in autocommit, its own
+                return conn.execute(text, params)
+            if begin and params is None:  # a script of several statements: not pipelined
+                conn.execute(begin)
+                return conn.execute(text, params)
+            after = "COMMIT" if final else None
+            return self._pipelined(conn, begin or None, [(text, params)], after)[0]
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
         except UnicodeEncodeError as exc:  # every caller checks its text; this is the backstop
-            raise ValueError(
-                f"{doing}: a text given cannot be stored as UTF-8 ({exc.reason})"
-            ) from None
+            raise _unencodable(exc, doing) from None
 
     def one(
-        self, statement: str, params: Params | None = None, *, doing: str
+        self, statement: str, params: Params | None = None, *, doing: str, final: bool = False
     ) -> tuple[Any, ...] | None:
-        cursor = self.run(statement, params, doing=doing)
+        cursor = self.run(statement, params, doing=doing, final=final)
         try:
             return cursor.fetchone()
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
 
     def all(
-        self, statement: str, params: Params | None = None, *, doing: str
+        self, statement: str, params: Params | None = None, *, doing: str, final: bool = False
     ) -> list[tuple[Any, ...]]:
-        cursor = self.run(statement, params, doing=doing)
+        cursor = self.run(statement, params, doing=doing, final=final)
         try:
             return cursor.fetchall()
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
 
-    def changes(self, statement: str, params: Params | None = None, *, doing: str) -> int:
-        return int(self.run(statement, params, doing=doing).rowcount)
+    def changes(
+        self, statement: str, params: Params | None = None, *, doing: str, final: bool = False
+    ) -> int:
+        return int(self.run(statement, params, doing=doing, final=final).rowcount)
+
+    def together(
+        self, statements: Sequence[tuple[str, Params]], *, doing: str
+    ) -> list[list[tuple[Any, ...]]] | None:
+        """``statements`` as the whole unit of work, in ONE round trip (its BEGIN, each of
+        them, its COMMIT in one pipeline): each one's rows. None when the unit is not
+        one of ours that has sent nothing yet: the caller runs them one by one."""
+        deferred = self._deferred
+        holder = threading.get_ident()
+        begin = deferred.get(holder) if deferred else None
+        if not begin or begin == _ENDED:
+            return None
+        self.check_open(doing)
+        deferred[holder] = _ENDED
+        try:
+            conn = self.connection
+            sent = [(self._qualified(statement), params) for statement, params in statements]
+            cursors = self._pipelined(conn, begin, sent, "COMMIT")
+            return [cursor.fetchall() for cursor in cursors]
+        except psycopg.Error as exc:
+            raise storage_error(exc, doing) from exc
+        except UnicodeEncodeError as exc:  # as in run()
+            raise _unencodable(exc, doing) from None
+
+    def _pipelined(
+        self,
+        conn: psycopg.Connection[Any],
+        before: str | None,
+        statements: Sequence[tuple[str, Params | None]],
+        after: str | None,
+    ) -> list[psycopg.Cursor[Any]]:
+        """``statements`` between ``before`` and ``after`` (BEGIN, COMMIT), one round trip."""
+        with conn.pipeline():
+            if before is not None:
+                conn.execute(before)
+            cursors = [conn.execute(statement, params) for statement, params in statements]
+            if after is not None:
+                conn.execute(after)
+        return cursors
 
     @property
     def status(self) -> pq.TransactionStatus:
@@ -358,8 +431,9 @@ class PgDatabase:
     def in_transaction(self) -> bool:
         return self.status != pq.TransactionStatus.IDLE
 
-    def begin(self, *, doing: str, read_only: bool = False) -> None:
-        """Open a transaction of the library's own on the connection."""
+    def begin(self, *, doing: str, read_only: bool = False, deferred: bool = False) -> None:
+        """Open a transaction of the library's own on the connection; ``deferred``: on a
+        connection of ours, its BEGIN goes with the unit's first statement (:meth:`run`)."""
         conn = self.connection
         if conn.info.transaction_status != pq.TransactionStatus.IDLE:
             raise StorageError(
@@ -374,6 +448,9 @@ class PgDatabase:
             if read_only
             else "BEGIN ISOLATION LEVEL READ COMMITTED"
         )
+        if deferred and self.owns and conn.autocommit:
+            self._deferred[threading.get_ident()] = begin
+            return
         options = []
         if not self.owns:
             # the application's connection keeps its own settings: ours are per
@@ -397,6 +474,10 @@ class PgDatabase:
             raise storage_error(exc, doing) from exc
 
     def commit(self, *, doing: str) -> None:
+        if self._deferred:
+            state = self._deferred.pop(threading.get_ident(), None)
+            if state:
+                return  # no statement sent, or the final one committed it: nothing owed
         try:
             conn = self.connection
             if conn.autocommit:
@@ -408,6 +489,8 @@ class PgDatabase:
             raise storage_error(exc, doing) from exc
 
     def rollback_quietly(self) -> None:
+        if self._deferred:
+            self._deferred.pop(threading.get_ident(), None)
         conn = self.connection
         try:
             if conn.closed or conn.info.transaction_status == pq.TransactionStatus.IDLE:
@@ -431,7 +514,7 @@ class PgDatabase:
             return fn() if read_only else self.savepoint(fn, doing=doing)
         retries = 0
         while True:
-            self.begin(doing=doing, read_only=read_only)
+            self.begin(doing=doing, read_only=read_only, deferred=True)
             try:
                 result = fn()
                 self.commit(doing=doing)

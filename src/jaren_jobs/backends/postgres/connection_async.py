@@ -37,6 +37,7 @@ __all__ = ["AsyncPgDatabase", "AsyncPgRootScope", "AsyncPgTxScope"]
 T = TypeVar("T")
 _SAVEPOINTS = itertools.count(1)
 _TEXTS_KEPT = 512
+_ENDED = "\x00ended"
 Params = Sequence[Any] | Mapping[str, Any]
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
 TRANSIENT_RETRIES = 8
@@ -53,6 +54,10 @@ def _readable(conn: Any) -> bool:
     except (OSError, ValueError, psycopg.Error):
         return True
     return bool(ready)
+
+
+def _unencodable(exc: UnicodeEncodeError, doing: str) -> ValueError:
+    return ValueError(f"{doing}: a text given cannot be stored as UTF-8 ({exc.reason})")
 
 
 class AsyncPgDatabase:
@@ -74,6 +79,7 @@ class AsyncPgDatabase:
         self.joining = False
         self.schema: str | None = None
         self._texts: dict[str, str] = {}
+        self._deferred: dict[object, str] = {}
         self._lock = threading.Lock()
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         self._held: dict[object, psycopg.AsyncConnection[Any]] = {}
@@ -91,7 +97,7 @@ class AsyncPgDatabase:
             raise storage_error(exc, doing) from exc
         try:
             await conn.execute(
-                f"SET synchronous_commit = {('on' if self.durability == 'full' else 'off')}; SET default_transaction_read_only = {('on' if self.readonly else 'off')}; SET statement_timeout = {STATEMENT_TIMEOUT_MS}"
+                f"SET synchronous_commit = {('on' if self.durability == 'full' else 'off')}; SET default_transaction_read_only = {('on' if self.readonly else 'off')}; SET default_transaction_isolation = 'read committed'; SET statement_timeout = {STATEMENT_TIMEOUT_MS}"
             )
         except psycopg.Error as exc:
             await conn.close()
@@ -227,38 +233,98 @@ class AsyncPgDatabase:
         return text
 
     async def run(
-        self, statement: str, params: Params | None = None, *, doing: str
+        self, statement: str, params: Params | None = None, *, doing: str, final: bool = False
     ) -> psycopg.AsyncCursor[Any]:
+        """Run ``statement``; ``final``: no other statement follows it in its unit of work.
+
+        Inside :meth:`transaction` on a connection of ours, the BEGIN goes in one round
+        trip with the unit's first statement, and the COMMIT with its final one: a
+        unit of one final statement runs in autocommit, its own transaction.
+        """
         self.check_open(doing)
+        deferred = self._deferred
         try:
-            return await self.connection.execute(self._qualified(statement), params)
+            conn = self.connection
+            text = self._qualified(statement)
+            holder = current_holder()
+            begin = deferred.get(holder) if deferred else None
+            assert begin != _ENDED, "a statement after its unit of work's final one"
+            if begin is None or (not begin and (not final)):
+                return await conn.execute(text, params)
+            deferred[holder] = _ENDED if final else ""
+            if begin and final:
+                return await conn.execute(text, params)
+            if begin and params is None:
+                await conn.execute(begin)
+                return await conn.execute(text, params)
+            after = "COMMIT" if final else None
+            return (await self._pipelined(conn, begin or None, [(text, params)], after))[0]
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
         except UnicodeEncodeError as exc:
-            raise ValueError(
-                f"{doing}: a text given cannot be stored as UTF-8 ({exc.reason})"
-            ) from None
+            raise _unencodable(exc, doing) from None
 
     async def one(
-        self, statement: str, params: Params | None = None, *, doing: str
+        self, statement: str, params: Params | None = None, *, doing: str, final: bool = False
     ) -> tuple[Any, ...] | None:
-        cursor = await self.run(statement, params, doing=doing)
+        cursor = await self.run(statement, params, doing=doing, final=final)
         try:
             return await cursor.fetchone()
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
 
     async def all(
-        self, statement: str, params: Params | None = None, *, doing: str
+        self, statement: str, params: Params | None = None, *, doing: str, final: bool = False
     ) -> list[tuple[Any, ...]]:
-        cursor = await self.run(statement, params, doing=doing)
+        cursor = await self.run(statement, params, doing=doing, final=final)
         try:
             return await cursor.fetchall()
         except psycopg.Error as exc:
             raise storage_error(exc, doing) from exc
 
-    async def changes(self, statement: str, params: Params | None = None, *, doing: str) -> int:
-        return int((await self.run(statement, params, doing=doing)).rowcount)
+    async def changes(
+        self, statement: str, params: Params | None = None, *, doing: str, final: bool = False
+    ) -> int:
+        return int((await self.run(statement, params, doing=doing, final=final)).rowcount)
+
+    async def together(
+        self, statements: Sequence[tuple[str, Params]], *, doing: str
+    ) -> list[list[tuple[Any, ...]]] | None:
+        """``statements`` as the whole unit of work, in ONE round trip (its BEGIN, each of
+        them, its COMMIT in one pipeline): each one's rows. None when the unit is not
+        one of ours that has sent nothing yet: the caller runs them one by one."""
+        deferred = self._deferred
+        holder = current_holder()
+        begin = deferred.get(holder) if deferred else None
+        if not begin or begin == _ENDED:
+            return None
+        self.check_open(doing)
+        deferred[holder] = _ENDED
+        try:
+            conn = self.connection
+            sent = [(self._qualified(statement), params) for statement, params in statements]
+            cursors = await self._pipelined(conn, begin, sent, "COMMIT")
+            return [await cursor.fetchall() for cursor in cursors]
+        except psycopg.Error as exc:
+            raise storage_error(exc, doing) from exc
+        except UnicodeEncodeError as exc:
+            raise _unencodable(exc, doing) from None
+
+    async def _pipelined(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        before: str | None,
+        statements: Sequence[tuple[str, Params | None]],
+        after: str | None,
+    ) -> list[psycopg.AsyncCursor[Any]]:
+        """``statements`` between ``before`` and ``after`` (BEGIN, COMMIT), one round trip."""
+        async with conn.pipeline():
+            if before is not None:
+                await conn.execute(before)
+            cursors = [await conn.execute(statement, params) for statement, params in statements]
+            if after is not None:
+                await conn.execute(after)
+        return cursors
 
     @property
     def status(self) -> pq.TransactionStatus:
@@ -268,8 +334,9 @@ class AsyncPgDatabase:
     def in_transaction(self) -> bool:
         return self.status != pq.TransactionStatus.IDLE
 
-    async def begin(self, *, doing: str, read_only: bool = False) -> None:
-        """Open a transaction of the library's own on the connection."""
+    async def begin(self, *, doing: str, read_only: bool = False, deferred: bool = False) -> None:
+        """Open a transaction of the library's own on the connection; ``deferred``: on a
+        connection of ours, its BEGIN goes with the unit's first statement (:meth:`run`)."""
         conn = self.connection
         if conn.info.transaction_status != pq.TransactionStatus.IDLE:
             raise StorageError(
@@ -281,6 +348,9 @@ class AsyncPgDatabase:
             if read_only
             else "BEGIN ISOLATION LEVEL READ COMMITTED"
         )
+        if deferred and self.owns and conn.autocommit:
+            self._deferred[current_holder()] = begin
+            return
         options = []
         if not self.owns:
             sync = "on" if self.durability == "full" else "off"
@@ -301,6 +371,10 @@ class AsyncPgDatabase:
             raise storage_error(exc, doing) from exc
 
     async def commit(self, *, doing: str) -> None:
+        if self._deferred:
+            state = self._deferred.pop(current_holder(), None)
+            if state:
+                return
         try:
             conn = self.connection
             if conn.autocommit:
@@ -312,6 +386,8 @@ class AsyncPgDatabase:
             raise storage_error(exc, doing) from exc
 
     async def rollback_quietly(self) -> None:
+        if self._deferred:
+            self._deferred.pop(current_holder(), None)
         conn = self.connection
         try:
             if conn.closed or conn.info.transaction_status == pq.TransactionStatus.IDLE:
@@ -337,7 +413,7 @@ class AsyncPgDatabase:
             return await fn() if read_only else await self.savepoint(fn, doing=doing)
         retries = 0
         while True:
-            await self.begin(doing=doing, read_only=read_only)
+            await self.begin(doing=doing, read_only=read_only, deferred=True)
             try:
                 result = await fn()
                 await self.commit(doing=doing)

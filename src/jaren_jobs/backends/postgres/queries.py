@@ -89,6 +89,13 @@ ENQUEUE = f"""INSERT INTO {JOBS}
   VALUES (%s, %s, %s, 'pending', %s, %s, 0, %s, 0, %s, %s, %s, %s, %s)
   ON CONFLICT DO NOTHING"""
 
+# A lone enqueue and its NOTIFY in one statement (one round trip; at the root, in
+# autocommit, its own transaction): the notification only when a row went in, and
+# delivered with the commit, as ever
+ENQUEUE_NOTIFY = f"""WITH ins AS ({ENQUEUE} RETURNING 1)
+SELECT count(*), (SELECT pg_notify(%s, '') WHERE EXISTS (SELECT 1 FROM ins)) IS NULL
+  FROM ins"""
+
 # An enqueue with a unique key, in one round trip: whether it inserted,
 # whether the id was taken already, and the job holding the key (all from
 # the statement's snapshot, which does not see its own insert). A holder that
@@ -115,16 +122,29 @@ REQUEUE_KEY_HOLDER = f"""SELECT other.id FROM {JOBS} AS j
     AND other.{ACTIVE} AND other.id <> j.id
   WHERE j.state IN ('dead', 'cancelled') AND j.id = %s"""
 
-# a batch in one statement: arrays, one element per job
+# a batch in one statement: arrays, one element per job, sent in binary (psycopg's text
+# format quotes each element, by a regular expression: most of the batch's dump time)
 ENQUEUE_MANY = f"""INSERT INTO {JOBS}
   (id, kind, payload, state, priority, run_at, attempts, max_attempts,
    lease_generation, created_at, updated_at, queue, unique_key, trace_context)
   SELECT i, k, p, 'pending', pr, r, 0, m, 0, %(now)s, %(now)s, q, u, tc
-  FROM unnest(%(ids)s::text[], %(kinds)s::text[], %(payloads)s::text[],
-              %(priorities)s::bigint[], %(run_ats)s::bigint[], %(maxes)s::bigint[],
-              %(queues)s::text[], %(keys)s::text[], %(traces)s::text[])
+  FROM unnest(%(ids)b::text[], %(kinds)b::text[], %(payloads)b::text[],
+              %(priorities)b::bigint[], %(run_ats)b::bigint[], %(maxes)b::bigint[],
+              %(queues)b::text[], %(keys)b::text[], %(traces)b::text[])
     AS t(i, k, p, pr, r, m, q, u, tc)
   ON CONFLICT DO NOTHING"""
+
+# The batch and its NOTIFY in one statement, all or nothing: a row skipped (its id
+# taken) fails the statement, so that nothing of the batch is written (the caller then
+# replays it one by one, which names the taken id). The failure is a cast no input of
+# ours can provoke: ``22P02`` with SKIPPED_MARK in its message.
+SKIPPED_MARK = "jaren_jobs: a batch row was skipped"
+ENQUEUE_MANY_NOTIFY = f"""WITH ins AS ({ENQUEUE_MANY} RETURNING 1),
+  n AS (SELECT count(*) AS c FROM ins)
+SELECT CASE WHEN n.c = %(count)s THEN n.c
+    ELSE ('{SKIPPED_MARK}: ' || n.c)::bigint END,
+  pg_notify(%(channel)s, '') IS NULL
+  FROM n"""
 
 NOTIFY = "SELECT pg_notify(%(channel)s, '')"
 
@@ -191,8 +211,30 @@ def claim_lock(kind_count: int, queue_count: int = 0) -> str:
       ORDER BY {_CLAIM_ORDER} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"""
     names = [f"r{i}" for i in range(len(ready))] + ["rescue"]
     union = " UNION ALL ".join(f"SELECT * FROM {name}" for name in names)
+    # each row's place in claim order comes along (the one-statement claim's pairing of
+    # rows and tokens); computed before the LIMIT, in the same order, so it counts 1..
     return f"""WITH {", ".join([*ready, rescue])}
-SELECT id FROM ({union}) AS c ORDER BY {_CLAIM_ORDER} LIMIT %(limit)s"""
+SELECT id, row_number() OVER (ORDER BY {_CLAIM_ORDER}) AS n
+  FROM ({union}) AS c ORDER BY {_CLAIM_ORDER} LIMIT %(limit)s"""
+
+
+# A claim in ONE statement: lock up to %(limit)s rows (claim_lock) and mint their leases,
+# the n-th row in claim order taking the n-th of the tokens (and claim keys) the caller
+# minted, at least as many as the limit; the answer says each row's place in that order.
+@lru_cache(maxsize=64)
+def claim(kind_count: int, queue_count: int = 0) -> str:
+    """:func:`claim_lock` and :data:`CLAIM_ROWS` as one statement."""
+    locked = claim_lock(kind_count, queue_count)
+    returning = ", ".join("j." + c.strip() for c in CLAIM_COLUMNS.split(","))
+    return f"""WITH placed AS ({locked})
+UPDATE {JOBS} AS j SET state = 'leased', lease_owner = %(owner)s,
+    lease_until = %(until)s, lease_generation = j.lease_generation + 1, lease_token = p.token,
+    settled_generation = NULL, claim_key = p.key, attempts = j.attempts + 1,
+    updated_at = %(now)s
+  FROM placed JOIN unnest(%(tokens)s::text[], %(keys)s::bytea[]) WITH ORDINALITY
+    AS p(token, key, n) ON p.n = placed.n
+  WHERE j.id = placed.id
+  RETURNING {returning}, placed.n"""
 
 
 # Mint the leases of the locked rows: one token (and its claim key) each.

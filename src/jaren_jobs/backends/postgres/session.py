@@ -29,8 +29,6 @@ from jaren_jobs.backends.postgres.settling import PgSettling, fence_row_of
 from jaren_jobs.core.commands import ClaimRequest, PageFilters, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
 from jaren_jobs.core.rows import (
-    claim_key,
-    claimed_from_row,
     inserted_job,
     job_from_row,
     lease_from_row,
@@ -130,16 +128,61 @@ class PostgresSession(PgReads):
     def insert_jobs(
         self, prepared: Sequence[PreparedJob], *, one_by_one: bool, what: str
     ) -> list[Job]:
+        if len(prepared) == 1 and prepared[0].unique_key is None:
+            # the insert and its NOTIFY in one statement: at the root, one round trip
+            def alone() -> list[Job]:
+                return [self._insert_alone(prepared[0], what)]
+
+            return self._scope.write(alone, what)
+        ids: list[str] | None = None
+        if not one_by_one and len(prepared) > 1:
+            minted = iter(self._runtime.uuids(sum(1 for p in prepared if p.id is None)))
+            ids = [next(minted) if p.id is None else p.id for p in prepared]
+            batch = ids
+            try:
+                return self._scope.write(lambda: self._insert_batch(prepared, batch, what), what)
+            except _Skipped:
+                pass  # an id was taken and nothing written: one by one names which
+
         def work() -> list[Job]:
             now = self._runtime.now_ms()
-            if len(prepared) == 1 or one_by_one:
+            if ids is None:
                 jobs = [self._insert(p, now, what) for p in prepared]
             else:
-                jobs = self._insert_batch(prepared, now, what)
+                replay = zip(ids, prepared, strict=True)
+                jobs = [self._insert(p._replace(id=job_id), now, what) for job_id, p in replay]
             self._notify(what)
             return jobs
 
         return self._scope.write(work, what)
+
+    def _insert_alone(self, prepared: PreparedJob, what: str) -> Job:
+        """One job without a unique key: inserted with its NOTIFY, the unit's only statement."""
+        now = self._runtime.now_ms()
+        job_id = prepared.id if prepared.id is not None else self._runtime.uuid()
+        run_at = prepared.run_at(now)
+        row = self._db.one(
+            sql.ENQUEUE_NOTIFY,
+            (
+                job_id,
+                prepared.kind,
+                prepared.payload,
+                prepared.priority,
+                run_at,
+                prepared.max_attempts,
+                now,
+                now,
+                prepared.queue,
+                None,
+                prepared.trace_context,
+                self._channel or "jaren_jobs",
+            ),
+            doing=what,
+            final=True,
+        )
+        if row is None or not row[0]:
+            raise _taken(job_id, what)
+        return inserted_job(job_id, prepared, run_at, now)
 
     def _insert(self, prepared: PreparedJob, now: int, what: str) -> Job:
         job_id = prepared.id if prepared.id is not None else self._runtime.uuid()
@@ -209,13 +252,17 @@ class PostgresSession(PgReads):
             unique_key=key,
         )
 
-    def _insert_batch(self, prepared: Sequence[PreparedJob], now: int, what: str) -> list[Job]:
-        """One statement for the batch, under a savepoint; a taken id replays it one by
-        one, which raises exactly what one-by-one inserts raise."""
-        minted = iter(self._runtime.uuids(sum(1 for p in prepared if p.id is None)))
-        ids = [next(minted) if p.id is None else p.id for p in prepared]
+    def _insert_batch(
+        self, prepared: Sequence[PreparedJob], ids: list[str], what: str
+    ) -> list[Job]:
+        """The batch and its NOTIFY in one statement, all or nothing; ``_Skipped`` when an
+        id was taken (nothing written: the caller replays it one by one, which raises
+        exactly what one-by-one inserts raise)."""
+        now = self._runtime.now_ms()
         run_ats = [p.run_at(now) for p in prepared]
         params = {
+            "count": len(ids),
+            "channel": self._channel or "jaren_jobs",
             "now": now,
             "ids": ids,
             "kinds": [p.kind for p in prepared],
@@ -228,15 +275,12 @@ class PostgresSession(PgReads):
             "traces": [p.trace_context for p in prepared],
         }
 
-        def insert() -> None:
-            if self._db.changes(sql.ENQUEUE_MANY, params, doing=what) != len(ids):
-                raise _Skipped  # an id was taken: the savepoint undoes the batch
-
         try:
-            self._db.savepoint(insert, doing=what)
-        except _Skipped:
-            replay = zip(ids, prepared, strict=True)
-            return [self._insert(p._replace(id=job_id), now, what) for job_id, p in replay]
+            self._db.one(sql.ENQUEUE_MANY_NOTIFY, params, doing=what, final=True)
+        except StorageError as exc:
+            if exc.details.get("sqlstate") == "22P02" and sql.SKIPPED_MARK in exc.message:
+                raise _Skipped from None  # the statement failed: the unit undoes it
+            raise
         return [
             inserted_job(job_id, p, run_at, now)
             for job_id, p, run_at in zip(ids, prepared, run_ats, strict=True)
@@ -253,40 +297,11 @@ class PostgresSession(PgReads):
     # ------------------------------------------------------------ claims
 
     def claim(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
-        return self._scope.write(lambda: self.claim_within(request, limit, what), what)
+        claim = self._settling.claim_within
+        return self._scope.write(lambda: claim(request, limit, what, final=True), what)
 
     def claim_within(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
-        now = self._runtime.now_ms()
-        params: dict[str, Any] = {"now": now, "limit": limit}
-        for index, kind in enumerate(request.kinds):
-            params[f"k{index}"] = kind
-        queues = 0
-        if request.queues is not None:
-            queues = len(request.queues)
-            for index, queue in enumerate(request.queues):
-                params[f"q{index}"] = queue
-        statement = sql.claim_lock(len(request.kinds), queues)
-        ids = [row[0] for row in self._db.all(statement, params, doing=what)]
-        if not ids:
-            return []
-        tokens = self._runtime.uuids(len(ids))
-        keys = [claim_key(token) for token in tokens]
-        rows = self._db.all(
-            sql.CLAIM_ROWS,
-            {
-                "owner": request.owner,
-                "until": now + request.lease_ms,
-                "now": now,
-                "ids": ids,
-                "tokens": tokens,
-                "keys": keys,
-            },
-            doing=what,
-        )
-        place = {job_id: index for index, job_id in enumerate(ids)}
-        rows.sort(key=lambda row: place[row[0]])
-        by_token = dict(zip(tokens, keys, strict=True))
-        return [claimed_from_row(row, by_token[row[15]]) for row in rows]
+        return self._settling.claim_within(request, limit, what, final=False)
 
     # ------------------------------------------------------------ fenced writes
 
@@ -460,11 +475,26 @@ class PostgresSession(PgReads):
 
     def settle(self, batch: SettleBatch, what: str) -> SettleAnswer:
         now_ms = self._runtime.now_ms
-        return self._scope.write(lambda: self.settle_within(batch, now_ms(), what), what)
+        return self._scope.write(lambda: self._settle(batch, now_ms(), what, final=True), what)
 
     def settle_within(self, batch: SettleBatch, now: int, what: str) -> SettleAnswer:
-        settled, released = self._settling.settle_within(batch, now, what)
-        claimed = tuple(self.claim_within(request, count, what) for request, count in batch.claims)
+        return self._settle(batch, now, what, final=False)
+
+    def _settle(self, batch: SettleBatch, now: int, what: str, *, final: bool) -> SettleAnswer:
+        """``final``: the batch is its unit of work, so its last statement may commit it."""
+        claims = batch.claims
+        if final and claims:
+            together = self._settling.settle_together(batch, now, what)
+            if together is not None:
+                return SettleAnswer(together[0], 0, together[1], now)
+        settled, released = self._settling.settle_within(
+            batch, now, what, final=final and not claims
+        )
+        last = len(claims) - 1
+        claimed = tuple(
+            self._settling.claim_within(request, count, what, final=final and index == last)
+            for index, (request, count) in enumerate(claims)
+        )
         return SettleAnswer(settled, released, claimed, now)
 
     # ------------------------------------------------------------ checkpoints (SPEC §6)

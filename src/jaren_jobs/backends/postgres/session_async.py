@@ -28,13 +28,7 @@ from jaren_jobs.backends.postgres.settling import fence_row_of
 from jaren_jobs.backends.postgres.settling_async import AsyncPgSettling
 from jaren_jobs.core.commands import ClaimRequest, PreparedJob
 from jaren_jobs.core.fence import FenceRow, Verdict, classify
-from jaren_jobs.core.rows import (
-    claim_key,
-    claimed_from_row,
-    inserted_job,
-    job_from_row,
-    lease_from_row,
-)
+from jaren_jobs.core.rows import inserted_job, job_from_row, lease_from_row
 from jaren_jobs.core.settle import SettleBatch
 from jaren_jobs.errors import StorageError, key_held
 from jaren_jobs.records import ClaimedJob, Job, Lease
@@ -110,17 +104,65 @@ class AsyncPostgresSession(AsyncPgReads):
     async def insert_jobs(
         self, prepared: Sequence[PreparedJob], *, one_by_one: bool, what: str
     ) -> list[Job]:
+        if len(prepared) == 1 and prepared[0].unique_key is None:
+
+            async def alone() -> list[Job]:
+                return [await self._insert_alone(prepared[0], what)]
+
+            return await self._scope.write(alone, what)
+        ids: list[str] | None = None
+        if not one_by_one and len(prepared) > 1:
+            minted = iter(self._runtime.uuids(sum(1 for p in prepared if p.id is None)))
+            ids = [next(minted) if p.id is None else p.id for p in prepared]
+            batch = ids
+            try:
+                return await self._scope.write(
+                    lambda: self._insert_batch(prepared, batch, what), what
+                )
+            except _Skipped:
+                pass
 
         async def work() -> list[Job]:
             now = self._runtime.now_ms()
-            if len(prepared) == 1 or one_by_one:
+            if ids is None:
                 jobs = [await self._insert(p, now, what) for p in prepared]
             else:
-                jobs = await self._insert_batch(prepared, now, what)
+                replay = zip(ids, prepared, strict=True)
+                jobs = [
+                    await self._insert(p._replace(id=job_id), now, what) for job_id, p in replay
+                ]
             await self._notify(what)
             return jobs
 
         return await self._scope.write(work, what)
+
+    async def _insert_alone(self, prepared: PreparedJob, what: str) -> Job:
+        """One job without a unique key: inserted with its NOTIFY, the unit's only statement."""
+        now = self._runtime.now_ms()
+        job_id = prepared.id if prepared.id is not None else self._runtime.uuid()
+        run_at = prepared.run_at(now)
+        row = await self._db.one(
+            sql.ENQUEUE_NOTIFY,
+            (
+                job_id,
+                prepared.kind,
+                prepared.payload,
+                prepared.priority,
+                run_at,
+                prepared.max_attempts,
+                now,
+                now,
+                prepared.queue,
+                None,
+                prepared.trace_context,
+                self._channel or "jaren_jobs",
+            ),
+            doing=what,
+            final=True,
+        )
+        if row is None or not row[0]:
+            raise _taken(job_id, what)
+        return inserted_job(job_id, prepared, run_at, now)
 
     async def _insert(self, prepared: PreparedJob, now: int, what: str) -> Job:
         job_id = prepared.id if prepared.id is not None else self._runtime.uuid()
@@ -186,14 +228,16 @@ class AsyncPostgresSession(AsyncPgReads):
         )
 
     async def _insert_batch(
-        self, prepared: Sequence[PreparedJob], now: int, what: str
+        self, prepared: Sequence[PreparedJob], ids: list[str], what: str
     ) -> list[Job]:
-        """One statement for the batch, under a savepoint; a taken id replays it one by
-        one, which raises exactly what one-by-one inserts raise."""
-        minted = iter(self._runtime.uuids(sum(1 for p in prepared if p.id is None)))
-        ids = [next(minted) if p.id is None else p.id for p in prepared]
+        """The batch and its NOTIFY in one statement, all or nothing; ``_Skipped`` when an
+        id was taken (nothing written: the caller replays it one by one, which raises
+        exactly what one-by-one inserts raise)."""
+        now = self._runtime.now_ms()
         run_ats = [p.run_at(now) for p in prepared]
         params = {
+            "count": len(ids),
+            "channel": self._channel or "jaren_jobs",
             "now": now,
             "ids": ids,
             "kinds": [p.kind for p in prepared],
@@ -205,16 +249,12 @@ class AsyncPostgresSession(AsyncPgReads):
             "keys": [p.unique_key for p in prepared],
             "traces": [p.trace_context for p in prepared],
         }
-
-        async def insert() -> None:
-            if await self._db.changes(sql.ENQUEUE_MANY, params, doing=what) != len(ids):
-                raise _Skipped
-
         try:
-            await self._db.savepoint(insert, doing=what)
-        except _Skipped:
-            replay = zip(ids, prepared, strict=True)
-            return [await self._insert(p._replace(id=job_id), now, what) for job_id, p in replay]
+            await self._db.one(sql.ENQUEUE_MANY_NOTIFY, params, doing=what, final=True)
+        except StorageError as exc:
+            if exc.details.get("sqlstate") == "22P02" and sql.SKIPPED_MARK in exc.message:
+                raise _Skipped from None
+            raise
         return [
             inserted_job(job_id, p, run_at, now)
             for job_id, p, run_at in zip(ids, prepared, run_ats, strict=True)
@@ -230,40 +270,11 @@ class AsyncPostgresSession(AsyncPgReads):
         return None if row is None else job_from_row(row)
 
     async def claim(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
-        return await self._scope.write(lambda: self.claim_within(request, limit, what), what)
+        claim = self._settling.claim_within
+        return await self._scope.write(lambda: claim(request, limit, what, final=True), what)
 
     async def claim_within(self, request: ClaimRequest, limit: int, what: str) -> list[ClaimedJob]:
-        now = self._runtime.now_ms()
-        params: dict[str, Any] = {"now": now, "limit": limit}
-        for index, kind in enumerate(request.kinds):
-            params[f"k{index}"] = kind
-        queues = 0
-        if request.queues is not None:
-            queues = len(request.queues)
-            for index, queue in enumerate(request.queues):
-                params[f"q{index}"] = queue
-        statement = sql.claim_lock(len(request.kinds), queues)
-        ids = [row[0] for row in await self._db.all(statement, params, doing=what)]
-        if not ids:
-            return []
-        tokens = self._runtime.uuids(len(ids))
-        keys = [claim_key(token) for token in tokens]
-        rows = await self._db.all(
-            sql.CLAIM_ROWS,
-            {
-                "owner": request.owner,
-                "until": now + request.lease_ms,
-                "now": now,
-                "ids": ids,
-                "tokens": tokens,
-                "keys": keys,
-            },
-            doing=what,
-        )
-        place = {job_id: index for index, job_id in enumerate(ids)}
-        rows.sort(key=lambda row: place[row[0]])
-        by_token = dict(zip(tokens, keys, strict=True))
-        return [claimed_from_row(row, by_token[row[15]]) for row in rows]
+        return await self._settling.claim_within(request, limit, what, final=False)
 
     async def _fence_row(self, job_id: str, what: str) -> FenceRow | None:
         row = await self._db.one(sql.FENCE_ROW, (job_id,), doing=what)
@@ -424,12 +435,33 @@ class AsyncPostgresSession(AsyncPgReads):
 
     async def settle(self, batch: SettleBatch, what: str) -> SettleAnswer:
         now_ms = self._runtime.now_ms
-        return await self._scope.write(lambda: self.settle_within(batch, now_ms(), what), what)
+        return await self._scope.write(
+            lambda: self._settle(batch, now_ms(), what, final=True), what
+        )
 
     async def settle_within(self, batch: SettleBatch, now: int, what: str) -> SettleAnswer:
-        settled, released = await self._settling.settle_within(batch, now, what)
+        return await self._settle(batch, now, what, final=False)
+
+    async def _settle(
+        self, batch: SettleBatch, now: int, what: str, *, final: bool
+    ) -> SettleAnswer:
+        """``final``: the batch is its unit of work, so its last statement may commit it."""
+        claims = batch.claims
+        if final and claims:
+            together = await self._settling.settle_together(batch, now, what)
+            if together is not None:
+                return SettleAnswer(together[0], 0, together[1], now)
+        settled, released = await self._settling.settle_within(
+            batch, now, what, final=final and (not claims)
+        )
+        last = len(claims) - 1
         claimed = tuple(
-            [await self.claim_within(request, count, what) for request, count in batch.claims]
+            [
+                await self._settling.claim_within(
+                    request, count, what, final=final and index == last
+                )
+                for index, (request, count) in enumerate(claims)
+            ]
         )
         return SettleAnswer(settled, released, claimed, now)
 

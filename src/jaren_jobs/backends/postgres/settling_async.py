@@ -16,14 +16,16 @@ from jaren_jobs.backend import Missed
 from jaren_jobs.backends.postgres import queries as sql
 from jaren_jobs.backends.postgres.connection_async import AsyncPgDatabase
 from jaren_jobs.backends.postgres.settling import _holds, fence_row_of, pg_text
-from jaren_jobs.core.commands import Failure
+from jaren_jobs.core.commands import ClaimRequest, Failure
 from jaren_jobs.core.fence import FenceRow
 from jaren_jobs.core.policy import failure_transition, retry_at_ms
+from jaren_jobs.core.rows import claim_key, claimed_from_row
 from jaren_jobs.core.settle import Completion, SettleBatch, Snoozing
-from jaren_jobs.records import Lease
+from jaren_jobs.records import ClaimedJob, Lease
 from jaren_jobs.runtime import ResolvedRuntime
 
 __all__ = ["AsyncPgSettling"]
+_MINTED_AHEAD = 64
 _MARKED_AT = 8
 
 
@@ -40,6 +42,13 @@ def ended_cancelled(before: FenceRow | None, error: str | None) -> Missed:
         last_error=error if error is not None else before.last_error,
     )
     return Missed(after)
+
+
+def _claimed(rows: list[tuple[Any, ...]], keys: list[bytes]) -> list[ClaimedJob]:
+    """A one-statement claim's rows, in claim order (each row's place is its last column,
+    which also picks its token's claim key)."""
+    rows.sort(key=lambda row: row[-1])
+    return [claimed_from_row(row, keys[row[-1] - 1]) for row in rows]
 
 
 class AsyncPgSettling:
@@ -68,10 +77,10 @@ class AsyncPgSettling:
         return None if row is None else fence_row_of(row)
 
     async def _fenced(
-        self, statement: str, params: dict[str, Any], lease: Lease, what: str
+        self, statement: str, params: dict[str, Any], lease: Lease, what: str, final: bool = False
     ) -> bool | Missed:
         """A ``sql.fenced`` write: ``True``, or the fence row it met, from the same round trip."""
-        row = await self._db.one(statement, params, doing=what)
+        row = await self._db.one(statement, params, doing=what, final=final)
         assert row is not None
         if row[0]:
             return True
@@ -91,16 +100,29 @@ class AsyncPgSettling:
         return Missed(fence_row_of(row[1:]))
 
     async def complete_within(
-        self, lease: Lease, result: str, now: int, what: str, *, notify: bool = False
+        self,
+        lease: Lease,
+        result: str,
+        now: int,
+        what: str,
+        *,
+        notify: bool = False,
+        final: bool = False,
     ) -> bool | Missed:
         params = {"result": result, "now": now, "id": lease.job_id, "token": lease.token}
         if notify and self._settled is not None:
             params["settled"] = self._settled
-            return await self._fenced(sql.SETTLE_DONE_NOTIFY, params, lease, what)
-        return await self._fenced(sql.SETTLE_DONE, params, lease, what)
+            return await self._fenced(sql.SETTLE_DONE_NOTIFY, params, lease, what, final)
+        return await self._fenced(sql.SETTLE_DONE, params, lease, what, final)
 
     async def _complete_many(
-        self, items: Sequence[tuple[int, Completion]], now: int, what: str, *, notify: bool
+        self,
+        items: Sequence[tuple[int, Completion]],
+        now: int,
+        what: str,
+        *,
+        notify: bool,
+        final: bool = False,
     ) -> dict[int, bool | Missed]:
         """Distinct jobs' completions in one statement, which also answers the missed ones'
         fence rows."""
@@ -116,7 +138,7 @@ class AsyncPgSettling:
             statement = sql.SETTLE_DONE_MANY_NOTIFY
         found = {
             row[0]: True if row[1] else Missed(fence_row_of(row[2:]))
-            for row in await self._db.all(statement, params, doing=what)
+            for row in await self._db.all(statement, params, doing=what, final=final)
         }
         return {index: found[c.lease.job_id] for index, c in items}
 
@@ -193,13 +215,108 @@ class AsyncPgSettling:
         params = {"now": now, "ids": [h[0] for h in held], "tokens": [h[1] for h in held]}
         return await self._db.changes(sql.RELEASE_LEASES, params, doing=what)
 
-    async def settle_within(
+    async def claim_within(
+        self, request: ClaimRequest, limit: int, what: str, *, final: bool
+    ) -> list[ClaimedJob]:
+        """Lock and lease up to ``limit`` jobs: one statement up to ``_MINTED_AHEAD`` (its
+        tokens minted before it knows how many rows it finds), two beyond."""
+        if limit <= _MINTED_AHEAD:
+            statement, params, keys = self._claim_statement(request, limit)
+            return _claimed(await self._db.all(statement, params, doing=what, final=final), keys)
+        params = self._claim_params(request, limit)
+        queues = 0 if request.queues is None else len(request.queues)
+        locked = await self._db.all(sql.claim_lock(len(request.kinds), queues), params, doing=what)
+        ids = [row[0] for row in locked]
+        if not ids:
+            return []
+        tokens = self._runtime.uuids(len(ids))
+        keys = [claim_key(token) for token in tokens]
+        rows = await self._db.all(
+            sql.CLAIM_ROWS,
+            {**params, "ids": ids, "tokens": tokens, "keys": keys},
+            doing=what,
+            final=final,
+        )
+        place = {job_id: index for index, job_id in enumerate(ids)}
+        rows.sort(key=lambda row: place[row[0]])
+        by_token = dict(zip(tokens, keys, strict=True))
+        return [claimed_from_row(row, by_token[row[15]]) for row in rows]
+
+    def _claim_params(self, request: ClaimRequest, limit: int) -> dict[str, Any]:
+        now = self._runtime.now_ms()
+        params: dict[str, Any] = {"now": now, "limit": limit}
+        for index, kind in enumerate(request.kinds):
+            params[f"k{index}"] = kind
+        if request.queues is not None:
+            for index, queue in enumerate(request.queues):
+                params[f"q{index}"] = queue
+        params["owner"] = request.owner
+        params["until"] = now + request.lease_ms
+        return params
+
+    def _claim_statement(
+        self, request: ClaimRequest, limit: int
+    ) -> tuple[str, dict[str, Any], list[bytes]]:
+        """The one-statement claim of up to ``limit`` jobs, its ``limit`` tokens minted."""
+        params = self._claim_params(request, limit)
+        tokens = self._runtime.uuids(limit)
+        keys = [claim_key(token) for token in tokens]
+        params["tokens"] = tokens
+        params["keys"] = keys
+        queues = 0 if request.queues is None else len(request.queues)
+        return (sql.claim(len(request.kinds), queues), params, keys)
+
+    async def settle_together(
         self, batch: SettleBatch, now: int, what: str
+    ) -> tuple[tuple[bool | Missed, ...], tuple[list[ClaimedJob], ...]] | None:
+        """A worker's usual batch — completions of distinct jobs and its next claims, the
+        batch its whole unit of work — in ONE round trip: its BEGIN, the completions'
+        statement, each claim's, its COMMIT, pipelined (none reads another's answer).
+        None when the batch is another shape, or the unit has begun: the caller then
+        runs the statements one by one."""
+        items = batch.settlements
+        if batch.releases or not items or (not batch.claims):
+            return None
+        if any((count > _MINTED_AHEAD for _, count in batch.claims)):
+            return None
+        ids = [item.lease.job_id for item in items]
+        if len(set(ids)) != len(ids) or not all(isinstance(i, Completion) for i in items):
+            return None
+        done = [item for item in items if isinstance(item, Completion)]
+        params: dict[str, Any] = {
+            "now": now,
+            "ids": ids,
+            "tokens": [c.lease.token for c in done],
+            "results": [c.result for c in done],
+        }
+        statement = sql.SETTLE_DONE_MANY
+        if self._settled is not None:
+            params["settled"] = self._settled
+            statement = sql.SETTLE_DONE_MANY_NOTIFY
+        claims = [self._claim_statement(request, count) for request, count in batch.claims]
+        answers = await self._db.together(
+            [(statement, params), *((text, bound) for text, bound, _ in claims)], doing=what
+        )
+        if answers is None:
+            return None
+        found = {row[0]: True if row[1] else Missed(fence_row_of(row[2:])) for row in answers[0]}
+        settled = tuple(found[job_id] for job_id in ids)
+        claimed = tuple(
+            (_claimed(rows, keys) for rows, (_, _, keys) in zip(answers[1:], claims, strict=True))
+        )
+        return (settled, claimed)
+
+    async def settle_within(
+        self, batch: SettleBatch, now: int, what: str, *, final: bool = False
     ) -> tuple[tuple[bool | Missed, ...], int]:
         """The batch's settlements and releases inside the caller's write: per settlement
         ``True`` or :class:`Missed`, and how many released leases were still held. The
-        batch's claims are the session's (they run after these, in the same write)."""
+        batch's claims are the session's (they run after these, in the same write).
+
+        ``final``: nothing follows in the write, so completions alone (the common batch)
+        go as its final statement, which commits it in the same round trip."""
         items = batch.settlements
+        final = final and (not batch.releases)
         settled: list[bool | Missed] = [True] * len(items)
         rest: Sequence[int] = range(len(items))
         if len(items) > 1:
@@ -212,7 +329,8 @@ class AsyncPgSettling:
                     seen.add(job_id)
                     together.append((index, s))
             if len(together) >= 2:
-                many = await self._complete_many(together, now, what, notify=True)
+                alone = final and len(together) == len(items)
+                many = await self._complete_many(together, now, what, notify=True, final=alone)
                 for index, answer in many.items():
                     settled[index] = answer
                 joined = {index for index, _ in together}
@@ -226,8 +344,9 @@ class AsyncPgSettling:
         for index in rest:
             item = items[index]
             if isinstance(item, Completion):
+                alone = final and len(items) == 1
                 answer = await self.complete_within(
-                    item.lease, item.result, now, what, notify=notify
+                    item.lease, item.result, now, what, notify=notify, final=alone
                 )
                 notify = False
             elif isinstance(item, Snoozing):
