@@ -18,17 +18,15 @@ from typing import Any
 from bench import (
     Sizes,
     drain_in_processes,
-    growth_per_10k,
     in_subprocess,
     median,
-    peak_mib,
     percentile,
     remote_latency,
     workloads,
 )
 from bench import pg as b
 from bench import pg_peers as pp
-from bench.report import JAREN, WORKLOADS, Figure, Report, log
+from bench.report import JAREN, WORKLOADS, Figure, Report, log, memory_figures
 
 PG_WORKLOADS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 
@@ -324,40 +322,12 @@ class PgRunner:
         our_rss = drain(workloads.memory, "jj9", s.memory_jobs, False)
         raw_heap = drain(b.raw_memory, "raw9h", s.heap_jobs, True)
         our_heap = drain(workloads.memory, "jj9h", s.heap_jobs, True)
-        return [
-            Figure(
-                9,
-                "9.heap",
-                f"Python heap growth (fitted slope), draining {s.heap_jobs:,} jobs (tracemalloc)",
-                "KiB per 10k jobs",
-                "lower",
-                growth_per_10k(raw_heap, s.heap_jobs),
-                {JAREN: growth_per_10k(our_heap, s.heap_jobs)},
-                extra={"samples": {"raw": raw_heap, JAREN: our_heap}},
-            ),
-            Figure(
-                9,
-                "9.growth",
-                f"RSS growth (fitted slope), draining {s.memory_jobs:,} jobs",
-                "KiB per 10k jobs",
-                "lower",
-                growth_per_10k(raw_rss, s.memory_jobs),
-                {JAREN: growth_per_10k(our_rss, s.memory_jobs)},
-                extra={
-                    "samples": {"raw": raw_rss, JAREN: our_rss},
-                    "raw_is": "claim 100 and complete 100 per statement; ours: a worker, c=4",
-                },
-            ),
-            Figure(
-                9,
-                "9.peak",
-                "peak RSS while draining",
-                "MiB",
-                "lower",
-                peak_mib(raw_rss),
-                {JAREN: peak_mib(our_rss)},
-            ),
-        ]
+        return memory_figures(
+            {"raw heap": raw_heap, "our heap": our_heap, "raw rss": raw_rss, "our rss": our_rss},
+            s.heap_jobs,
+            s.memory_jobs,
+            "claim 100 and complete 100 per statement; ours: a worker, c=4",
+        )
 
     def w6(self) -> list[Figure]:
         s, d = self.sizes, self.durability

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JAREN", "REPO", "WORKLOADS", "Figure", "Report", "Target", "log"]
+__all__ = ["JAREN", "REPO", "WORKLOADS", "Figure", "Report", "Target", "log", "memory_figures"]
 
 JAREN = "jaren_jobs"
 REPO = Path(__file__).resolve().parent.parent
@@ -86,3 +86,47 @@ WORKLOADS = {
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def memory_figures(
+    samples: dict[str, list[tuple[int, int]]],
+    heap_jobs: int,
+    rss_jobs: int,
+    raw_is: str,
+) -> list[Figure]:
+    """Workload 9's three figures from the drains' samples (raw and ours, heap and RSS)."""
+    from bench import growth_per_10k, peak_mib
+
+    raw_heap, our_heap = samples["raw heap"], samples["our heap"]
+    raw_rss, our_rss = samples["raw rss"], samples["our rss"]
+    return [
+        Figure(
+            9,
+            "9.heap",
+            f"Python heap growth (fitted slope), draining {heap_jobs:,} jobs (tracemalloc)",
+            "KiB per 10k jobs",
+            "lower",
+            growth_per_10k(raw_heap, heap_jobs),
+            {JAREN: growth_per_10k(our_heap, heap_jobs)},
+            extra={"samples": {"raw": raw_heap, JAREN: our_heap}},
+        ),
+        Figure(
+            9,
+            "9.growth",
+            f"RSS growth (fitted slope), draining {rss_jobs:,} jobs",
+            "KiB per 10k jobs",
+            "lower",
+            growth_per_10k(raw_rss, rss_jobs),
+            {JAREN: growth_per_10k(our_rss, rss_jobs)},
+            extra={"samples": {"raw": raw_rss, JAREN: our_rss}, "raw_is": raw_is},
+        ),
+        Figure(
+            9,
+            "9.peak",
+            "peak RSS while draining",
+            "MiB",
+            "lower",
+            peak_mib(raw_rss),
+            {JAREN: peak_mib(our_rss)},
+        ),
+    ]

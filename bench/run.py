@@ -41,10 +41,8 @@ from bench import (
     drain_in_processes,
     dumps,
     filesystem_of,
-    growth_per_10k,
     in_subprocess,
     median,
-    peak_mib,
     percentile,
     raw,
     remote_latency,
@@ -54,7 +52,7 @@ from bench import (
 from bench import targets as issue_targets
 from bench.peers import PEERS, Peer
 from bench.pg_peers import PG_PEERS, UNAVAILABLE, PgPeer
-from bench.report import JAREN, REPO, WORKLOADS, Figure, Report, Target, log
+from bench.report import JAREN, REPO, WORKLOADS, Figure, Report, Target, log, memory_figures
 from bench.targets import spread_text
 
 
@@ -407,46 +405,16 @@ class Runner:
             samples: list[tuple[int, int]] = in_subprocess(module.memory, str(path), d, jobs, heap)
             return samples
 
-        growth, peak = growth_per_10k, peak_mib
-
         raw_rss = drain(raw, "raw.db", s.memory_jobs, False)
         our_rss = drain(workloads, "jj.db", s.memory_jobs, False)
         raw_heap = drain(raw, "raw.db", s.heap_jobs, True)
         our_heap = drain(workloads, "jj.db", s.heap_jobs, True)
-        return [
-            Figure(
-                9,
-                "9.heap",
-                f"Python heap growth (fitted slope), draining {s.heap_jobs:,} jobs (tracemalloc)",
-                "KiB per 10k jobs",
-                "lower",
-                growth(raw_heap, s.heap_jobs),
-                {JAREN: growth(our_heap, s.heap_jobs)},
-                extra={"samples": {"raw": raw_heap, JAREN: our_heap}},
-            ),
-            Figure(
-                9,
-                "9.growth",
-                f"RSS growth (fitted slope), draining {s.memory_jobs:,} jobs",
-                "KiB per 10k jobs",
-                "lower",
-                growth(raw_rss, s.memory_jobs),
-                {JAREN: growth(our_rss, s.memory_jobs)},
-                extra={
-                    "samples": {"raw": raw_rss, JAREN: our_rss},
-                    "raw_is": "claim 100 and complete 100 per transaction; ours: a worker, c=4",
-                },
-            ),
-            Figure(
-                9,
-                "9.peak",
-                "peak RSS while draining",
-                "MiB",
-                "lower",
-                peak(raw_rss),
-                {JAREN: peak(our_rss)},
-            ),
-        ]
+        return memory_figures(
+            {"raw heap": raw_heap, "our heap": our_heap, "raw rss": raw_rss, "our rss": our_rss},
+            s.heap_jobs,
+            s.memory_jobs,
+            "claim 100 and complete 100 per transaction; ours: a worker, c=4",
+        )
 
 
 def _put_timed(peer: Peer, handle: Any, n: int, t: float) -> None:

@@ -62,6 +62,23 @@ def _taken(job_id: str, what: str) -> DuplicateJob:
     )
 
 
+def _row(prepared: PreparedJob, job_id: str, run_at: int, now: int) -> tuple[Any, ...]:
+    """One job's values in the order of ENQUEUE's placeholders (no unique key)."""
+    return (
+        job_id,
+        prepared.kind,
+        prepared.payload,
+        prepared.priority,
+        run_at,
+        prepared.max_attempts,
+        now,
+        now,
+        prepared.queue,
+        None,
+        prepared.trace_context,
+    )
+
+
 class PostgresSession(PgReads):
     """The engine's statements over one scope of one PostgreSQL store."""
 
@@ -163,20 +180,7 @@ class PostgresSession(PgReads):
         run_at = prepared.run_at(now)
         row = self._db.one(
             sql.ENQUEUE_NOTIFY,
-            (
-                job_id,
-                prepared.kind,
-                prepared.payload,
-                prepared.priority,
-                run_at,
-                prepared.max_attempts,
-                now,
-                now,
-                prepared.queue,
-                None,
-                prepared.trace_context,
-                self._channel or "jaren_jobs",
-            ),
+            (*_row(prepared, job_id, run_at, now), self._channel or "jaren_jobs"),
             doing=what,
             final=True,
         )
@@ -191,19 +195,7 @@ class PostgresSession(PgReads):
             return self._insert_unique(prepared, job_id, run_at, now, what)
         inserted = self._db.changes(
             sql.ENQUEUE,
-            (
-                job_id,
-                prepared.kind,
-                prepared.payload,
-                prepared.priority,
-                run_at,
-                prepared.max_attempts,
-                now,
-                now,
-                prepared.queue,
-                None,
-                prepared.trace_context,
-            ),
+            _row(prepared, job_id, run_at, now),
             doing=what,
         )
         if not inserted:

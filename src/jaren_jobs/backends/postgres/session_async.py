@@ -39,6 +39,23 @@ __all__ = ["AsyncPostgresSession", "cancel_channel", "settled_channel"]
 T = TypeVar("T")
 
 
+def _row(prepared: PreparedJob, job_id: str, run_at: int, now: int) -> tuple[Any, ...]:
+    """One job's values in the order of ENQUEUE's placeholders (no unique key)."""
+    return (
+        job_id,
+        prepared.kind,
+        prepared.payload,
+        prepared.priority,
+        run_at,
+        prepared.max_attempts,
+        now,
+        now,
+        prepared.queue,
+        None,
+        prepared.trace_context,
+    )
+
+
 class AsyncPostgresSession(AsyncPgReads):
     """The engine's statements over one scope of one PostgreSQL store."""
 
@@ -143,20 +160,7 @@ class AsyncPostgresSession(AsyncPgReads):
         run_at = prepared.run_at(now)
         row = await self._db.one(
             sql.ENQUEUE_NOTIFY,
-            (
-                job_id,
-                prepared.kind,
-                prepared.payload,
-                prepared.priority,
-                run_at,
-                prepared.max_attempts,
-                now,
-                now,
-                prepared.queue,
-                None,
-                prepared.trace_context,
-                self._channel or "jaren_jobs",
-            ),
+            (*_row(prepared, job_id, run_at, now), self._channel or "jaren_jobs"),
             doing=what,
             final=True,
         )
@@ -170,21 +174,7 @@ class AsyncPostgresSession(AsyncPgReads):
         if prepared.unique_key is not None:
             return await self._insert_unique(prepared, job_id, run_at, now, what)
         inserted = await self._db.changes(
-            sql.ENQUEUE,
-            (
-                job_id,
-                prepared.kind,
-                prepared.payload,
-                prepared.priority,
-                run_at,
-                prepared.max_attempts,
-                now,
-                now,
-                prepared.queue,
-                None,
-                prepared.trace_context,
-            ),
-            doing=what,
+            sql.ENQUEUE, _row(prepared, job_id, run_at, now), doing=what
         )
         if not inserted:
             raise _taken(job_id, what)
