@@ -26,7 +26,7 @@ from bench import (
 )
 from bench import pg as b
 from bench import pg_peers as pp
-from bench.report import JAREN, WORKLOADS, Figure, Report, log, memory_figures
+from bench.report import JAREN, WORKLOADS, Figure, Report, log, memory_figures, scale_figure
 
 PG_WORKLOADS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 
@@ -208,18 +208,8 @@ class PgRunner:
         figures = []
         for processes in s.scale_processes:
             log(f"  {processes} processes")
-            figure = Figure(
-                10,
-                f"10.p{processes}",
-                f"{processes} worker process{'es' if processes > 1 else ''} on one database",
-                "jobs/s",
-                "higher",
-                None,
-                extra={
-                    "processes": processes,
-                    "duplicates": {},
-                    "raw_is": "claim 100 + complete 100 per statement in each process",
-                },
+            figure = scale_figure(
+                processes, "database", "claim 100 + complete 100 per statement in each process"
             )
             with b.fresh_schema(self.url, "raw10") as url:
                 spec = b.raw_processes_setup(url, d, s.scale_jobs)

@@ -11,7 +11,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JAREN", "REPO", "WORKLOADS", "Figure", "Report", "Target", "log", "memory_figures"]
+__all__ = [
+    "JAREN",
+    "REPO",
+    "WORKLOADS",
+    "Figure",
+    "Report",
+    "Target",
+    "log",
+    "memory_figures",
+    "scale_figure",
+]
 
 JAREN = "jaren_jobs"
 REPO = Path(__file__).resolve().parent.parent
@@ -130,3 +140,17 @@ def memory_figures(
             {JAREN: peak_mib(our_rss)},
         ),
     ]
+
+
+def scale_figure(processes: int, where: str, raw_is: str) -> Figure:
+    """Workload 10's figure for ``processes`` worker processes on one ``where`` (file, database)."""
+    plural = "es" if processes > 1 else ""
+    return Figure(
+        10,
+        f"10.p{processes}",
+        f"{processes} worker process{plural} on one {where}",
+        "jobs/s",
+        "higher",
+        None,
+        extra={"processes": processes, "duplicates": {}, "raw_is": raw_is},
+    )

@@ -52,7 +52,17 @@ from bench import (
 from bench import targets as issue_targets
 from bench.peers import PEERS, Peer
 from bench.pg_peers import PG_PEERS, UNAVAILABLE, PgPeer
-from bench.report import JAREN, REPO, WORKLOADS, Figure, Report, Target, log, memory_figures
+from bench.report import (
+    JAREN,
+    REPO,
+    WORKLOADS,
+    Figure,
+    Report,
+    Target,
+    log,
+    memory_figures,
+    scale_figure,
+)
 from bench.targets import spread_text
 
 
@@ -242,18 +252,8 @@ class Runner:
         figures = []
         for processes in s.scale_processes:
             log(f"  {processes} processes")
-            figure = Figure(
-                10,
-                f"10.p{processes}",
-                f"{processes} worker process{'es' if processes > 1 else ''} on one file",
-                "jobs/s",
-                "higher",
-                None,
-                extra={
-                    "processes": processes,
-                    "duplicates": {},
-                    "raw_is": "claim 100 + complete 100 per transaction in each process",
-                },
+            figure = scale_figure(
+                processes, "file", "claim 100 + complete 100 per transaction in each process"
             )
             spec = raw.processes_setup(self.fresh("raw.db"), d, s.scale_jobs)
             figure.raw, dup, _ = drain_in_processes(

@@ -50,7 +50,7 @@ class ClaimBook:
         kinds: list[str],
         lease_seconds: float,
         queues: tuple[str, ...] | None,
-        concurrency: int = 1,
+        concurrency: int,
     ) -> None:
         self._engine = engine  # the tracked, halt-aborted view claims run through
         self._hub = hub

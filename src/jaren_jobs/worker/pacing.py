@@ -34,7 +34,7 @@ def loop_cap(concurrency: int) -> int:
 HORIZON_SECONDS = 0.02
 
 
-def ahead(spent: float | None, horizon: float, ramp: int, cap: int = MAX_AHEAD) -> int:
+def ahead(spent: float | None, horizon: float, ramp: int, cap: int) -> int:
     """How many jobs a loop may hold beyond the one it runs (see ``ClaimBook.ahead``).
 
     As many as start within ``horizon`` at the handlers' average running
@@ -48,7 +48,7 @@ def ahead(spent: float | None, horizon: float, ramp: int, cap: int = MAX_AHEAD) 
     return max(0, min(cap, fits, ramp))
 
 
-def ramped(ramp: int, cap: int = MAX_AHEAD) -> int:
+def ramped(ramp: int, cap: int) -> int:
     """The ramp after a top-up that was not overrun: one more ahead, by doubling."""
     return min(max(1, ramp * 2), cap)
 
