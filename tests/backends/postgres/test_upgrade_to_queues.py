@@ -48,11 +48,11 @@ def test_round_1_live_rows_upgrade_in_place_to_queues_and_unique_keys(
     build_round_1(pg)
     # 2: queues and unique keys; 3: the error history; 4: forced-cancel marks; 5: the
     # history keyed by generation; 6: the enqueuing trace context; 7: the indexes of the
-    # reads by state
-    assert SCHEMA_VERSION == 7
+    # reads by state; 8: one queue's jobs per state
+    assert SCHEMA_VERSION == 8
     with jaren_jobs.open_store(pg.url, runtime=runtime) as store:
         version = pg.query("SELECT value FROM _jaren_meta WHERE key = 'schema_version'")
-        assert version == [("7",)]
+        assert version == [("8",)]
         # the upgraded schema has the (empty) error history table
         assert pg.query('SELECT count(*) FROM "_jaren_job_errors"') == [(0,)]
         round1.check_upgraded(store, _query(pg), clock)

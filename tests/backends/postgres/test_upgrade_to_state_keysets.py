@@ -51,7 +51,7 @@ def _fill(store: jaren_jobs.Store, clock: FakeClock) -> None:
 def test_schema_6_with_live_rows_upgrades_to_7(
     pg: PostgresUrl, runtime: Runtime, clock: FakeClock
 ) -> None:
-    assert SCHEMA_VERSION == 7
+    assert SCHEMA_VERSION >= 7
     with jaren_jobs.open_store(pg.url, runtime=runtime) as store:
         _fill(store, clock)
         before = [j.id for j in store.jobs.page(state="dead", order="newest", limit=100)]
@@ -61,7 +61,8 @@ def test_schema_6_with_live_rows_upgrades_to_7(
     pg.execute("UPDATE _jaren_meta SET value = '6'")
     assert not _indexes(pg) & set(NEW_INDEXES)
     with jaren_jobs.open_store(pg.url, runtime=runtime) as store:
-        assert pg.query("SELECT value FROM _jaren_meta WHERE key = 'schema_version'") == [("7",)]
+        version = pg.query("SELECT value FROM _jaren_meta WHERE key = 'schema_version'")
+        assert version == [(str(SCHEMA_VERSION),)]
         assert set(NEW_INDEXES) <= _indexes(pg)
         after = [j.id for j in store.jobs.page(state="dead", order="newest", limit=100)]
         assert after == before
@@ -71,14 +72,16 @@ def test_schema_6_with_live_rows_upgrades_to_7(
 
 
 def _fill_many(pg: PostgresUrl) -> None:
-    """20,000 jobs, nearly all done and a few in each other state, then analysed (as
-    on a queue that has run for a while): on a handful of rows, or on states of
-    similar sizes, reading past the other rows is as cheap as seeking, and a plan
-    would say nothing about the indexes."""
+    """20,000 jobs, nearly all done and a few in each other state, each with a
+    payload of a few hundred bytes, then analysed (as on a queue that has run for a
+    while): on a handful of narrow rows, or on states of similar sizes, reading past
+    the other rows is as cheap as seeking, and a plan would say nothing about the
+    indexes."""
     pg.execute(
         'INSERT INTO "_jaren_jobs" (id, kind, payload, state, run_at, max_attempts, '
         "created_at, updated_at, queue) "
-        "SELECT 'b' || lpad(n::text, 6, '0'), 'k' || (n % 5), '{}', "
+        "SELECT 'b' || lpad(n::text, 6, '0'), 'k' || (n % 5), "
+        "'{\"pad\": \"' || repeat('x', 300) || '\"}', "
         "CASE WHEN n % 1000 = 7 THEN 'pending' WHEN n % 1000 = 8 THEN 'dead' "
         "WHEN n % 1000 = 9 THEN 'cancelled' WHEN n % 1000 = 10 THEN 'failed' "
         "ELSE 'done' END, n, 5, n, n, 'default' "
@@ -129,14 +132,16 @@ def test_a_page_by_state_or_newest_first_seeks_in_an_index(
 def test_the_counts_read_indexes_only(pg: PostgresUrl, runtime: Runtime) -> None:
     jaren_jobs.open_store(pg.url, runtime=runtime).close()
     _fill_many(pg)
-    for statement, index in (
-        (sql.COUNT_BY_STATE, "_jaren_jobs_unleased"),
-        (sql.DUE_COUNTS, "_jaren_jobs_state_id"),
-    ):
-        plan = _plan(pg, statement, {"now": 0})
-        assert f"Index Only Scan using {index}" in plan
-        assert "using _jaren_jobs_leased" in plan
-        assert "Seq Scan" not in plan
+    # counts() reads one of the unleased indexes whole (the planner picks the
+    # smallest), never the table
+    plan = _plan(pg, sql.COUNT_BY_STATE, {"now": 0})
+    assert "Index Only Scan using _jaren_jobs_" in plan, plan
+    assert "using _jaren_jobs_leased" in plan
+    assert "Seq Scan" not in plan
+    plan = _plan(pg, sql.DUE_COUNTS, {"now": 0})
+    assert "Index Only Scan using _jaren_jobs_state_id" in plan
+    assert "using _jaren_jobs_leased" in plan
+    assert "Seq Scan" not in plan
 
 
 def test_the_settled_buckets_read_an_index_only(pg: PostgresUrl, runtime: Runtime) -> None:

@@ -330,6 +330,8 @@ def test_requeue_checks_the_key_by_the_unique_index(queued: Store) -> None:
         ({"state": "cancelled", "order": "newest"}, "_jaren_jobs_state_newest (state=? AND "),
         ({"kind": "a", "order": "newest"}, "_jaren_jobs_newest ("),
         ({"state": "leased"}, "_jaren_jobs_leased"),
+        ({"queue": "default"}, "sqlite_autoindex__jaren_jobs_1"),
+        ({"queue": "default", "order": "newest"}, "_jaren_jobs_newest ("),
     ],
     ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) if isinstance(v, dict) else "",
 )
@@ -342,12 +344,14 @@ def test_a_page_by_state_or_newest_first_seeks_in_its_index(
         details = plan(populated, statement)
         assert_no_table_scan(details, statement)
         assert any(f"USING INDEX {index}" in d for d in details), details
-        # sorted: only the few leased rows, and the merge of the branches' rows
-        # (at most a page each), never the rows of a state
+        # sorted: only the few leased rows, the merge of the branches' rows (at
+        # most a page each) and a queue's rows when it holds few (its branch's
+        # LIMIT is 0 otherwise), never the rows of a state
         for before, step in itertools.pairwise(details):
             if "TEMP B-TREE" in step:
                 merging = before.startswith("SCAN (subquery")
-                assert merging or "_jaren_jobs_leased" in before, details
+                few = "_jaren_jobs_queue_state (queue=?" in before and "queue" in options
+                assert merging or few or "_jaren_jobs_leased" in before, details
 
 
 def test_due_counts_read_indexes_never_the_table(populated: Store) -> None:
@@ -372,3 +376,84 @@ def test_settled_buckets_read_the_covering_state_index(populated: Store) -> None
     window = "(state=? AND updated_at>? AND updated_at<?)"
     expected = f"SEARCH {JOBS} USING COVERING INDEX _jaren_jobs_state_newest {window}"
     assert searches == [expected] * 3, details
+
+
+def test_one_queues_counts_read_its_entries_of_an_index_never_the_table(
+    populated: Store,
+) -> None:
+    statements = traced(populated, lambda: populated.jobs.counts(queue="default"))
+    assert len(statements) == 2
+    by_state, kinds = (plan(populated, statement) for statement in statements)
+    for statement in statements:
+        assert_no_table_scan(plan(populated, statement), statement)
+    # the queue is where the index seeks (covering), not a filter over every row;
+    # its leased rows from the lease index
+    assert f"SEARCH {JOBS} USING COVERING INDEX _jaren_jobs_queue_state (queue=?)" in by_state
+    assert f"SCAN {JOBS} USING INDEX _jaren_jobs_leased" in by_state
+    assert kinds == [f"SEARCH {JOBS} USING INDEX _jaren_jobs_ready_queue (queue=?)"]
+    # and it counts what the rows hold
+    rows = populated.connection.execute(
+        f"SELECT state, COUNT(*) FROM {JOBS} NOT INDEXED WHERE queue = 'default' GROUP BY state"
+    ).fetchall()
+    counts = populated.jobs.counts(queue="default")
+    assert {state: getattr(counts, state) for state, _ in rows} == dict(rows)
+    assert populated.jobs.counts(queue="nowhere").to_dict() == {
+        **dict.fromkeys(("pending", "leased", "done", "failed", "dead", "cancelled"), 0),
+        "pending_kinds": {},
+    }
+
+
+def test_one_queues_due_counts_read_its_entries_of_an_index(populated: Store) -> None:
+    statements = traced(populated, lambda: populated.jobs.due_counts(queue="default"))
+    assert len(statements) == 1
+    details = plan(populated, statements[0])
+    assert_no_table_scan(details, statements[0])
+    seek = f"SEARCH {JOBS} USING COVERING INDEX _jaren_jobs_queue_state (queue=? AND state=?)"
+    assert details.count(seek) == 2, details
+    assert populated.jobs.due_counts(queue="default") == populated.jobs.due_counts()
+
+
+@pytest.mark.parametrize("order", ["id", "newest"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"queue": "default"},  # more rows than FEW_IN_QUEUE: read in page order
+        {"queue": "default", "state": "done"},
+        {"queue": "default", "state": "pending"},  # fewer: read from the queue's index
+        {"queue": "other"},
+        {"queue": "other", "state": "pending", "kind": "a"},
+        {"queue": "nowhere"},
+    ],
+    ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()),
+)
+def test_a_page_by_queue_holds_the_rows_the_table_holds_whichever_index_reads_them(
+    populated: Store, options: dict[str, str], order: str
+) -> None:
+    from jaren_jobs.backends.sqlite.listing import FEW_IN_QUEUE
+
+    populated.jobs.enqueue_many([NewJob("a", i, queue="other") for i in range(30)])
+    populated.jobs.enqueue_many([NewJob("b", i, queue="other") for i in range(5)])
+    busy = populated.jobs.counts(queue="default")
+    assert busy.done >= FEW_IN_QUEUE > busy.pending  # both branches are exercised
+    where = " AND ".join(f"{name} = ?" for name in options)
+    ordering = "id" if order == "id" else "updated_at DESC, id DESC"
+    expected = [
+        row[0]
+        for row in populated.connection.execute(
+            f"SELECT id FROM {JOBS} NOT INDEXED WHERE {where} ORDER BY {ordering}",
+            tuple(options.values()),
+        )
+    ]
+    # two pages, the second continuing past the first's last row
+    first = [job.id for job in populated.jobs.page(limit=20, order=order, **options)]
+    rest = (
+        [
+            job.id
+            for job in populated.jobs.page(
+                limit=len(expected), order=order, after=first[-1], **options
+            )
+        ]
+        if first
+        else []
+    )
+    assert first + rest == expected

@@ -618,3 +618,36 @@ def test_schema_9_drops_the_indexes_other_indexes_serve(
     assert not indexes & {"_jaren_jobs_settled", "_jaren_jobs_unleased"}
     open_store(fresh, runtime=runtime).close()
     assert schema_of(path) == schema_of(fresh)
+
+
+# ----------------------------------------------------------------- schema 10 -> 11
+
+
+def test_schema_10_gains_the_queue_state_index_with_its_rows(
+    tmp_path: Path, runtime: Runtime, clock: FakeClock
+) -> None:
+    # counts(queue=...) read every row of the table before it
+    path, fresh = tmp_path / "ten.db", tmp_path / "fresh.db"
+    with open_store(path, runtime=runtime) as store:
+        for n in range(9):
+            store.jobs.enqueue("k", id=f"j{n}", queue=("q1", "q2", "q3")[n % 3])
+            clock.advance(1)
+        claimed = store.jobs.claim(["k"], owner="w", queues=["q1"])
+        assert claimed is not None
+        store.jobs.complete(claimed.lease)
+        before = {q: store.jobs.counts(queue=q) for q in ("q1", "q2", "q3")}
+    conn = sqlite3.connect(path)
+    conn.execute('DROP INDEX "_jaren_jobs_queue_state"')
+    conn.execute("UPDATE \"_jaren_meta\" SET value = '10' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+
+    with open_store(path, runtime=runtime) as store:
+        assert query(path, 'SELECT value FROM "_jaren_meta"') == [(str(sql.SCHEMA_VERSION),)]
+        after = {q: store.jobs.counts(queue=q) for q in ("q1", "q2", "q3")}
+        assert after == before
+        assert (after["q1"].done, after["q1"].pending, after["q2"].pending) == (1, 2, 3)
+    # the index holds every unleased row (an integrity check reads it against the table)
+    assert query(path, "PRAGMA integrity_check") == [("ok",)]
+    open_store(fresh, runtime=runtime).close()
+    assert schema_of(path) == schema_of(fresh)

@@ -17,27 +17,33 @@ from jaren_jobs.core.commands import PageFilters
 
 # ----------------------------------------------------------------- counts
 
-# counts(): the stored states from "_jaren_jobs_unleased" alone (an index-only
-# scan, never the table), and the few leased rows from their own index, where a
-# marked lease that ran out reads as cancelled (EFFECTIVE_STATE). The outer sum
-# folds that 'cancelled' into the stored one. Exact, from one snapshot.
-COUNT_BY_STATE = f"""SELECT s, sum(n) FROM (
-    SELECT state AS s, count(*) AS n FROM {JOBS} WHERE state <> 'leased' GROUP BY state
+
+# counts(): the stored states from "_jaren_jobs_queue_state" alone (an index-only
+# scan of it whole, never the table), and the few leased rows from their own
+# index, where a marked lease that ran out reads as cancelled (EFFECTIVE_STATE).
+# The outer sum folds that 'cancelled' into the stored one. Exact, from one
+# snapshot. counts(queue=...) is the same over that queue's entries only.
+def _count_by_state(only: str) -> str:
+    return f"""SELECT s, sum(n) FROM (
+    SELECT state AS s, count(*) AS n FROM {JOBS} WHERE state <> 'leased'{only} GROUP BY state
     UNION ALL
-    SELECT {EFFECTIVE_STATE}, count(*) FROM {JOBS} WHERE state = 'leased' GROUP BY 1
+    SELECT {EFFECTIVE_STATE}, count(*) FROM {JOBS} WHERE state = 'leased'{only} GROUP BY 1
   ) AS counted GROUP BY s"""
+
+
+COUNT_BY_STATE = _count_by_state("")
+COUNT_QUEUE_BY_STATE = _count_by_state(" AND queue = %(queue)s")
 COUNT_PENDING_KINDS = f"""SELECT kind, count(*) FROM {JOBS}
   WHERE state IN ('pending', 'failed') GROUP BY kind"""
-COUNT_QUEUE_BY_STATE = f"""SELECT {EFFECTIVE_STATE}, count(*) FROM {JOBS}
-  WHERE queue = %(queue)s GROUP BY 1"""
 COUNT_QUEUE_PENDING_KINDS = f"""SELECT kind, count(*) FROM {JOBS}
   WHERE state IN ('pending', 'failed') AND queue = %(queue)s GROUP BY kind"""
 
 
 # due_counts(): the queued jobs split at now, and the leases that ran out (one
 # snapshot, one statement). Each state is its own literal so that its index
-# answers it: the queued ones from "_jaren_jobs_state_id" (which carries run_at;
-# an index-only scan), the leases from "_jaren_jobs_leased". A marked lease that
+# answers it: the queued ones from "_jaren_jobs_state_id" (one queue's from
+# "_jaren_jobs_queue_state"; both carry run_at: an index-only scan), the leases
+# from "_jaren_jobs_leased". A marked lease that
 # ran out is not counted: it reads as cancelled (EFFECTIVE_STATE)
 def _due_counts(only: str) -> str:
     def queued(state: str) -> str:

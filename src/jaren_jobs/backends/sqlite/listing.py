@@ -34,25 +34,32 @@ COUNT_LEASED = f"""SELECT COUNT(*), COUNT(*) FILTER (WHERE {MARKED_EXPIRED})
 COUNT_PENDING_KINDS = f"""SELECT kind, COUNT(*) FROM {JOBS} INDEXED BY "_jaren_jobs_ready"
   WHERE state IN ('pending', 'failed') GROUP BY kind"""
 
-# counts(queue=...): one queue's jobs per state, and its ready jobs per kind.
-# The ready jobs come from the queue-first index; the rest is read row by row
-# (a per-queue report, not a hot path)
-COUNT_QUEUE_BY_STATE = f"""SELECT {EFFECTIVE_STATE}, COUNT(*) FROM {JOBS} WHERE queue = :queue
-  GROUP BY 1"""
+# counts(queue=...): one queue's jobs per state from "_jaren_jobs_queue_state"
+# (covering: the queue's entries only) and its few leased rows, folded as in
+# counts() (a marked lease that ran out reads as cancelled); its ready jobs per
+# kind from the queue-first claim index
+COUNT_QUEUE_BY_STATE = f"""SELECT s, SUM(n) FROM (
+    SELECT state AS s, COUNT(*) AS n FROM {JOBS} INDEXED BY "_jaren_jobs_queue_state"
+      WHERE queue = :queue AND state <> 'leased' GROUP BY state
+    UNION ALL
+    SELECT {EFFECTIVE_STATE}, COUNT(*) FROM {JOBS} INDEXED BY "_jaren_jobs_leased"
+      WHERE state = 'leased' AND queue = :queue GROUP BY 1
+  ) GROUP BY s"""
 COUNT_QUEUE_PENDING_KINDS = f"""SELECT kind, COUNT(*)
   FROM {JOBS} INDEXED BY "_jaren_jobs_ready_queue"
   WHERE state IN ('pending', 'failed') AND queue = :queue GROUP BY kind"""
 
 
 # due_counts(): the queued jobs split at now, and the leases that ran out (one
-# snapshot, one statement). Each queued state is read from "_jaren_jobs_state_id",
-# which carries run_at (never the table); the leases from their own index. A
-# marked lease that ran out is not counted: it reads as cancelled (EFFECTIVE_STATE)
-def _due_counts(only: str) -> str:
+# snapshot, one statement). Each queued state is read from "_jaren_jobs_state_id"
+# (one queue's from "_jaren_jobs_queue_state"), which carries run_at (never the
+# table); the leases from their own index. A marked lease that ran out is not
+# counted: it reads as cancelled (EFFECTIVE_STATE)
+def _due_counts(only: str, index: str) -> str:
     def queued(state: str) -> str:
         return f"""(SELECT COUNT(*) FILTER (WHERE run_at <= :now) AS ready,
       COUNT(*) FILTER (WHERE run_at > :now) AS later
-    FROM {JOBS} INDEXED BY "_jaren_jobs_state_id"
+    FROM {JOBS} INDEXED BY "{index}"
     WHERE state = '{state}' AND state <> 'leased'{only}) AS {state}"""
 
     return f"""SELECT pending.ready, pending.later, failed.ready, failed.later, leased.expired
@@ -62,8 +69,8 @@ def _due_counts(only: str) -> str:
     AS leased"""
 
 
-DUE_COUNTS = _due_counts("")
-DUE_COUNTS_QUEUE = _due_counts(" AND queue = :queue")
+DUE_COUNTS = _due_counts("", "_jaren_jobs_state_id")
+DUE_COUNTS_QUEUE = _due_counts(" AND queue = :queue", "_jaren_jobs_queue_state")
 
 # the gauges of a metrics scrape (SPEC §17), one statement: jobs per queue and
 # effective state, the earliest ready run_at and the expired (unmarked) leases
@@ -97,6 +104,13 @@ LISTING_INDEXES = (
     # would have its branch read every row of that state
     f"""CREATE INDEX IF NOT EXISTS "_jaren_jobs_newest" ON {JOBS}
       (updated_at, id) WHERE state <> 'leased'""",
+    # schema 11: one queue's jobs per state (counts(queue=...), the dashboard's
+    # per-queue counts), with run_at for due_counts(queue=...). No id in the key:
+    # an entry sits by its run_at and rowid, which grow with time, so an enqueue
+    # or a settlement writes near the end of its (queue, state) run rather than
+    # at a random page, as an id (a random uuid) would place it
+    f"""CREATE INDEX IF NOT EXISTS "_jaren_jobs_queue_state" ON {JOBS}
+      (queue, state, run_at) WHERE state <> 'leased'""",
 )
 
 
@@ -147,6 +161,22 @@ _STORED: dict[str, tuple[tuple[str, str, str], ...]] = {
 _EVERY_STATE = ((_UNLEASED, "", "_jaren_jobs_newest"), _LEASED)
 
 
+#: a queue with fewer unleased rows (of the state read) than this is read from
+#: "_jaren_jobs_queue_state" (all of them, sorted); a bigger one in page order,
+#: where its rows are met soon enough
+FEW_IN_QUEUE = 1000
+_BY_ID = "sqlite_autoindex__jaren_jobs_1"  # the primary key's index (id order)
+
+
+def _few_in_queue(condition: str) -> str:
+    """True when the queue holds fewer than FEW_IN_QUEUE rows meeting ``condition``:
+    a bounded count of the queue's own index entries. Used in a branch's LIMIT
+    (0 or :limit), which SQLite computes once, before the branch's loop: a branch
+    limited to 0 reads nothing (a WHERE term would be checked at every row)."""
+    return f"""(SELECT COUNT(*) FROM (SELECT 1 FROM {JOBS} INDEXED BY "_jaren_jobs_queue_state"
+    WHERE queue = :queue AND ({condition}) LIMIT {FEW_IN_QUEUE})) < {FEW_IN_QUEUE}"""
+
+
 @lru_cache(maxsize=64)
 def _page_statement(order_by: str, state: str | None, by_kind: bool, by_queue: bool) -> str:
     # one statement per shape and state (the values are bound, never part of the text)
@@ -163,7 +193,7 @@ def _page_statement(order_by: str, state: str | None, by_kind: bool, by_queue: b
         where.append("kind = :kind")
     if by_queue:
         where.append("queue = :queue")
-    if state is None and not newest:
+    if state is None and not newest and not by_queue:
         # by id over every state: the primary key is the order
         return f"""SELECT {READ_COLUMNS} FROM {JOBS} WHERE {" AND ".join(where)}
   ORDER BY {order} LIMIT :limit"""
@@ -171,11 +201,25 @@ def _page_statement(order_by: str, state: str | None, by_kind: bool, by_queue: b
     # never a scan of the other states' rows (the CASE of EFFECTIVE_STATE
     # matches no index). INDEXED BY pins each plan.
     branches = _EVERY_STATE if state is None else _STORED[state]
-    selects = [
-        f"""SELECT {READ_COLUMNS} FROM {JOBS} INDEXED BY "{by_newest if newest else by_id}"
-  WHERE {" AND ".join([*where, f"({condition})"])} ORDER BY {order} LIMIT :limit"""
-        for condition, by_id, by_newest in branches
-    ]
+    selects = []
+    for condition, by_id, by_newest in branches:
+        index = (by_newest if newest else by_id) or _BY_ID
+        conditions = " AND ".join([*where, f"({condition})"])
+        limit = ":limit"
+        if by_queue and _UNLEASED in condition:
+            # a queue few rows are in: read them all from the queue's own index
+            # and sort them, rather than pass every other queue's rows in page
+            # order to find a few (or none); a bigger queue in page order
+            few = _few_in_queue(condition)
+            selects.append(
+                f"""SELECT {READ_COLUMNS} FROM {JOBS} INDEXED BY "_jaren_jobs_queue_state"
+  WHERE {conditions} ORDER BY {order} LIMIT (CASE WHEN {few} THEN :limit ELSE 0 END)"""
+            )
+            limit = f"(CASE WHEN {few} THEN 0 ELSE :limit END)"
+        selects.append(
+            f"""SELECT {READ_COLUMNS} FROM {JOBS} INDEXED BY "{index}"
+  WHERE {conditions} ORDER BY {order} LIMIT {limit}"""
+        )
     if len(selects) == 1:
         return selects[0]
     merged = "\n  UNION ALL ".join(f"SELECT * FROM ({select})" for select in selects)

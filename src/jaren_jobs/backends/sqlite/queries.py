@@ -19,8 +19,9 @@ META = '"_jaren_meta"'
 # 1: fenced; 2: the (state, kind) index sans leased rows; 3: claim_key; 4: queue, unique_key
 # (§12); 5: error history (§13); 6: cancel_requested_at (§13); 7: history keyed by
 # generation; 8: trace_context (§17); 9: listing.LISTING_INDEXES; 10: two indexes whose
-# reads others serve dropped (DROPPED_INDEXES)
-SCHEMA_VERSION = 10
+# reads others serve dropped (DROPPED_INDEXES); 11: "_jaren_jobs_queue_state"
+# (listing.LISTING_INDEXES)
+SCHEMA_VERSION = 11
 
 # the column order every job SELECT/RETURNING uses; engine rows map by index.
 # The free texts (payload, result, last_error) come back as their bytes, which

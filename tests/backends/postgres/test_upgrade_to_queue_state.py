@@ -1,0 +1,106 @@
+"""PostgreSQL: migration 8 (one queue's jobs per state from an index) upgrades live rows
+in place, and the per-queue reads it serves are answered from that index, never the table."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import jaren_jobs
+from jaren_jobs import Runtime
+from jaren_jobs.backends.postgres import listing as sql
+from jaren_jobs.backends.postgres.schema import SCHEMA_VERSION
+from tests.conftest import FakeClock, require_postgres
+from tests.harness import PostgresUrl
+
+psycopg = pytest.importorskip("psycopg", reason="the dev extra installs psycopg")
+
+
+@pytest.fixture
+def pg(tmp_path: Path) -> Iterator[PostgresUrl]:
+    require_postgres()
+    harness = PostgresUrl(tmp_path / "unused.db")
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+def _indexes(pg: PostgresUrl) -> set[str]:
+    rows = pg.query("SELECT indexname FROM pg_indexes WHERE schemaname = ?", (pg.schema,))
+    return {str(name) for (name,) in rows}
+
+
+def _plan(pg: PostgresUrl, statement: str, params: dict[str, Any]) -> str:
+    with psycopg.connect(pg.url) as conn:
+        rows = conn.execute("EXPLAIN " + statement, params).fetchall()
+    return "\n".join(str(row[0]) for row in rows)
+
+
+def test_schema_7_with_live_rows_upgrades_to_8(
+    pg: PostgresUrl, runtime: Runtime, clock: FakeClock
+) -> None:
+    assert SCHEMA_VERSION == 8
+    with jaren_jobs.open_store(pg.url, runtime=runtime) as store:
+        for n in range(30):
+            store.jobs.enqueue("k", {"n": n}, id=f"a{n:03d}", queue=("q1", "q2", "q3")[n % 3])
+            clock.advance(1)
+        for _ in range(6):
+            claimed = store.jobs.claim(["k"], owner="w", queues=["q1"])
+            assert claimed is not None
+            store.jobs.complete(claimed.lease, None)
+        held = store.jobs.claim(["k"], owner="w", queues=["q2"])
+        assert held is not None
+        before = {q: store.jobs.counts(queue=q) for q in ("q1", "q2", "q3", "none")}
+    # back to schema 7, as the previous release left it
+    pg.execute('DROP INDEX "_jaren_jobs_queue_state"')
+    pg.execute(
+        'CREATE INDEX "_jaren_jobs_unleased" ON "_jaren_jobs" (state, kind) '
+        "WHERE state <> 'leased'"
+    )
+    pg.execute("UPDATE _jaren_meta SET value = '7'")
+    with jaren_jobs.open_store(pg.url, runtime=runtime) as store:
+        version = pg.query("SELECT value FROM _jaren_meta WHERE key = 'schema_version'")
+        assert version == [("8",)]
+        indexes = _indexes(pg)
+        assert "_jaren_jobs_queue_state" in indexes
+        assert "_jaren_jobs_unleased" not in indexes
+        after = {q: store.jobs.counts(queue=q) for q in ("q1", "q2", "q3", "none")}
+        assert after == before
+        assert (after["q1"].done, after["q1"].pending) == (6, 4)
+        assert (after["q2"].leased, after["q2"].pending) == (1, 9)
+        assert after["none"] == jaren_jobs.Counts()
+
+
+def _fill_many(pg: PostgresUrl) -> None:
+    """30,000 jobs in three queues, nearly all done, then analysed (a queue that has
+    run for a while): on a few rows a plan would say nothing about the indexes."""
+    pg.execute(
+        'INSERT INTO "_jaren_jobs" (id, kind, payload, state, run_at, max_attempts, '
+        "created_at, updated_at, queue) "
+        "SELECT 'b' || lpad(n::text, 6, '0'), 'k' || (n % 5), '{}', "
+        "CASE WHEN n % 1000 = 7 THEN 'pending' WHEN n % 1000 = 8 THEN 'dead' "
+        "ELSE 'done' END, n, 5, n, n, 'q' || (n % 3) "
+        "FROM generate_series(1, 30000) AS n"
+    )
+    with psycopg.connect(pg.url, autocommit=True) as conn:
+        conn.execute('VACUUM ANALYZE "_jaren_jobs"')
+
+
+def test_one_queues_counts_read_its_entries_of_an_index_only(
+    pg: PostgresUrl, runtime: Runtime
+) -> None:
+    jaren_jobs.open_store(pg.url, runtime=runtime).close()
+    _fill_many(pg)
+    params = {"queue": "q1", "now": 0}
+    for statement in (sql.COUNT_QUEUE_BY_STATE, sql.DUE_COUNTS_QUEUE):
+        plan = _plan(pg, statement, params)
+        # the queue is where the index seeks, not a filter over every other queue's rows
+        assert "Index Only Scan using _jaren_jobs_queue_state" in plan, plan
+        assert re.search(r"Index Cond: \(+queue = 'q1'::text\)", plan), plan
+        assert "using _jaren_jobs_leased" in plan
+        assert "Seq Scan" not in plan
