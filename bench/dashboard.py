@@ -3,6 +3,7 @@
     python -m bench.dashboard                                # SQLite, 1M settled + 100k pending
     python -m bench.dashboard --settled 100000 --pending 10000
     python -m bench.dashboard --postgres postgresql://...    # a schema of its own, dropped after
+    python -m bench.dashboard --under-load                   # and again beside a busy worker
 
 The jobs are enqueued through ``enqueue_many`` (3 in 10,000 of a rare kind in a
 rare queue, so that filters matching almost nothing are measured too); the
@@ -124,6 +125,54 @@ def measure(store: Store) -> list[tuple[str, float, float]]:
     return rows
 
 
+def busy(target: str, durability: str, stop: Any, settled: Any) -> None:
+    """A worker draining no-op jobs at concurrency 4, fed by ``enqueue_many`` so that
+    about 1,000 are always queued: the load the dashboard is measured under (a
+    process of its own, as an application's workers would be)."""
+    import threading
+
+    options: dict[str, Any] = {} if target.startswith("postgres") else {"durability": durability}
+    with open_store(target, **options) as store:
+        room = threading.Semaphore(1_000)
+
+        def count(outcome: Any) -> None:
+            room.release()
+            with settled.get_lock():
+                settled.value += 1
+
+        worker = store.jobs.create_worker(
+            {"load": lambda payload, ctx: None}, concurrency=4, on_outcome=count
+        )
+        worker.start()
+        try:
+            while not stop.is_set():
+                for _ in range(200):
+                    room.acquire()
+                store.jobs.enqueue_many(NewJob("load", None) for _ in range(200))
+        finally:
+            worker.stop()
+
+
+def under_load(target: str, durability: str, store: Store) -> tuple[list[Any], float]:
+    """``measure(store)`` while ``busy`` runs in another process; and its jobs/s."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    stop, settled = context.Event(), context.Value("q", 0)
+    process = context.Process(target=busy, args=(target, durability, stop, settled))
+    process.start()
+    try:
+        while settled.value < 2_000:  # running at its pace before the first page
+            time.sleep(0.05)
+        before, started = settled.value, time.perf_counter()
+        rows = measure(store)
+        rate = (settled.value - before) / (time.perf_counter() - started)
+    finally:
+        stop.set()
+        process.join(60)
+    return rows, rate
+
+
 def report(label: str, rows: list[tuple[str, float, float]]) -> None:
     print(f"\n{label}")
     print(f"  {'page':<36} {'median ms':>10} {'worst ms':>10}")
@@ -136,6 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settled", type=int, default=1_000_000)
     parser.add_argument("--pending", type=int, default=100_000)
     parser.add_argument("--postgres", metavar="URL", help="a server to measure on instead")
+    parser.add_argument(
+        "--under-load",
+        action="store_true",
+        help="measure again while a worker process drains no-op jobs as fast as it can",
+    )
     args = parser.parse_args(argv)
     label = f"{args.settled:,} settled + {args.pending:,} pending"
     if args.postgres:
@@ -157,16 +211,21 @@ def main(argv: list[str] | None = None) -> int:
                 with psycopg.connect(url, autocommit=True) as conn:
                     conn.execute('VACUUM (ANALYZE) "_jaren_jobs"')
                 report(f"PostgreSQL, {label}, after VACUUM (ANALYZE)", measure(store))
+                if args.under_load:
+                    rows, rate = under_load(url, "", store)
+                    report(f"PostgreSQL, {label}, under a worker settling {rate:,.0f} jobs/s", rows)
         finally:
             with psycopg.connect(args.postgres, autocommit=True) as conn:
                 conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
         return 0
-    with (
-        tempfile.TemporaryDirectory() as folder,
-        open_store(Path(folder) / "bench.db", durability="normal") as store,
-    ):
-        fill(store, args.settled, args.pending)
-        report(f"SQLite, {label}", measure(store))
+    with tempfile.TemporaryDirectory() as folder:
+        path = str(Path(folder) / "bench.db")
+        with open_store(path, durability="normal") as store:
+            fill(store, args.settled, args.pending)
+            report(f"SQLite, {label}", measure(store))
+            if args.under_load:
+                rows, rate = under_load(path, "normal", store)
+                report(f"SQLite, {label}, under a worker settling {rate:,.0f} jobs/s", rows)
     return 0
 
 
