@@ -58,6 +58,9 @@ T = TypeVar("T")
 AppParams = Sequence[Any] | Mapping[str, Any]
 #: one error history entry as a backend reads it: attempt, at (epoch ms), error, traceback
 ErrorRow = tuple[int, int, str, str | None]
+#: ``due_counts()`` as a backend reads it: pending ready, pending scheduled, failed
+#: ready, failed scheduled, leases run out, and the earliest ready run_at (epoch ms)
+DueRow = tuple[int, int, int, int, int, int | None]
 
 
 #: what ``cancel_forced`` did: ``"cancelled"`` (no live attempt held the job),
@@ -151,8 +154,9 @@ class JobsSession(Protocol):
 
     def count_jobs(self, what: str, queue: str | None = None) -> Counts: ...
 
-    def count_due(self, now: int, what: str, queue: str | None = None) -> tuple[int, ...]:
-        """Pending ready/scheduled, failed ready/scheduled, leases run out, at ``now``."""
+    def count_due(self, now: int, what: str, queue: str | None = None) -> DueRow:
+        """Pending ready/scheduled, failed ready/scheduled, leases run out, at ``now``;
+        and the earliest ready run_at (epoch ms, ``None`` when none is ready)."""
         ...
 
     def queue_gauges(self, now: int, what: str) -> list[tuple[Any, ...]]:

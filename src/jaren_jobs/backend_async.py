@@ -13,6 +13,7 @@ from typing import Any, Protocol, TypeVar
 
 from jaren_jobs.backend import (
     AppParams,
+    DueRow,
     ErrorRow,
     ForcedAnswer,
     Missed,
@@ -92,8 +93,9 @@ class AsyncJobsSession(Protocol):
 
     async def count_jobs(self, what: str, queue: str | None = None) -> Counts: ...
 
-    async def count_due(self, now: int, what: str, queue: str | None = None) -> tuple[int, ...]:
-        """Pending ready/scheduled, failed ready/scheduled, leases run out, at ``now``."""
+    async def count_due(self, now: int, what: str, queue: str | None = None) -> DueRow:
+        """Pending ready/scheduled, failed ready/scheduled, leases run out, at ``now``;
+        and the earliest ready run_at (epoch ms, ``None`` when none is ready)."""
         ...
 
     async def queue_gauges(self, now: int, what: str) -> list[tuple[Any, ...]]:

@@ -282,6 +282,9 @@ class DueCounts:
     ``*_scheduled``: due later (a delayed job, or a retry waiting out its
     backoff). ``leased_expired``: leased jobs whose lease has run out (their
     holder is gone or late; the next claim rescues them).
+    ``oldest_ready_at``: the earliest ``run_at`` of the ready jobs (pending or
+    failed), so ``now - oldest_ready_at`` is how long the longest-waiting one has
+    waited; ``None`` when none is ready.
     """
 
     pending_ready: int = 0
@@ -289,14 +292,17 @@ class DueCounts:
     failed_ready: int = 0
     failed_scheduled: int = 0
     leased_expired: int = 0
+    oldest_ready_at: datetime | None = None
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: ``oldest_ready_at`` as an ISO 8601 UTC string with milliseconds."""
         return {
             "pending_ready": self.pending_ready,
             "pending_scheduled": self.pending_scheduled,
             "failed_ready": self.failed_ready,
             "failed_scheduled": self.failed_scheduled,
             "leased_expired": self.leased_expired,
+            "oldest_ready_at": _iso(self.oldest_ready_at),
         }
 
 

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,9 @@ def results(report: dict[str, Any]) -> dict[str, str]:
 def test_counts_tell_ready_now_from_scheduled_later(target: str) -> None:
     counts = one_json(ok(run_cli("--db", target, "counts", "--json")))
     assert (counts["pending"], counts["failed"], counts["leased"]) == (6, 1, 2)
+    # the longest-waiting ready job's run_at: an instant already passed
+    oldest = datetime.fromisoformat(counts["due"].pop("oldest_ready_at"))
+    assert oldest <= datetime.now(timezone.utc)
     assert counts["due"] == {
         "pending_ready": 5,
         "pending_scheduled": 1,

@@ -1,8 +1,9 @@
 """What the overview shows, gathered through the public API only, each read bounded.
 
-``counts()`` and ``due_counts()`` answer the totals in one statement each. What
-they cannot say (who holds leases, the oldest ready job, which queues are live)
-is read with ``page()`` filtered by state and walked a bounded number of rows,
+``counts()`` and ``due_counts()`` answer the totals (and the oldest ready job's
+``run_at``) in one statement each. What they cannot say (who holds leases,
+which queues are live) is read with ``page()`` filtered by state and walked a
+bounded number of rows,
 and only for states ``counts()`` says are not empty; a walk that hit its bound
 says so (``truncated``). Throughput is counted from the stored settled jobs by
 ``settled_buckets()`` (an index read, bounded by ``SETTLED_CAP``).
@@ -16,14 +17,14 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from jaren_jobs.periodic import Periodic
-from jaren_jobs.records import STATES, DueCounts, Job
+from jaren_jobs.records import STATES, DueCounts
 from jaren_jobs.store import Store
 
 #: the chart: one hour in twelve five-minute buckets
 BUCKETS = 12
 BUCKET_SECONDS = 300
-#: how many rows each bounded walk reads at most
-SCAN_CAP = 200
+#: how many queued jobs per state the walk for queue names reads at most
+SCAN_CAP = 100
 #: how many settled jobs of a state the chart counts at most (the most recent)
 SETTLED_CAP = 50_000
 LEASE_CAP = 200
@@ -68,38 +69,27 @@ def throughput(store: Store, now: datetime) -> dict[str, Any]:
 
 
 def queued_walk(store: Store, now: datetime, due: DueCounts) -> dict[str, Any]:
-    """The oldest ready job and the queues of live jobs, from bounded walks in id order.
+    """How long the oldest ready job has waited, and the queues of live jobs.
 
-    No public read orders queued jobs by ``run_at``: each state with ready jobs
-    is walked by id, at most ``SCAN_CAP`` rows, and a walk stops early once it
-    has seen every ready job ``due_counts()`` reported.
+    The age is exact: ``due_counts()`` reads the earliest ready ``run_at`` with
+    its counts. No public read lists the queues, so they are those of the
+    queued jobs met on a walk by id of at most ``SCAN_CAP`` rows per queued
+    state that has any.
     """
-    oldest: Job | None = None
-    truncated = False
     queues: dict[str, None] = {}
-    for state, ready in (("pending", due.pending_ready), ("failed", due.failed_ready)):
-        if ready == 0:
+    for state, queued in (
+        ("pending", due.pending_ready + due.pending_scheduled),
+        ("failed", due.failed_ready + due.failed_scheduled),
+    ):
+        if queued == 0:
             continue
-        seen_ready = 0
-        with store.jobs.page(state=state, limit=min(SCAN_CAP, ready) + 1) as jobs:
-            for index, job in enumerate(jobs):
-                if index >= SCAN_CAP:
-                    truncated = True
-                    break
+        with store.jobs.page(state=state, limit=min(SCAN_CAP, queued)) as jobs:
+            for job in jobs:
                 queues.setdefault(job.queue, None)
-                if job.run_at <= now:
-                    seen_ready += 1
-                    if oldest is None or job.run_at < oldest.run_at:
-                        oldest = job
-                    if seen_ready >= ready:
-                        break
-    age = None if oldest is None else round((now - oldest.run_at).total_seconds(), 3)
+    oldest = due.oldest_ready_at
+    age = None if oldest is None else round((now - oldest).total_seconds(), 3)
     return {
-        "oldest": {
-            "id": None if oldest is None else oldest.id,
-            "age_seconds": age,
-            "truncated": truncated,
-        },
+        "oldest": {"age_seconds": age, "run_at": _iso(oldest)},
         "queues": list(queues),
     }
 

@@ -192,7 +192,6 @@ def overview_page(view: View, data: Mapping[str, Any]) -> str:
     due = data["due"]
     oldest = data["oldest_ready"]
     rows = overview_rows(data, view.root)
-    note = " (of the first queued jobs read)" if oldest["truncated"] else ""
     body = (
         f'<section class="cards">{cards}</section>'
         '<section class="facts"><p>Ready now: '
@@ -202,7 +201,7 @@ def overview_page(view: View, data: Mapping[str, Any]) -> str:
         f'<b data-field="due.failed_scheduled">{e(due["failed_scheduled"])}</b> retries; '
         f'expired leases: <b data-field="due.leased_expired">{e(due["leased_expired"])}</b>.</p>'
         f'<p>Oldest ready job waiting: <b data-testid="oldest-ready" data-field="oldest">'
-        f"{e(_age(oldest['age_seconds']))}</b>{e(note)}. "
+        f"{e(_age(oldest['age_seconds']))}</b>. "
         f'As of <span data-field="now">{e(data["now"])}</span>.</p></section>'
         f"<h2>Last hour</h2>{chart(data['throughput'])}"
         "<h2>By queue</h2>"

@@ -15,7 +15,7 @@ from datetime import datetime
 
 from jaren_jobs.backend import Missed
 from jaren_jobs.backend_async import AsyncJobsSession
-from jaren_jobs.codec import check_aware, check_text, ms_from_datetime
+from jaren_jobs.codec import check_aware, check_text, datetime_from_ms, ms_from_datetime
 from jaren_jobs.core import fence
 from jaren_jobs.core.commands import check_id, check_queue, check_sweep_states, require_lease
 from jaren_jobs.core.fence import FenceRow, moved_or_refused
@@ -63,7 +63,10 @@ class AsyncJobAdmin:
         """``due_counts``: see :meth:`jaren_jobs.Jobs.due_counts`, which documents it."""
         what = "due_counts()"
         checked = None if queue is None else check_queue(queue, f"{what}: queue")
-        return DueCounts(*await self._session.count_due(self._runtime.now_ms(), what, checked))
+        pr, ps, fr, fs, expired, oldest = await self._session.count_due(
+            self._runtime.now_ms(), what, checked
+        )
+        return DueCounts(pr, ps, fr, fs, expired, oldest_ready_at=datetime_from_ms(oldest))
 
     async def settled_buckets(
         self, *, since: datetime, bucket_seconds: float, buckets: int, limit: int = 10000

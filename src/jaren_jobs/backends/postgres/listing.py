@@ -48,10 +48,13 @@ COUNT_QUEUE_PENDING_KINDS = f"""SELECT kind, count(*) FROM {JOBS}
 def _due_counts(only: str) -> str:
     def queued(state: str) -> str:
         return f"""(SELECT count(*) FILTER (WHERE run_at <= %(now)s) AS ready,
-      count(*) FILTER (WHERE run_at > %(now)s) AS later
+      count(*) FILTER (WHERE run_at > %(now)s) AS later,
+      min(run_at) FILTER (WHERE run_at <= %(now)s) AS oldest
     FROM {JOBS} WHERE state = '{state}'{only}) AS {state}"""
 
-    return f"""SELECT pending.ready, pending.later, failed.ready, failed.later, leased.expired
+    # LEAST ignores a NULL: the earlier of the two oldest
+    return f"""SELECT pending.ready, pending.later, failed.ready, failed.later, leased.expired,
+    LEAST(pending.oldest, failed.oldest)
   FROM {queued("pending")}, {queued("failed")},
   (SELECT count(*) AS expired FROM {JOBS} WHERE state = 'leased'
     AND cancel_requested_at IS NULL AND lease_until <= %(now)s{only}) AS leased"""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaren_jobs.backend import ErrorRow, Scope
+from jaren_jobs.backend import DueRow, ErrorRow, Scope
 from jaren_jobs.backends.postgres import listing
 from jaren_jobs.backends.postgres import queries as sql
 from jaren_jobs.backends.postgres.connection import PgDatabase
@@ -71,15 +71,19 @@ class PgReads:
 
         return self._scope.read(work, what)
 
-    def count_due(self, now: int, what: str, queue: str | None = None) -> tuple[int, ...]:
+    def count_due(self, now: int, what: str, queue: str | None = None) -> DueRow:
         params: dict[str, object] = {"now": now}
         if queue is not None:
             params["queue"] = queue
         statement = listing.DUE_COUNTS if queue is None else listing.DUE_COUNTS_QUEUE
 
-        def work() -> tuple[int, ...]:
+        def work() -> DueRow:
             row = self._db.one(statement, params, doing=what)
-            return (0,) * 5 if row is None else tuple(int(n) for n in row)
+            if row is None:
+                return (0, 0, 0, 0, 0, None)
+            pr, ps, fr, fs, expired, oldest = row
+            ready = None if oldest is None else int(oldest)
+            return (int(pr), int(ps), int(fr), int(fs), int(expired), ready)
 
         return self._scope.read(work, what)
 

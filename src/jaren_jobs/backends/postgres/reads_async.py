@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaren_jobs.backend import ErrorRow
+from jaren_jobs.backend import DueRow, ErrorRow
 from jaren_jobs.backend_async import AsyncScope
 from jaren_jobs.backends.postgres import listing
 from jaren_jobs.backends.postgres import queries as sql
@@ -80,15 +80,19 @@ class AsyncPgReads:
 
         return await self._scope.read(work, what)
 
-    async def count_due(self, now: int, what: str, queue: str | None = None) -> tuple[int, ...]:
+    async def count_due(self, now: int, what: str, queue: str | None = None) -> DueRow:
         params: dict[str, object] = {"now": now}
         if queue is not None:
             params["queue"] = queue
         statement = listing.DUE_COUNTS if queue is None else listing.DUE_COUNTS_QUEUE
 
-        async def work() -> tuple[int, ...]:
+        async def work() -> DueRow:
             row = await self._db.one(statement, params, doing=what)
-            return (0,) * 5 if row is None else tuple(int(n) for n in row)
+            if row is None:
+                return (0, 0, 0, 0, 0, None)
+            pr, ps, fr, fs, expired, oldest = row
+            ready = None if oldest is None else int(oldest)
+            return (int(pr), int(ps), int(fr), int(fs), int(expired), ready)
 
         return await self._scope.read(work, what)
 

@@ -58,11 +58,14 @@ COUNT_QUEUE_PENDING_KINDS = f"""SELECT kind, COUNT(*)
 def _due_counts(only: str, index: str) -> str:
     def queued(state: str) -> str:
         return f"""(SELECT COUNT(*) FILTER (WHERE run_at <= :now) AS ready,
-      COUNT(*) FILTER (WHERE run_at > :now) AS later
+      COUNT(*) FILTER (WHERE run_at > :now) AS later,
+      MIN(run_at) FILTER (WHERE run_at <= :now) AS oldest
     FROM {JOBS} INDEXED BY "{index}"
     WHERE state = '{state}' AND state <> 'leased'{only}) AS {state}"""
 
-    return f"""SELECT pending.ready, pending.later, failed.ready, failed.later, leased.expired
+    # the earlier of the two oldest (scalar MIN is NULL when either is)
+    return f"""SELECT pending.ready, pending.later, failed.ready, failed.later, leased.expired,
+    MIN(COALESCE(pending.oldest, failed.oldest), COALESCE(failed.oldest, pending.oldest))
   FROM {queued("pending")}, {queued("failed")},
   (SELECT COUNT(*) AS expired FROM {JOBS} INDEXED BY "_jaren_jobs_leased"
     WHERE state = 'leased' AND cancel_requested_at IS NULL AND lease_until <= :now{only})

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jaren_jobs.backend import (
+    DueRow,
     ErrorRow,
     ForcedAnswer,
     Missed,
@@ -182,15 +183,19 @@ class SqliteSession:
 
         return self._scope.read(work, what)
 
-    def count_due(self, now: int, what: str, queue: str | None = None) -> tuple[int, ...]:
+    def count_due(self, now: int, what: str, queue: str | None = None) -> DueRow:
         params: dict[str, object] = {"now": now}
         if queue is not None:
             params["queue"] = queue
         statement = listing.DUE_COUNTS if queue is None else listing.DUE_COUNTS_QUEUE
 
-        def work() -> tuple[int, ...]:
+        def work() -> DueRow:
             row = self._db.one(statement, params, doing=what)
-            return (0,) * 5 if row is None else tuple(int(n) for n in row)
+            if row is None:
+                return (0, 0, 0, 0, 0, None)
+            pr, ps, fr, fs, expired, oldest = row
+            ready = None if oldest is None else int(oldest)
+            return (int(pr), int(ps), int(fr), int(fs), int(expired), ready)
 
         return self._scope.read(work, what)
 
