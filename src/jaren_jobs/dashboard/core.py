@@ -29,7 +29,7 @@ from urllib.parse import parse_qs
 from jaren_jobs.cursor import drain_page
 from jaren_jobs.dashboard import pages
 from jaren_jobs.dashboard.filters import DEFAULT_LIMIT, Filters
-from jaren_jobs.dashboard.overview import QueueCounts, overview
+from jaren_jobs.dashboard.overview import QueueCounts, overview, queue_names
 from jaren_jobs.errors import JobsError, JobSettled, LeaseRequired, UnknownJob
 from jaren_jobs.periodic import Periodic
 from jaren_jobs.records import STATES, Job
@@ -415,7 +415,10 @@ class Dashboard:
 
     def queues_now(self) -> dict[str, Any]:
         """Jobs per state in each queue (counted at most every 30 s)."""
-        names = self.overview()["queue_names"] if self.queues is None else list(self.queues)
+        if self.queues is None:
+            names = queue_names(self.store, self.periodic)
+        else:
+            names = list(self.queues)
         rows, as_of = self.queue_counts.get(self.store, names)
         return {"queues": rows, "as_of": as_of}
 

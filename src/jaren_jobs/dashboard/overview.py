@@ -191,6 +191,23 @@ class QueueCounts:
         return self.cached()
 
 
+def _live_queues(
+    queued: Sequence[str], leased: Sequence[str], periodic: Sequence[Periodic]
+) -> list[str]:
+    # the queues of live jobs and of the schedules; a queue with only settled
+    # jobs is left out
+    return sorted({*queued, *leased, *(p.queue for p in periodic)})[:MAX_QUEUES]
+
+
+def queue_names(store: Store, periodic: Sequence[Periodic]) -> list[str]:
+    """The overview's queue names without its ``counts()`` (a read of every job):
+    what ``/api/queues`` needs before it counts each one."""
+    now = _now(store)
+    walked = queued_walk(store, now, store.jobs.due_counts())
+    held = leases(store, now, LEASE_CAP)
+    return _live_queues(walked["queues"], held["queues"], periodic)
+
+
 def overview(
     store: Store,
     *,
@@ -203,12 +220,8 @@ def overview(
     due = store.jobs.due_counts()
     walked = queued_walk(store, now, due)
     held = leases(store, now, counts.leased)
-    if queues is None:
-        # the queues of live jobs; a queue with only settled jobs is left out
-        named = sorted({*walked["queues"], *held.pop("queues"), *(p.queue for p in periodic)})
-    else:
-        held.pop("queues")
-        named = list(queues)
+    live = held.pop("queues")
+    named = _live_queues(walked["queues"], live, periodic) if queues is None else list(queues)
     return {
         "now": _iso(now),
         "counts": counts.to_dict(),
