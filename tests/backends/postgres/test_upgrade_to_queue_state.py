@@ -13,6 +13,7 @@ import pytest
 import jaren_jobs
 from jaren_jobs import Runtime
 from jaren_jobs.backends.postgres import listing as sql
+from jaren_jobs.backends.postgres import queries
 from jaren_jobs.backends.postgres.schema import SCHEMA_VERSION
 from tests.conftest import FakeClock, require_postgres
 from tests.harness import PostgresUrl
@@ -62,13 +63,17 @@ def test_schema_7_with_live_rows_upgrades_to_8(
         'CREATE INDEX "_jaren_jobs_unleased" ON "_jaren_jobs" (state, kind) '
         "WHERE state <> 'leased'"
     )
+    pg.execute(
+        'CREATE INDEX "_jaren_jobs_settled" ON "_jaren_jobs" (updated_at, id) '
+        "WHERE state IN ('done', 'dead', 'cancelled')"
+    )
     pg.execute("UPDATE _jaren_meta SET value = '7'")
     with jaren_jobs.open_store(pg.url, runtime=runtime) as store:
         version = pg.query("SELECT value FROM _jaren_meta WHERE key = 'schema_version'")
         assert version == [("8",)]
         indexes = _indexes(pg)
         assert "_jaren_jobs_queue_state" in indexes
-        assert "_jaren_jobs_unleased" not in indexes
+        assert not indexes & {"_jaren_jobs_unleased", "_jaren_jobs_settled"}
         after = {q: store.jobs.counts(queue=q) for q in ("q1", "q2", "q3", "none")}
         assert after == before
         assert (after["q1"].done, after["q1"].pending) == (6, 4)
@@ -104,3 +109,36 @@ def test_one_queues_counts_read_its_entries_of_an_index_only(
         assert re.search(r"Index Cond: \(+queue = 'q1'::text\)", plan), plan
         assert "using _jaren_jobs_leased" in plan
         assert "Seq Scan" not in plan
+
+
+def _state_of(n: int) -> str:
+    """What ``_fill_many`` made of its job number n (updated_at = n)."""
+    return "pending" if n % 1000 == 7 else "dead" if n % 1000 == 8 else "done"
+
+
+@pytest.mark.parametrize("states", [(), ("dead",), ("cancelled", "done")])
+def test_a_sweep_reads_each_settled_states_range_oldest_first(
+    pg: PostgresUrl, runtime: Runtime, states: tuple[str, ...]
+) -> None:
+    jaren_jobs.open_store(pg.url, runtime=runtime).close()
+    _fill_many(pg)
+    params: dict[str, Any] = {"horizon": 20_000, "limit": 100}
+    params.update({f"s{i}": state for i, state in enumerate(states)})
+    statement = queries.sweep_only(len(states))
+    plan = _plan(pg, statement, params)
+    chosen = states or ("done", "dead", "cancelled")
+    # one seek per chosen state in the state-and-last-change index, merged in
+    # order (a state not chosen is gated off: it reads nothing)
+    assert plan.count("Index Only Scan using _jaren_jobs_state_newest") == len(chosen), plan
+    for state in chosen:
+        assert f"Index Cond: ((state = '{state}'::text) AND (updated_at < " in plan, plan
+    assert "Seq Scan on _jaren_jobs " not in plan, plan
+    older = [n for n in range(1, 30_001) if _state_of(n) in chosen and n < 20_000]
+    gone, kept = older[:100], older[100:]
+    with psycopg.connect(pg.url) as conn:
+        assert conn.execute(statement, params).fetchone() == (len(gone),)
+        ids = {row[0] for row in conn.execute("SELECT id FROM _jaren_jobs").fetchall()}
+        conn.rollback()
+    assert not ids & {f"b{n:06d}" for n in gone}  # the oldest of the chosen states
+    assert {f"b{n:06d}" for n in kept[:5]} <= ids  # and not one more
+    assert len(ids) == 30_000 - len(gone)

@@ -474,14 +474,32 @@ REQUEUE = f"""UPDATE {JOBS} SET state = 'pending', run_at = %(now)s, lease_until
 RUN_NOW = f"""UPDATE {JOBS} SET run_at = %(now)s, updated_at = %(now)s
   WHERE id = %(id)s AND state IN ('pending', 'failed') AND run_at > %(now)s"""
 
-_SWEEP_SELECTION = f"""SELECT id FROM {JOBS}
-    WHERE state IN ('done', 'dead', 'cancelled') AND updated_at < %(horizon)s
+
+def _sweep_selection(gates: dict[str, str]) -> str:
+    # the oldest settled rows, each settled state read from "_jaren_jobs_state_newest"
+    # (its own range, oldest first) and merged: no index of the settled rows alone
+    # to maintain at every settlement (schema 8 dropped it). A branch whose state
+    # was not chosen has a gate that is false for the whole statement, so it
+    # reads nothing
+    branches = "\n      UNION ALL ".join(
+        f"""(SELECT id, updated_at FROM {JOBS}
+        WHERE state = '{state}' AND updated_at < %(horizon)s{gates.get(state, "")}
+        ORDER BY updated_at, id LIMIT %(limit)s)"""
+        for state in ("done", "dead", "cancelled")
+    )
+    return f"""SELECT id FROM ({branches}) AS settled
     ORDER BY updated_at, id LIMIT %(limit)s"""
 
-SWEEP = f"""WITH gone AS (DELETE FROM {JOBS} WHERE id IN ({_SWEEP_SELECTION}) RETURNING id),
+
+def _sweep(gates: dict[str, str]) -> str:
+    selection = _sweep_selection(gates)
+    return f"""WITH gone AS (DELETE FROM {JOBS} WHERE id IN ({selection}) RETURNING id),
   cleared AS (DELETE FROM {CHECKPOINTS} WHERE run_id IN (SELECT id FROM gone)),
   history AS (DELETE FROM {ERRORS} WHERE job_id IN (SELECT id FROM gone))
 SELECT count(*) FROM gone"""
+
+
+SWEEP = _sweep({})
 
 
 @lru_cache(maxsize=4)
@@ -490,9 +508,9 @@ def sweep_only(count: int) -> str:
     (``sweep(states=...)``)."""
     if count == 0:
         return SWEEP
-    only = ", ".join(f"%(s{i})s" for i in range(count))
-    return SWEEP.replace(
-        "AND updated_at < %(horizon)s", f"AND state IN ({only}) AND updated_at < %(horizon)s"
+    chosen = ", ".join(f"%(s{i})s" for i in range(count))
+    return _sweep(
+        {state: f" AND '{state}' IN ({chosen})" for state in ("done", "dead", "cancelled")}
     )
 
 

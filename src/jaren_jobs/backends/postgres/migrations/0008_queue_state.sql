@@ -8,3 +8,7 @@
 CREATE INDEX IF NOT EXISTS "_jaren_jobs_queue_state" ON "_jaren_jobs"
   (queue, state, run_at) WHERE state <> 'leased';
 DROP INDEX IF EXISTS "_jaren_jobs_unleased";
+-- The settled rows by last change: a sweep reads "_jaren_jobs_state_newest"
+-- instead (one range per settled state, merged), as the dashboard's chart does,
+-- and every settlement maintains one index fewer.
+DROP INDEX IF EXISTS "_jaren_jobs_settled";
