@@ -61,10 +61,13 @@ def test_a_held_job_force_cancelled_from_another_process_never_starts(
         ahead = [lease for lease in worker.leases() if payload_of[lease.job_id] not in started]
         assert ahead, "no job was leased ahead of job 10: the test proved nothing"
         target = ahead[0].job_id
-        assert elsewhere.jobs.cancel(target, force=True) is True
-        # the listener's notice reaches the worker: wait for it, then let the loop go on
+        # the worker's listener starts with it, on a thread of its own: a NOTIFY sent
+        # before its LISTEN is in force reaches nobody (the holder would learn at its
+        # next renewal, 10 minutes away), so the cancel waits for it
         listener = store._backend.db.listener  # type: ignore[attr-defined]
         assert listener.connected.wait(WAIT)
+        assert elsewhere.jobs.cancel(target, force=True) is True
+        # the listener's notice reaches the worker: wait for it, then let the loop go on
         assert _until(lambda: _forced(worker, target))
         gate.set()
         assert _until(lambda: store.jobs.counts().pending == 0 and not worker.stats().in_flight)
