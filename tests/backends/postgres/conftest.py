@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,3 +29,18 @@ def store(pg: PostgresUrl, clock: FakeClock) -> Store:
     """A store on ``pg`` with the fake clock and deterministic ids and tokens."""
     ids = Sequence()
     return pg.open(runtime=Runtime(now=clock.now, random=ids.random, uuid=ids.uuid))
+
+
+def index_names(pg: PostgresUrl) -> set[str]:
+    """The indexes of the harness's schema, by name."""
+    rows = pg.query("SELECT indexname FROM pg_indexes WHERE schemaname = ?", (pg.schema,))
+    return {str(name) for (name,) in rows}
+
+
+def plan_of(pg: PostgresUrl, statement: str, params: dict[str, Any]) -> str:
+    """``EXPLAIN statement`` with these values, as one text."""
+    import psycopg
+
+    with psycopg.connect(pg.url) as conn:
+        rows = conn.execute("EXPLAIN " + statement, params).fetchall()
+    return "\n".join(str(row[0]) for row in rows)

@@ -4,8 +4,6 @@ in place, and the per-queue reads it serves are answered from that index, never 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,31 +13,11 @@ from jaren_jobs import Runtime
 from jaren_jobs.backends.postgres import listing as sql
 from jaren_jobs.backends.postgres import queries
 from jaren_jobs.backends.postgres.schema import SCHEMA_VERSION
-from tests.conftest import FakeClock, require_postgres
+from tests.backends.postgres.conftest import index_names, plan_of
+from tests.conftest import FakeClock
 from tests.harness import PostgresUrl
 
 psycopg = pytest.importorskip("psycopg", reason="the dev extra installs psycopg")
-
-
-@pytest.fixture
-def pg(tmp_path: Path) -> Iterator[PostgresUrl]:
-    require_postgres()
-    harness = PostgresUrl(tmp_path / "unused.db")
-    try:
-        yield harness
-    finally:
-        harness.close()
-
-
-def _indexes(pg: PostgresUrl) -> set[str]:
-    rows = pg.query("SELECT indexname FROM pg_indexes WHERE schemaname = ?", (pg.schema,))
-    return {str(name) for (name,) in rows}
-
-
-def _plan(pg: PostgresUrl, statement: str, params: dict[str, Any]) -> str:
-    with psycopg.connect(pg.url) as conn:
-        rows = conn.execute("EXPLAIN " + statement, params).fetchall()
-    return "\n".join(str(row[0]) for row in rows)
 
 
 def test_schema_7_with_live_rows_upgrades_to_8(
@@ -71,7 +49,7 @@ def test_schema_7_with_live_rows_upgrades_to_8(
     with jaren_jobs.open_store(pg.url, runtime=runtime) as store:
         version = pg.query("SELECT value FROM _jaren_meta WHERE key = 'schema_version'")
         assert version == [("8",)]
-        indexes = _indexes(pg)
+        indexes = index_names(pg)
         assert "_jaren_jobs_queue_state" in indexes
         assert not indexes & {"_jaren_jobs_unleased", "_jaren_jobs_settled"}
         after = {q: store.jobs.counts(queue=q) for q in ("q1", "q2", "q3", "none")}
@@ -103,7 +81,7 @@ def test_one_queues_counts_read_its_entries_of_an_index_only(
     _fill_many(pg)
     params = {"queue": "q1", "now": 0}
     for statement in (sql.COUNT_QUEUE_BY_STATE, sql.DUE_COUNTS_QUEUE):
-        plan = _plan(pg, statement, params)
+        plan = plan_of(pg, statement, params)
         # the queue is where the index seeks, not a filter over every other queue's rows
         assert "Index Only Scan using _jaren_jobs_queue_state" in plan, plan
         assert re.search(r"Index Cond: \(+queue = 'q1'::text\)", plan), plan
@@ -125,7 +103,7 @@ def test_a_sweep_reads_each_settled_states_range_oldest_first(
     params: dict[str, Any] = {"horizon": 20_000, "limit": 100}
     params.update({f"s{i}": state for i, state in enumerate(states)})
     statement = queries.sweep_only(len(states))
-    plan = _plan(pg, statement, params)
+    plan = plan_of(pg, statement, params)
     chosen = states or ("done", "dead", "cancelled")
     # one seek per chosen state in the state-and-last-change index, merged in
     # order (a state not chosen is gated off: it reads nothing)

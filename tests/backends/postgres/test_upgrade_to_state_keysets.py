@@ -3,10 +3,6 @@ operator's reads it serves are answered from those indexes (their plans name the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
 import pytest
 
 import jaren_jobs
@@ -14,27 +10,13 @@ from jaren_jobs import Runtime
 from jaren_jobs.backends.postgres import listing as sql
 from jaren_jobs.backends.postgres.schema import SCHEMA_VERSION
 from jaren_jobs.core.commands import PageFilters
-from tests.conftest import FakeClock, require_postgres
+from tests.backends.postgres.conftest import index_names, plan_of
+from tests.conftest import FakeClock
 from tests.harness import PostgresUrl
 
 psycopg = pytest.importorskip("psycopg", reason="the dev extra installs psycopg")
 
 NEW_INDEXES = ("_jaren_jobs_newest", "_jaren_jobs_state_id", "_jaren_jobs_state_newest")
-
-
-@pytest.fixture
-def pg(tmp_path: Path) -> Iterator[PostgresUrl]:
-    require_postgres()
-    harness = PostgresUrl(tmp_path / "unused.db")
-    try:
-        yield harness
-    finally:
-        harness.close()
-
-
-def _indexes(pg: PostgresUrl) -> set[str]:
-    rows = pg.query("SELECT indexname FROM pg_indexes WHERE schemaname = ?", (pg.schema,))
-    return {str(name) for (name,) in rows}
 
 
 def _fill(store: jaren_jobs.Store, clock: FakeClock) -> None:
@@ -59,11 +41,11 @@ def test_schema_6_with_live_rows_upgrades_to_7(
     for name in NEW_INDEXES:
         pg.execute(f'DROP INDEX "{name}"')
     pg.execute("UPDATE _jaren_meta SET value = '6'")
-    assert not _indexes(pg) & set(NEW_INDEXES)
+    assert not index_names(pg) & set(NEW_INDEXES)
     with jaren_jobs.open_store(pg.url, runtime=runtime) as store:
         version = pg.query("SELECT value FROM _jaren_meta WHERE key = 'schema_version'")
         assert version == [(str(SCHEMA_VERSION),)]
-        assert set(NEW_INDEXES) <= _indexes(pg)
+        assert set(NEW_INDEXES) <= index_names(pg)
         after = [j.id for j in store.jobs.page(state="dead", order="newest", limit=100)]
         assert after == before
         # newest first: the dead-lettered jobs, last changed last
@@ -91,12 +73,6 @@ def _fill_many(pg: PostgresUrl) -> None:
         conn.execute('VACUUM ANALYZE "_jaren_jobs"')
 
 
-def _plan(pg: PostgresUrl, statement: str, params: dict[str, Any]) -> str:
-    with psycopg.connect(pg.url) as conn:
-        rows = conn.execute("EXPLAIN " + statement, params).fetchall()
-    return "\n".join(str(row[0]) for row in rows)
-
-
 @pytest.mark.parametrize(
     "filters",
     [
@@ -116,7 +92,7 @@ def test_a_page_by_state_or_newest_first_seeks_in_an_index(
     _fill_many(pg)
     params = {"now": 0, "after": "", "after_at": 2**62, "limit": 1}
     params.update(state=filters.state, kind=filters.kind, queue=filters.queue)
-    plan = _plan(pg, sql.page_jobs(filters), params)
+    plan = plan_of(pg, sql.page_jobs(filters), params)
     assert "Seq Scan" not in plan
     # only the few leased rows are sorted (one sort per branch reading them)
     assert plan.count("Sort  (") <= plan.count("using _jaren_jobs_leased")
@@ -134,11 +110,11 @@ def test_the_counts_read_indexes_only(pg: PostgresUrl, runtime: Runtime) -> None
     _fill_many(pg)
     # counts() reads one of the unleased indexes whole (the planner picks the
     # smallest), never the table
-    plan = _plan(pg, sql.COUNT_BY_STATE, {"now": 0})
+    plan = plan_of(pg, sql.COUNT_BY_STATE, {"now": 0})
     assert "Index Only Scan using _jaren_jobs_" in plan, plan
     assert "using _jaren_jobs_leased" in plan
     assert "Seq Scan" not in plan
-    plan = _plan(pg, sql.DUE_COUNTS, {"now": 0})
+    plan = plan_of(pg, sql.DUE_COUNTS, {"now": 0})
     assert "Index Only Scan using _jaren_jobs_state_id" in plan
     assert "using _jaren_jobs_leased" in plan
     assert "Seq Scan" not in plan
@@ -148,6 +124,6 @@ def test_the_settled_buckets_read_an_index_only(pg: PostgresUrl, runtime: Runtim
     jaren_jobs.open_store(pg.url, runtime=runtime).close()
     _fill_many(pg)
     params = {"since": 0, "until": 20_000, "bucket": 1000, "limit": 100}
-    plan = _plan(pg, sql.SETTLED_BUCKETS, params)
+    plan = plan_of(pg, sql.SETTLED_BUCKETS, params)
     assert plan.count("Index Only Scan Backward using _jaren_jobs_state_newest") == 3
     assert "Seq Scan" not in plan
