@@ -237,6 +237,24 @@ UPDATE {JOBS} AS j SET state = 'leased', lease_owner = %(owner)s,
   RETURNING {returning}, placed.n"""
 
 
+# A claim of ONE job in one statement: claim() with its token and claim key as plain
+# parameters, not arrays (psycopg dumps a list parameter at several times a scalar's
+# client cost, which a lone claim would pay for one element).
+@lru_cache(maxsize=64)
+def claim_single(kind_count: int, queue_count: int = 0) -> str:
+    """:func:`claim` of at most one job (``%(limit)s`` is 1), leased with ``%(token)s``
+    and ``%(key)s``."""
+    locked = claim_lock(kind_count, queue_count)
+    returning = ", ".join("j." + c.strip() for c in CLAIM_COLUMNS.split(","))
+    return f"""WITH placed AS ({locked})
+UPDATE {JOBS} AS j SET state = 'leased', lease_owner = %(owner)s,
+    lease_until = %(until)s, lease_generation = j.lease_generation + 1,
+    lease_token = %(token)s, settled_generation = NULL, claim_key = %(key)s,
+    attempts = j.attempts + 1, updated_at = %(now)s
+  FROM placed WHERE j.id = placed.id
+  RETURNING {returning}, placed.n"""
+
+
 # Mint the leases of the locked rows: one token (and its claim key) each.
 CLAIM_ROWS = f"""UPDATE {JOBS} AS j SET state = 'leased', lease_owner = %(owner)s,
     lease_until = %(until)s, lease_generation = j.lease_generation + 1, lease_token = p.token,
