@@ -393,6 +393,50 @@ def test_an_enqueue_inside_a_transaction_notifies_at_its_commit_only(
         listener.close()
 
 
+def test_an_enqueue_not_due_yet_notifies_nobody_and_a_due_one_does(
+    pg: PostgresUrl, store: Store
+) -> None:
+    """A NOTIFY wakes idle workers to claim now; a job not due yet cannot be claimed by
+    them (it starts at a poll after its run_at either way), so its enqueue sends none:
+    alone, in a batch, or inside the application's transaction."""
+    listener = _listening(store, pg)
+    try:
+        with round_trips(store) as trips:
+            store.jobs.enqueue("k", id="later", delay_seconds=60)
+        assert trips == [1]
+        assert _woken(listener) == 0
+        store.jobs.enqueue_many([NewJob("k", delay_seconds=60) for _ in range(3)])
+        assert _woken(listener) == 0
+        with store.transaction() as tx:
+            tx.jobs.enqueue("k", delay_seconds=60)
+        assert _woken(listener) == 0
+        # due now (no delay, or a delay of zero): every idle worker is told
+        store.jobs.enqueue("k", id="now", delay_seconds=0)
+        assert _woken(listener) == 1
+        store.jobs.enqueue_many([NewJob("k", delay_seconds=60), NewJob("k")])
+        assert _woken(listener) == 1
+        with store.transaction() as tx:
+            tx.jobs.enqueue("k", delay_seconds=60)
+            tx.jobs.enqueue("k")
+        assert _woken(listener) == 1
+        # one by one (an id minted after a named one), the same rule
+        store.jobs.enqueue_many(
+            [NewJob("k", id="n1", delay_seconds=60), NewJob("k", delay_seconds=60)]
+        )
+        assert _woken(listener) == 0
+        store.jobs.enqueue_many([NewJob("k", id="n2", delay_seconds=60), NewJob("k")])
+        assert _woken(listener) == 1
+        # a taken id still answers DuplicateJob, due or not, and writes nothing
+        with pytest.raises(DuplicateJob):
+            store.jobs.enqueue("k", id="later", delay_seconds=60)
+        assert _woken(listener) == 0
+        assert {j.state for j in (store.jobs.get("later"), store.jobs.get("now")) if j} == {
+            "pending"
+        }
+    finally:
+        listener.close()
+
+
 def test_enqueue_many_is_one_round_trip_and_a_taken_id_writes_nothing(
     pg: PostgresUrl, store: Store
 ) -> None:

@@ -90,11 +90,11 @@ ENQUEUE = f"""INSERT INTO {JOBS}
   ON CONFLICT DO NOTHING"""
 
 # A lone enqueue and its NOTIFY in one statement (one round trip; at the root, in
-# autocommit, its own transaction): the notification only when a row went in, and
-# delivered with the commit, as ever
-ENQUEUE_NOTIFY = f"""WITH ins AS ({ENQUEUE} RETURNING 1)
-SELECT count(*), (SELECT pg_notify(%s, '') WHERE EXISTS (SELECT 1 FROM ins)) IS NULL
-  FROM ins"""
+# autocommit, its own transaction): a row back, and the notification, only when the
+# row went in (RETURNING runs per inserted row); delivered with the commit, as ever.
+# RETURNING, not a CTE counting the insert: the CTE's plan cost the server about 15 µs
+# per enqueue, the NOTIFY itself a few.
+ENQUEUE_NOTIFY = f"{ENQUEUE} RETURNING pg_notify(%s, '') IS NULL"
 
 # An enqueue with a unique key, in one round trip: whether it inserted,
 # whether the id was taken already, and the job holding the key (all from
@@ -137,13 +137,14 @@ ENQUEUE_MANY = f"""INSERT INTO {JOBS}
 # The batch and its NOTIFY in one statement, all or nothing: a row skipped (its id
 # taken) fails the statement, so that nothing of the batch is written (the caller then
 # replays it one by one, which names the taken id). The failure is a cast no input of
-# ours can provoke: ``22P02`` with SKIPPED_MARK in its message.
+# ours can provoke: ``22P02`` with SKIPPED_MARK in its message. The NOTIFY only when
+# ``%(due)s``: some job of the batch is due now.
 SKIPPED_MARK = "jaren_jobs: a batch row was skipped"
 ENQUEUE_MANY_NOTIFY = f"""WITH ins AS ({ENQUEUE_MANY} RETURNING 1),
   n AS (SELECT count(*) AS c FROM ins)
 SELECT CASE WHEN n.c = %(count)s THEN n.c
     ELSE ('{SKIPPED_MARK}: ' || n.c)::bigint END,
-  pg_notify(%(channel)s, '') IS NULL
+  CASE WHEN %(due)s THEN pg_notify(%(channel)s, '') END IS NULL
   FROM n"""
 
 NOTIFY = "SELECT pg_notify(%(channel)s, '')"
