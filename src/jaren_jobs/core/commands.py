@@ -52,6 +52,10 @@ def check_id(value: object, what: str) -> str:
 
 def check_kinds(kinds: object, what: str) -> tuple[str, ...]:
     """A non-empty list, tuple or set of kinds, answered sorted and unique."""
+    if type(kinds) is list and len(kinds) == 1:
+        kind = kinds[0]
+        if type(kind) is str and kind and kind.isascii() and "\x00" not in kind:
+            return (kind,)  # the common case (one plain kind), valid as it stands
     if isinstance(kinds, (str, bytes)):
         raise TypeError(f"{what}: kinds is a list of kinds, not a bare string (write [{kinds!r}])")
     if not isinstance(kinds, (list, tuple, set, frozenset)):
@@ -233,9 +237,10 @@ def claim_request(
     """Check a claim's kinds, owner, lease length and queues."""
     checked = check_kinds(kinds, what)
     names = check_queues(queues, what)
-    if not isinstance(owner, str):
-        raise TypeError(f"{what}: owner must be a non-empty str, got {type(owner).__name__}")
-    check_id(owner, f"{what}: owner")
+    if type(owner) is not str or not owner or not owner.isascii() or "\x00" in owner:
+        if not isinstance(owner, str):
+            raise TypeError(f"{what}: owner must be a non-empty str, got {type(owner).__name__}")
+        check_id(owner, f"{what}: owner")
     seconds = check_lease_seconds(defaults, lease_seconds, what)
     return ClaimRequest(checked, owner, lease_ms(seconds), names)
 

@@ -393,6 +393,93 @@ def test_an_enqueue_inside_a_transaction_notifies_at_its_commit_only(
         listener.close()
 
 
+def test_an_enqueue_not_due_yet_notifies_nobody_and_a_due_one_does(
+    pg: PostgresUrl, store: Store
+) -> None:
+    """A NOTIFY wakes idle workers to claim now; a job not due yet cannot be claimed by
+    them (it starts at a poll after its run_at either way), so its enqueue sends none:
+    alone, in a batch, or inside the application's transaction."""
+    listener = _listening(store, pg)
+    try:
+        with round_trips(store) as trips:
+            store.jobs.enqueue("k", id="later", delay_seconds=60)
+        assert trips == [1]
+        assert _woken(listener) == 0
+        store.jobs.enqueue_many([NewJob("k", delay_seconds=60) for _ in range(3)])
+        assert _woken(listener) == 0
+        with store.transaction() as tx:
+            tx.jobs.enqueue("k", delay_seconds=60)
+        assert _woken(listener) == 0
+        # due now (no delay, or a delay of zero): every idle worker is told
+        store.jobs.enqueue("k", id="now", delay_seconds=0)
+        assert _woken(listener) == 1
+        store.jobs.enqueue_many([NewJob("k", delay_seconds=60), NewJob("k")])
+        assert _woken(listener) == 1
+        with store.transaction() as tx:
+            tx.jobs.enqueue("k", delay_seconds=60)
+            tx.jobs.enqueue("k")
+        assert _woken(listener) == 1
+        # one by one (an id minted after a named one), the same rule
+        store.jobs.enqueue_many(
+            [NewJob("k", id="n1", delay_seconds=60), NewJob("k", delay_seconds=60)]
+        )
+        assert _woken(listener) == 0
+        store.jobs.enqueue_many([NewJob("k", id="n2", delay_seconds=60), NewJob("k")])
+        assert _woken(listener) == 1
+        # a taken id still answers DuplicateJob, due or not, and writes nothing
+        with pytest.raises(DuplicateJob):
+            store.jobs.enqueue("k", id="later", delay_seconds=60)
+        assert _woken(listener) == 0
+        assert {j.state for j in (store.jobs.get("later"), store.jobs.get("now")) if j} == {
+            "pending"
+        }
+    finally:
+        listener.close()
+
+
+def test_the_async_api_notifies_as_the_sync_one_due_or_not(pg: PostgresUrl) -> None:
+    """The asyncio session (generated from the sync one) on psycopg's AsyncConnection:
+    a job not due yet wakes nobody, a due one wakes at the commit, a rolled-back
+    transaction wakes nobody and leaves nothing."""
+    import asyncio
+
+    import jaren_jobs
+    from jaren_jobs.backends.postgres.store import channel_name
+
+    listener = psycopg.connect(pg.url, autocommit=True)
+    listener.execute(
+        psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel_name(pg.schema)))
+    )
+
+    async def main() -> list[int]:
+        woken: list[int] = []
+        async with jaren_jobs.open_async_store(pg.url) as store:
+            await store.jobs.enqueue("k", id="later", delay_seconds=60)
+            woken.append(_woken(listener))
+            await store.jobs.enqueue_many([NewJob("k", delay_seconds=60), NewJob("k")])
+            woken.append(_woken(listener))
+
+            async def rolled_back() -> None:
+                async with store.transaction() as tx:
+                    await tx.jobs.enqueue("k", id="undone")
+                    raise RuntimeError("rolled back")
+
+            with pytest.raises(RuntimeError):
+                await rolled_back()
+            woken.append(_woken(listener))
+            assert await store.jobs.get("undone") is None
+            async with store.transaction() as tx:
+                await tx.jobs.enqueue("k", id="done")
+                woken.append(_woken(listener))  # not committed yet
+            woken.append(_woken(listener))
+        return woken
+
+    try:
+        assert asyncio.run(main()) == [0, 1, 0, 0, 1]
+    finally:
+        listener.close()
+
+
 def test_enqueue_many_is_one_round_trip_and_a_taken_id_writes_nothing(
     pg: PostgresUrl, store: Store
 ) -> None:

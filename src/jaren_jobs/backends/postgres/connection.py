@@ -74,6 +74,11 @@ def is_transient(error: StorageError) -> bool:
     return error.details.get("sqlstate") in TRANSIENT_SQLSTATES
 
 
+# the connection's transaction status read from libpq directly (``conn.info`` builds an
+# object and an enum per read, on every call's way in and out)
+_IDLE = int(pq.TransactionStatus.IDLE)
+
+
 def _readable(conn: Any) -> bool:
     try:
         ready, _, _ = select.select([conn.fileno()], [], [], 0)
@@ -239,14 +244,12 @@ class PgDatabase:
                 return
             # a call that failed may have left it mid-transaction: never hand
             # that out (the next call's statements would join it)
-            if (
-                self.owns
-                and not (conn.closed or conn.broken)
-                and conn.info.transaction_status != pq.TransactionStatus.IDLE
-            ):
+            usable = self._usable(conn)
+            if self.owns and usable and conn.pgconn.transaction_status != _IDLE:
                 with contextlib.suppress(psycopg.Error):
                     conn.execute("ROLLBACK")
-            if self._usable(conn) and not (self.closed and self.owns):
+                usable = self._usable(conn)
+            if usable and not (self.closed and self.owns):
                 with self._lock:
                     self._idle.append(conn)
             elif self._usable(conn):
@@ -435,7 +438,7 @@ class PgDatabase:
         """Open a transaction of the library's own on the connection; ``deferred``: on a
         connection of ours, its BEGIN goes with the unit's first statement (:meth:`run`)."""
         conn = self.connection
-        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        if conn.pgconn.transaction_status != _IDLE:
             raise StorageError(
                 f"{doing}: the connection has an open transaction that jaren_jobs did not "
                 "start; commit it first",

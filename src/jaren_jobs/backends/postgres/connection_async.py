@@ -48,6 +48,9 @@ def is_transient(error: StorageError) -> bool:
     return error.details.get("sqlstate") in TRANSIENT_SQLSTATES
 
 
+_IDLE = int(pq.TransactionStatus.IDLE)
+
+
 def _readable(conn: Any) -> bool:
     try:
         ready, _, _ = select.select([conn.fileno()], [], [], 0)
@@ -164,14 +167,12 @@ class AsyncPgDatabase:
         try:
             if conn is None:
                 return
-            if (
-                self.owns
-                and (not (conn.closed or conn.broken))
-                and (conn.info.transaction_status != pq.TransactionStatus.IDLE)
-            ):
+            usable = self._usable(conn)
+            if self.owns and usable and (conn.pgconn.transaction_status != _IDLE):
                 with contextlib.suppress(psycopg.Error):
                     await conn.execute("ROLLBACK")
-            if self._usable(conn) and (not (self.closed and self.owns)):
+                usable = self._usable(conn)
+            if usable and (not (self.closed and self.owns)):
                 with self._lock:
                     self._idle.append(conn)
             elif self._usable(conn):
@@ -338,7 +339,7 @@ class AsyncPgDatabase:
         """Open a transaction of the library's own on the connection; ``deferred``: on a
         connection of ours, its BEGIN goes with the unit's first statement (:meth:`run`)."""
         conn = self.connection
-        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        if conn.pgconn.transaction_status != _IDLE:
             raise StorageError(
                 f"{doing}: the connection has an open transaction that jaren_jobs did not start; commit it first",
                 doing=doing,

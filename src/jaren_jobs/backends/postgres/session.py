@@ -3,8 +3,8 @@
 Dialect here: a claim locks its rows with ``FOR UPDATE SKIP LOCKED`` (expired
 leases rescued in the same statement) and mints one token per row; a fenced
 write hands back the job's fence row in the same round trip when it matched
-nothing; an enqueue sends one ``NOTIFY`` with its commit, which wakes idle
-workers in every process.
+nothing; an enqueue of a job due now sends one ``NOTIFY`` with its commit, which
+wakes idle workers in every process (a job not due yet wakes nobody).
 """
 
 from __future__ import annotations
@@ -168,23 +168,27 @@ class PostgresSession(PgReads):
             else:
                 replay = zip(ids, prepared, strict=True)
                 jobs = [self._insert(p._replace(id=job_id), now, what) for job_id, p in replay]
-            self._notify(what)
+            if any(p.run_at(now) <= now for p in prepared):
+                self._notify(what)
             return jobs
 
         return self._scope.write(work, what)
 
     def _insert_alone(self, prepared: PreparedJob, what: str) -> Job:
-        """One job without a unique key: inserted with its NOTIFY, the unit's only statement."""
+        """One job without a unique key, the unit's only statement: inserted with its
+        NOTIFY when it is due now. A job not due yet wakes nobody: an idle worker
+        could not claim it, and starts it at a poll after its ``run_at`` either way."""
         now = self._runtime.now_ms()
         job_id = prepared.id if prepared.id is not None else self._runtime.uuid()
         run_at = prepared.run_at(now)
-        row = self._db.one(
-            sql.ENQUEUE_NOTIFY,
-            (*_row(prepared, job_id, run_at, now), self._channel or "jaren_jobs"),
-            doing=what,
-            final=True,
-        )
-        if row is None or not row[0]:
+        values = _row(prepared, job_id, run_at, now)
+        if run_at <= now:
+            channel = self._channel or "jaren_jobs"
+            notified = self._db.one(sql.ENQUEUE_NOTIFY, (*values, channel), doing=what, final=True)
+            inserted = notified is not None
+        else:
+            inserted = self._db.changes(sql.ENQUEUE, values, doing=what, final=True) == 1
+        if not inserted:
             raise _taken(job_id, what)
         return inserted_job(job_id, prepared, run_at, now)
 
@@ -254,6 +258,7 @@ class PostgresSession(PgReads):
         run_ats = [p.run_at(now) for p in prepared]
         params = {
             "count": len(ids),
+            "due": any(run_at <= now for run_at in run_ats),
             "channel": self._channel or "jaren_jobs",
             "now": now,
             "ids": ids,

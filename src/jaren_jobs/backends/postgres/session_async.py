@@ -148,23 +148,29 @@ class AsyncPostgresSession(AsyncPgReads):
                 jobs = [
                     await self._insert(p._replace(id=job_id), now, what) for job_id, p in replay
                 ]
-            await self._notify(what)
+            if any(p.run_at(now) <= now for p in prepared):
+                await self._notify(what)
             return jobs
 
         return await self._scope.write(work, what)
 
     async def _insert_alone(self, prepared: PreparedJob, what: str) -> Job:
-        """One job without a unique key: inserted with its NOTIFY, the unit's only statement."""
+        """One job without a unique key, the unit's only statement: inserted with its
+        NOTIFY when it is due now. A job not due yet wakes nobody: an idle worker
+        could not claim it, and starts it at a poll after its ``run_at`` either way."""
         now = self._runtime.now_ms()
         job_id = prepared.id if prepared.id is not None else self._runtime.uuid()
         run_at = prepared.run_at(now)
-        row = await self._db.one(
-            sql.ENQUEUE_NOTIFY,
-            (*_row(prepared, job_id, run_at, now), self._channel or "jaren_jobs"),
-            doing=what,
-            final=True,
-        )
-        if row is None or not row[0]:
+        values = _row(prepared, job_id, run_at, now)
+        if run_at <= now:
+            channel = self._channel or "jaren_jobs"
+            notified = await self._db.one(
+                sql.ENQUEUE_NOTIFY, (*values, channel), doing=what, final=True
+            )
+            inserted = notified is not None
+        else:
+            inserted = await self._db.changes(sql.ENQUEUE, values, doing=what, final=True) == 1
+        if not inserted:
             raise _taken(job_id, what)
         return inserted_job(job_id, prepared, run_at, now)
 
@@ -227,6 +233,7 @@ class AsyncPostgresSession(AsyncPgReads):
         run_ats = [p.run_at(now) for p in prepared]
         params = {
             "count": len(ids),
+            "due": any(run_at <= now for run_at in run_ats),
             "channel": self._channel or "jaren_jobs",
             "now": now,
             "ids": ids,

@@ -287,11 +287,16 @@ class PgSettling:
     ) -> tuple[str, dict[str, Any], list[bytes]]:
         """The one-statement claim of up to ``limit`` jobs, its ``limit`` tokens minted."""
         params = self._claim_params(request, limit)
+        queues = 0 if request.queues is None else len(request.queues)
+        if limit == 1:  # a lone claim: its token and key as scalars, not one-element arrays
+            token = self._runtime.uuid()
+            key = params["key"] = claim_key(token)
+            params["token"] = token
+            return sql.claim_single(len(request.kinds), queues), params, [key]
         tokens = self._runtime.uuids(limit)
         keys = [claim_key(token) for token in tokens]
         params["tokens"] = tokens
         params["keys"] = keys
-        queues = 0 if request.queues is None else len(request.queues)
         return sql.claim(len(request.kinds), queues), params, keys
 
     def settle_together(
