@@ -30,7 +30,7 @@ from typing import Any
 
 from jaren_jobs import NewJob, Store, open_store
 from jaren_jobs.dashboard.core import Dashboard, Request
-from jaren_jobs.dashboard.overview import queued_walk, throughput
+from jaren_jobs.dashboard.overview import throughput
 
 KINDS = ("email", "report", "resize", "sync", "webhook")
 QUEUES = ("default", "bulk", "critical")
@@ -104,7 +104,7 @@ def measure(store: Store) -> list[tuple[str, float, float]]:
         ("  counts()", store.jobs.counts),
         ("  due_counts()", store.jobs.due_counts),
         ("  counts(queue='bulk')", lambda: store.jobs.counts(queue="bulk")),
-        ("  overview's walks", lambda: queued_walk(store, now(), store.jobs.due_counts())),
+        ("  queues()", store.jobs.queues),
         ("  overview's chart (settled_buckets)", lambda: throughput(store, now())),
     )
     for name, call in parts:

@@ -653,6 +653,7 @@ _SESSION_AWAITED = frozenset(
         "count_due",
         "queue_gauges",
         "count_settled",
+        "live_queues",
         "claim",
         "renew",
         "cancel_queued",

@@ -164,6 +164,11 @@ class JobsSession(Protocol):
         ms) or None, expired unmarked leases)``, in one statement (SPEC §17's gauges)."""
         ...
 
+    def live_queues(self, limit: int, what: str) -> list[str]:
+        """The queues of the queued (pending, failed) and leased jobs, sorted, at most
+        ``limit``."""
+        ...
+
     def count_settled(
         self, since: int, until: int, bucket: int, limit: int, what: str
     ) -> list[tuple[str, int, int]]:

@@ -353,6 +353,16 @@ class Jobs:
             states=states,
         )
 
+    def queues(self, *, limit: int = 100) -> list[str]:
+        """The queues that hold live jobs — queued (pending or failed) or leased —
+        sorted, at most ``limit`` of them (an int ≥ 1).
+
+        A queue whose jobs are all settled is not among them. An operator's read
+        (the dashboard's per-queue table): one statement that seeks each queue in
+        an index of the queued jobs and reads the few leased rows, never every job.
+        """
+        return self._engine.queues(limit=limit)
+
     def settled_buckets(
         self, *, since: datetime, bucket_seconds: float, buckets: int, limit: int = 10_000
     ) -> SettledBuckets:

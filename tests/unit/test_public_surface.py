@@ -34,6 +34,8 @@ DOCUMENTED = {
     # (docs/api.md); the contract (docs/contract.md) does not name them yet
     "run_now",
     "settled_buckets",
+    # and the queues its per-queue table counts
+    "queues",
 }
 
 

@@ -334,6 +334,10 @@ class AsyncJobs:
             deadline=deadline,
         )
 
+    async def queues(self, *, limit: int = 100) -> list[str]:
+        """The queues that hold live jobs (see ``store.jobs.queues``)."""
+        return await self._run(self._jobs.queues, limit=limit)
+
     async def settled_buckets(
         self, *, since: datetime, bucket_seconds: float, buckets: int, limit: int = 10_000
     ) -> SettledBuckets:

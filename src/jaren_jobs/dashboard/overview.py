@@ -1,9 +1,9 @@
 """What the overview shows, gathered through the public API only, each read bounded.
 
 ``counts()`` and ``due_counts()`` answer the totals (and the oldest ready job's
-``run_at``) in one statement each. What they cannot say (who holds leases,
-which queues are live) is read with ``page()`` filtered by state and walked a
-bounded number of rows,
+``run_at``) in one statement each, ``queues()`` the queues of live jobs. What
+they cannot say (who holds leases) is read with ``page()`` filtered by state and
+walked a bounded number of rows,
 and only for states ``counts()`` says are not empty; a walk that hit its bound
 says so (``truncated``). Throughput is counted from the stored settled jobs by
 ``settled_buckets()`` (an index read, bounded by ``SETTLED_CAP``).
@@ -23,8 +23,6 @@ from jaren_jobs.store import Store
 #: the chart: one hour in twelve five-minute buckets
 BUCKETS = 12
 BUCKET_SECONDS = 300
-#: how many queued jobs per state the walk for queue names reads at most
-SCAN_CAP = 100
 #: how many settled jobs of a state the chart counts at most (the most recent)
 SETTLED_CAP = 50_000
 LEASE_CAP = 200
@@ -68,30 +66,11 @@ def throughput(store: Store, now: datetime) -> dict[str, Any]:
     }
 
 
-def queued_walk(store: Store, now: datetime, due: DueCounts) -> dict[str, Any]:
-    """How long the oldest ready job has waited, and the queues of live jobs.
-
-    The age is exact: ``due_counts()`` reads the earliest ready ``run_at`` with
-    its counts. No public read lists the queues, so they are those of the
-    queued jobs met on a walk by id of at most ``SCAN_CAP`` rows per queued
-    state that has any.
-    """
-    queues: dict[str, None] = {}
-    for state, queued in (
-        ("pending", due.pending_ready + due.pending_scheduled),
-        ("failed", due.failed_ready + due.failed_scheduled),
-    ):
-        if queued == 0:
-            continue
-        with store.jobs.page(state=state, limit=min(SCAN_CAP, queued)) as jobs:
-            for job in jobs:
-                queues.setdefault(job.queue, None)
+def oldest_ready(now: datetime, due: DueCounts) -> dict[str, Any]:
+    """How long the oldest ready job has waited (``due_counts()`` reads its run_at)."""
     oldest = due.oldest_ready_at
     age = None if oldest is None else round((now - oldest).total_seconds(), 3)
-    return {
-        "oldest": {"age_seconds": age, "run_at": _iso(oldest)},
-        "queues": list(queues),
-    }
+    return {"age_seconds": age, "run_at": _iso(oldest)}
 
 
 def leases(store: Store, now: datetime, leased: int) -> dict[str, Any]:
@@ -102,7 +81,6 @@ def leases(store: Store, now: datetime, leased: int) -> dict[str, Any]:
     owners: dict[str, dict[str, Any]] = {}
     read = 0
     truncated = False
-    queues: dict[str, None] = {}
     if leased:
         with store.jobs.page(state="leased", limit=min(LEASE_CAP, leased) + 1) as jobs:
             for job in jobs:
@@ -110,7 +88,6 @@ def leases(store: Store, now: datetime, leased: int) -> dict[str, Any]:
                 if read > LEASE_CAP:
                     truncated = True
                     break
-                queues.setdefault(job.queue, None)
                 owner = job.lease_owner or "(unknown)"
                 entry = owners.setdefault(
                     owner,
@@ -130,7 +107,7 @@ def leases(store: Store, now: datetime, leased: int) -> dict[str, Any]:
     rows = []
     for entry in sorted(owners.values(), key=lambda item: str(item["owner"])):
         rows.append({**entry, "soonest": _iso(entry["soonest"]), "latest": _iso(entry["latest"])})
-    return {"owners": rows, "truncated": truncated, "queues": list(queues)}
+    return {"owners": rows, "truncated": truncated}
 
 
 def schedules(periodic: Sequence[Periodic], now: datetime) -> list[dict[str, Any]]:
@@ -191,21 +168,11 @@ class QueueCounts:
         return self.cached()
 
 
-def _live_queues(
-    queued: Sequence[str], leased: Sequence[str], periodic: Sequence[Periodic]
-) -> list[str]:
-    # the queues of live jobs and of the schedules; a queue with only settled
-    # jobs is left out
-    return sorted({*queued, *leased, *(p.queue for p in periodic)})[:MAX_QUEUES]
-
-
 def queue_names(store: Store, periodic: Sequence[Periodic]) -> list[str]:
-    """The overview's queue names without its ``counts()`` (a read of every job):
-    what ``/api/queues`` needs before it counts each one."""
-    now = _now(store)
-    walked = queued_walk(store, now, store.jobs.due_counts())
-    held = leases(store, now, LEASE_CAP)
-    return _live_queues(walked["queues"], held["queues"], periodic)
+    """The queues of live jobs (``queues()``) and of the schedules, sorted, at most
+    ``MAX_QUEUES``; a queue with only settled jobs is left out."""
+    live = store.jobs.queues(limit=MAX_QUEUES)
+    return sorted({*live, *(p.queue for p in periodic)})[:MAX_QUEUES]
 
 
 def overview(
@@ -218,10 +185,8 @@ def overview(
     now = _now(store)
     counts = store.jobs.counts()
     due = store.jobs.due_counts()
-    walked = queued_walk(store, now, due)
     held = leases(store, now, counts.leased)
-    live = held.pop("queues")
-    named = _live_queues(walked["queues"], live, periodic) if queues is None else list(queues)
+    named = queue_names(store, periodic) if queues is None else list(queues)
     return {
         "now": _iso(now),
         "counts": counts.to_dict(),
@@ -230,6 +195,6 @@ def overview(
         "kinds": sorted(counts.pending_kinds.items()),
         "throughput": throughput(store, now),
         "leases": held,
-        "oldest_ready": walked["oldest"],
+        "oldest_ready": oldest_ready(now, due),
         "periodic": schedules(periodic, now),
     }

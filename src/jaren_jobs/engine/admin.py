@@ -73,6 +73,11 @@ class JobAdmin:
         )
         return DueCounts(pr, ps, fr, fs, expired, oldest_ready_at=datetime_from_ms(oldest))
 
+    def queues(self, *, limit: int = 100) -> list[str]:
+        """``queues``: see :meth:`jaren_jobs.Jobs.queues`, which documents it."""
+        what = "queues()"
+        return self._session.live_queues(check_positive_int(limit, f"{what}: limit"), what)
+
     def settled_buckets(
         self, *, since: datetime, bucket_seconds: float, buckets: int, limit: int = 10_000
     ) -> SettledBuckets:

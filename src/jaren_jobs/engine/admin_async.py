@@ -68,6 +68,11 @@ class AsyncJobAdmin:
         )
         return DueCounts(pr, ps, fr, fs, expired, oldest_ready_at=datetime_from_ms(oldest))
 
+    async def queues(self, *, limit: int = 100) -> list[str]:
+        """``queues``: see :meth:`jaren_jobs.Jobs.queues`, which documents it."""
+        what = "queues()"
+        return await self._session.live_queues(check_positive_int(limit, f"{what}: limit"), what)
+
     async def settled_buckets(
         self, *, since: datetime, bucket_seconds: float, buckets: int, limit: int = 10000
     ) -> SettledBuckets:

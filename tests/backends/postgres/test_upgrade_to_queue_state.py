@@ -120,3 +120,18 @@ def test_a_sweep_reads_each_settled_states_range_oldest_first(
     assert not ids & {f"b{n:06d}" for n in gone}  # the oldest of the chosen states
     assert {f"b{n:06d}" for n in kept[:5]} <= ids  # and not one more
     assert len(ids) == 30_000 - len(gone)
+
+
+def test_the_live_queues_are_sought_one_by_one_in_an_index(
+    pg: PostgresUrl, runtime: Runtime
+) -> None:
+    jaren_jobs.open_store(pg.url, runtime=runtime).close()
+    _fill_many(pg)
+    plan = plan_of(pg, sql.LIVE_QUEUES, {"limit": 100})
+    # each step of the recursion one seek past the last queue found, never a scan
+    # of the queued rows or of the table
+    assert "Seq Scan on _jaren_jobs " not in plan, plan
+    assert "Recursive Union" in plan, plan
+    with psycopg.connect(pg.url) as conn:
+        found = [row[0] for row in conn.execute(sql.LIVE_QUEUES, {"limit": 100})]
+    assert found == ["q0", "q1", "q2"]  # the queues with pending jobs

@@ -77,6 +77,23 @@ SETTLED_BUCKETS = "\n  UNION ALL ".join(
 )
 
 
+# queues(): the queues of the queued jobs, one seek each in the claim's queue-first
+# index (the next queue past the last one found: never a read of every queued
+# row), and those of the few leased rows; sorted, at most %(limit)s
+LIVE_QUEUES = f"""WITH RECURSIVE live(queue, n) AS (
+    SELECT (SELECT queue FROM {JOBS}
+      WHERE state IN ('pending', 'failed') ORDER BY queue LIMIT 1), 1
+    UNION ALL
+    SELECT (SELECT queue FROM {JOBS}
+      WHERE state IN ('pending', 'failed') AND queue > live.queue ORDER BY queue LIMIT 1),
+      n + 1
+    FROM live WHERE live.queue IS NOT NULL AND n < %(limit)s
+  )
+  SELECT queue FROM live WHERE queue IS NOT NULL
+  UNION
+  SELECT queue FROM {JOBS} WHERE state = 'leased'
+  ORDER BY 1 LIMIT %(limit)s"""
+
 # ----------------------------------------------------------------- pages
 
 

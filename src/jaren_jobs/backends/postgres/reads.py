@@ -60,6 +60,13 @@ class PgReads:
 
         return self._scope.read_consistent(work, what)
 
+    def live_queues(self, limit: int, what: str) -> list[str]:
+        def work() -> list[str]:
+            rows = self._db.all(listing.LIVE_QUEUES, {"limit": limit}, doing=what)
+            return [str(queue) for (queue,) in rows]
+
+        return self._scope.read(work, what)
+
     def count_settled(
         self, since: int, until: int, bucket: int, limit: int, what: str
     ) -> list[tuple[str, int, int]]:

@@ -69,6 +69,14 @@ class AsyncPgReads:
 
         return await self._scope.read_consistent(work, what)
 
+    async def live_queues(self, limit: int, what: str) -> list[str]:
+
+        async def work() -> list[str]:
+            rows = await self._db.all(listing.LIVE_QUEUES, {"limit": limit}, doing=what)
+            return [str(queue) for (queue,) in rows]
+
+        return await self._scope.read(work, what)
+
     async def count_settled(
         self, since: int, until: int, bucket: int, limit: int, what: str
     ) -> list[tuple[str, int, int]]:

@@ -84,6 +84,23 @@ QUEUE_GAUGES = f"""SELECT queue, {EFFECTIVE_STATE} AS effective, COUNT(*),
     AND lease_until <= :now THEN 1 ELSE 0 END), 0)
   FROM {JOBS} GROUP BY queue, effective"""
 
+# queues(): the queues of the queued jobs, one seek each in the claim's queue-first
+# index (the next queue past the last one found: never a read of every queued
+# row), and those of the few leased rows; sorted, at most :limit
+LIVE_QUEUES = f"""WITH RECURSIVE live(queue, n) AS (
+    SELECT (SELECT queue FROM {JOBS} INDEXED BY "_jaren_jobs_ready_queue"
+      WHERE state IN ('pending', 'failed') ORDER BY queue LIMIT 1), 1
+    UNION ALL
+    SELECT (SELECT queue FROM {JOBS} INDEXED BY "_jaren_jobs_ready_queue"
+      WHERE state IN ('pending', 'failed') AND queue > live.queue ORDER BY queue LIMIT 1),
+      n + 1
+    FROM live WHERE live.queue IS NOT NULL AND n < :limit
+  )
+  SELECT queue FROM live WHERE queue IS NOT NULL
+  UNION
+  SELECT queue FROM {JOBS} INDEXED BY "_jaren_jobs_leased" WHERE state = 'leased'
+  ORDER BY 1 LIMIT :limit"""
+
 # ----------------------------------------------------------------- pages
 
 # schema 9: what the operator's reads by state seek in (the dashboard, SPEC §15).
