@@ -78,14 +78,18 @@ SETTLED_BUCKETS = "\n  UNION ALL ".join(
 
 
 # queues(): the queues of the queued jobs, one seek each in the claim's queue-first
-# index (the next queue past the last one found: never a read of every queued
-# row), and those of the few leased rows; sorted, at most %(limit)s
+# index "_jaren_jobs_ready_queue" (the next queue past the last one found: never a
+# read of every queued row), and those of the few leased rows; sorted, at most
+# %(limit)s. Ordered by (queue, kind), that index's own order, so that the planner
+# reads it rather than "_jaren_jobs_queue_state", whose entries of settled rows
+# it would have to pass
 LIVE_QUEUES = f"""WITH RECURSIVE live(queue, n) AS (
     SELECT (SELECT queue FROM {JOBS}
-      WHERE state IN ('pending', 'failed') ORDER BY queue LIMIT 1), 1
+      WHERE state IN ('pending', 'failed') ORDER BY queue, kind LIMIT 1), 1
     UNION ALL
     SELECT (SELECT queue FROM {JOBS}
-      WHERE state IN ('pending', 'failed') AND queue > live.queue ORDER BY queue LIMIT 1),
+      WHERE state IN ('pending', 'failed') AND queue > live.queue
+      ORDER BY queue, kind LIMIT 1),
       n + 1
     FROM live WHERE live.queue IS NOT NULL AND n < %(limit)s
   )
