@@ -23,9 +23,12 @@ from jaren_jobs.core.commands import PageFilters
 # index, where a marked lease that ran out reads as cancelled (EFFECTIVE_STATE).
 # The outer sum folds that 'cancelled' into the stored one. Exact, from one
 # snapshot. counts(queue=...) is the same over that queue's entries only.
+# The stored states are counted per (queue, state), the index's own order, so
+# that each run is counted as it streams past (no hash of every entry's state).
 def _count_by_state(only: str) -> str:
     return f"""SELECT s, sum(n) FROM (
-    SELECT state AS s, count(*) AS n FROM {JOBS} WHERE state <> 'leased'{only} GROUP BY state
+    SELECT state AS s, count(*) AS n FROM {JOBS} WHERE state <> 'leased'{only}
+      GROUP BY queue, state
     UNION ALL
     SELECT {EFFECTIVE_STATE}, count(*) FROM {JOBS} WHERE state = 'leased'{only} GROUP BY 1
   ) AS counted GROUP BY s"""
