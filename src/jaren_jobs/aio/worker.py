@@ -135,13 +135,13 @@ class _OnLoop(_LoopHandler):
     def __call__(self, payload: Any, ctx: JobContext) -> Any:
         worker = self._worker
         actx = AsyncJobContext(ctx, worker._runner)
-        if (
-            threading.get_ident() == worker._loop_ident
-            and _IN_RUN.get() is asyncio.current_task(worker._loop) is not None
-        ):
-            # called by the thread worker's _call inside a queue run on the loop: the
-            # run awaits the handler itself (no thread waits for it)
-            return _Pending(worker, self._handler(payload, actx), ctx)
+        if threading.get_ident() == worker._loop_ident:
+            run = _IN_RUN.get()
+            if run is not None:
+                # called by the thread worker's _call inside a queue run's own step (a
+                # handler's context has none): the run awaits the handler itself, in its
+                # task (no thread waits for it)
+                return _Pending(worker, self._handler(payload, actx), ctx, run)
         if worker._loop.is_closed():
             raise RuntimeError(
                 f"the event loop of worker {worker.owner!r} is closed: its async handlers "
