@@ -234,7 +234,11 @@ class _Pending:
     def ended(self) -> None:
         """On the loop: the handler is over (or the run stopped waiting for it)."""
         self._running = False
-        self._unsubscribe()
+        # unsubscribed, and the cycle through the subscription broken: what the handler
+        # held is freed now, not left to the garbage collector (measured: a third of the
+        # collector's time on no-op jobs)
+        unsubscribe, self._unsubscribe = self._unsubscribe, _nothing
+        unsubscribe()
         worker = self._worker
         with worker._lock:
             worker._running.discard(self)
