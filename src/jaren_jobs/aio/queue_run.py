@@ -49,6 +49,9 @@ class _Host(Protocol):
     _lock: threading.Lock
     _running: set[_Cancellable]
     _poster: LoopPoster
+    #: the queue run's task whose step is calling a handler now (on the loop's thread):
+    #: the handler comes back unawaited, for that run to await
+    _calling: asyncio.Task[Any] | None
 
     @property
     def name(self) -> str: ...
@@ -71,12 +74,6 @@ class _LoopHandler:
 # the worker whose handler this task runs (or a task that handler made): its stop() is refused
 _HANDLER_OF: contextvars.ContextVar[_Host | None] = contextvars.ContextVar(
     "jaren_jobs_async_handler_of", default=None
-)
-
-# the task of the queue run whose context this is: called in the run's own step (a
-# handler runs in a copy of the context without it), a handler comes back unawaited
-_IN_RUN: contextvars.ContextVar[asyncio.Task[Any] | None] = contextvars.ContextVar(
-    "jaren_jobs_async_queue_run", default=None
 )
 
 
@@ -192,10 +189,8 @@ class _Pending:
         self._coroutine = coroutine
         self._context = context
         # the context the handler was called in (the attempt's span current, SPEC §17):
-        # it runs in a copy, as a plain handler runs in the caller's; not as the run's
-        # own step (a handler calling a wrapped handler gets no unawaited one back)
+        # it runs in a copy, as a plain handler runs in the caller's
         self._called_in = contextvars.copy_context()
-        self._called_in.run(_IN_RUN.set, None)
         self._task = task  # the queue run's, which awaits it
         self._unsubscribe: Callable[[], None] = _nothing
 
@@ -304,6 +299,7 @@ class _QueueRun:
         self._interrupt: BaseException | None = None
         self._cancelled = False  # the run's task was cancelled while a handler ran
         self._resumed = 0.0  # when the run's task last came back from the loop
+        self._task: asyncio.Task[Any] | None = None  # the run's, once it runs
 
     def serve(self) -> None:
         """On the loop thread that claimed the jobs: hand them to the loop, serve the
@@ -330,7 +326,7 @@ class _QueueRun:
             raise
 
     async def _run(self) -> None:
-        _IN_RUN.set(asyncio.current_task())
+        self._task = asyncio.current_task()
         _HANDLER_OF.set(self._aworker)  # copied into each handler's context
         self._resumed = time.perf_counter()
         try:
@@ -370,7 +366,12 @@ class _QueueRun:
         try:
             before = claims.spent
             began = time.perf_counter()
-            outcome = runner.call(attempt, ran)  # its handler comes back unawaited: a _Pending
+            aworker = self._aworker
+            aworker._calling = self._task
+            try:
+                outcome = runner.call(attempt, ran)  # its handler comes back unawaited: a _Pending
+            finally:
+                aworker._calling = None
             if outcome is None:
                 _, error, pending = ran[-1]
                 if error is None and isinstance(pending, _Pending):

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 
 from jaren_jobs.aio.queue_run import (
     _HANDLER_OF,
-    _IN_RUN,
     _Cancellable,
     _LoopHandler,
     _on_loop,
@@ -136,11 +135,10 @@ class _OnLoop(_LoopHandler):
         worker = self._worker
         actx = AsyncJobContext(ctx, worker._runner)
         if threading.get_ident() == worker._loop_ident:
-            run = _IN_RUN.get()
+            run = worker._calling
             if run is not None:
-                # called by the thread worker's _call inside a queue run's own step (a
-                # handler's context has none): the run awaits the handler itself, in its
-                # task (no thread waits for it)
+                # called by the thread worker's _call inside a queue run's step: the run
+                # awaits the handler itself, in its task (no thread waits for it)
                 return _Pending(worker, self._handler(payload, actx), ctx, run)
         if worker._loop.is_closed():
             raise RuntimeError(
@@ -259,6 +257,7 @@ class AsyncWorker:
         self._runner = runner
         self._lock = threading.Lock()
         self._running: set[_Cancellable] = set()
+        self._calling: asyncio.Task[Any] | None = None  # see queue_run._Host
         self._poster = LoopPoster(self._loop)
         self._runner_session = session
         wrapped = {kind: _wrap(self, kind, handler) for kind, handler in handlers.items()}
