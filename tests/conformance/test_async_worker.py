@@ -650,3 +650,59 @@ def test_an_async_handlers_error_and_its_cancellation_are_its_outcome(
     assert "raised before any await" in (by_job["raise-now"].reason or "")
     assert "raised after an await" in (by_job["raise-later"].reason or "")
     assert "HandlerCancelled" in (by_job["cancelled"].reason or ""), by_job["cancelled"]
+
+
+def test_stop_cancels_a_handler_that_first_suspends_after_the_grace_period_ended(
+    astore: AsyncStore, store: Store
+) -> None:
+    # a handler is tracked for stop's grace end from its first suspension (a handler that
+    # never suspends cannot be cancelled): one still in its first step when the grace
+    # period ends must be cancelled at that first await, as one already waiting is
+    cancelled: list[bool] = []
+    started = threading.Event()
+    gate = threading.Event()
+    graced = threading.Event()
+
+    async def stubborn(payload: Any, ctx: AsyncJobContext) -> Any:
+        started.set()
+        gate.wait(WAIT)  # the fault under test's timing: the loop held in the first step
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    async def main() -> None:
+        await astore.jobs.enqueue("slow", id="stuck")
+        worker = astore.jobs.create_worker(
+            {"slow": stubborn}, poll_seconds=0.05, lease_seconds=30, renew=False
+        )
+        grace_ended = worker.grace_ended
+
+        def observed() -> None:
+            grace_ended()
+            graced.set()
+
+        worker.grace_ended = observed  # type: ignore[method-assign]
+
+        def stop_while_it_steps() -> None:
+            started.wait(WAIT)
+            # the thread worker's stop, as AsyncWorker.stop() runs it (the loop is held)
+            stopper = threading.Thread(target=worker.worker.stop, args=(0.05,), daemon=True)
+            stopper.start()
+            graced.wait(WAIT)
+            gate.set()  # only now does the handler reach its first await
+            stopper.join(WAIT)
+
+        await worker.start()
+        helper = threading.Thread(target=stop_while_it_steps, daemon=True)
+        helper.start()
+        await asyncio.to_thread(helper.join, WAIT)
+        await worker.stop()
+        assert graced.is_set()
+
+    run(main())
+    assert cancelled == [True]
+    stuck = store.jobs.get("stuck")
+    assert stuck is not None
+    assert (stuck.state, stuck.attempts, stuck.lease_until) == ("pending", 0, None)

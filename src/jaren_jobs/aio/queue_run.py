@@ -49,6 +49,8 @@ class _Host(Protocol):
     _lock: threading.Lock
     _running: set[_Cancellable]
     _poster: LoopPoster
+    #: stop's grace period has ended: a handler that suspends from now on is cancelled
+    _grace_over: bool
     #: the queue run's task whose step is calling a handler now (on the loop's thread):
     #: the handler comes back unawaited, for that run to await
     _calling: asyncio.Task[Any] | None
@@ -195,14 +197,23 @@ class _Pending:
         self._unsubscribe: Callable[[], None] = _nothing
 
     def start(self) -> _Pending:
-        """On the loop, in the run's task: track the handler (the caller awaits this, then
+        """On the loop, in the run's task: the handler runs (the caller awaits this, then
         calls :meth:`ended` whatever it raised)."""
-        worker = self._worker
         self._running = True
+        return self
+
+    def _track(self) -> None:
+        # the handler suspended for the first time: only now can a cancellation reach
+        # it (one asked while it stepped would land at this very await, after the step),
+        # so only now is it tracked for stop's grace end and subscribed to its signal —
+        # a handler that never suspends costs neither
+        worker = self._worker
         with worker._lock:
             worker._running.add(self)
+            over = worker._grace_over
         self._unsubscribe = self._context.signal.add_callback(self._on_abort)
-        return self
+        if over:
+            self.cancel()  # stop's grace period ended while it stepped
 
     def __await__(self) -> Generator[Any, Any, Any]:
         # what a task's step does, in the handler's context: what the handler awaits,
@@ -217,7 +228,9 @@ class _Pending:
                 yielded = run(send, value) if error is None else run(throw, error)
             except StopIteration as stop:
                 return stop.value
-            self.suspended = True
+            if not self.suspended:
+                self.suspended = True
+                self._track()
             try:
                 value, error = (yield yielded), None
             except GeneratorExit:
@@ -229,14 +242,14 @@ class _Pending:
     def ended(self) -> None:
         """On the loop: the handler is over (or the run stopped waiting for it)."""
         self._running = False
-        # unsubscribed, and the cycle through the subscription broken: what the handler
-        # held is freed now, not left to the garbage collector (measured: a third of the
-        # collector's time on no-op jobs)
-        unsubscribe, self._unsubscribe = self._unsubscribe, _nothing
-        unsubscribe()
-        worker = self._worker
-        with worker._lock:
-            worker._running.discard(self)
+        if self.suspended:
+            # unsubscribed, and the cycle through the subscription broken: what the
+            # handler held is freed now, not left to the garbage collector
+            unsubscribe, self._unsubscribe = self._unsubscribe, _nothing
+            unsubscribe()
+            worker = self._worker
+            with worker._lock:
+                worker._running.discard(self)
         if self._cancels and sys.version_info >= (3, 11):
             # the worker's cancellations were the handler's, not the run's
             for _ in range(self._cancels):

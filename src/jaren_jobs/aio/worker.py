@@ -258,6 +258,7 @@ class AsyncWorker:
         self._lock = threading.Lock()
         self._running: set[_Cancellable] = set()
         self._calling: asyncio.Task[Any] | None = None  # see queue_run._Host
+        self._grace_over = False  # see queue_run._Host
         self._poster = LoopPoster(self._loop)
         self._runner_session = session
         wrapped = {kind: _wrap(self, kind, handler) for kind, handler in handlers.items()}
@@ -389,6 +390,7 @@ class AsyncWorker:
 
     def _cancel_running(self) -> None:
         with self._lock:
+            self._grace_over = True  # and a handler of a queue run that suspends later
             running, self._running = list(self._running), set()
         for future in running:
             future.cancel()
