@@ -368,7 +368,8 @@ class _QueueRun:
 
     async def run(self, attempt: Attempt, batch: Batch) -> None:
         # one coroutine per job: this step is the whole of a no-op job's time on the loop
-        if not _on_loop(self._handlers, attempt.claimed.kind):
+        # (the worker's handlers are a dict of its own: a lookup never raises)
+        if not isinstance(self._handlers.get(attempt.claimed.kind), _LoopHandler):
             # a plain handler, on the thread that handed the queue over: it runs
             # and settles there, to the end even if this run is cancelled meanwhile
             await self._thread.submit(functools.partial(self._plain, attempt, batch))
