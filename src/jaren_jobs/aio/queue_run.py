@@ -3,8 +3,9 @@
 A started AsyncWorker's loop thread that claims a batch whose first job has
 an ``async def`` handler hands the whole batch to the event loop: one task
 (:class:`_QueueRun`) runs it as the thread worker's loop would, awaiting each
-handler in a task of its own (:class:`_Pending`) and posting each result to
-the settling thread, with no thread waiting per job. The thread waits for the
+handler in that task, in a context of its own (:class:`_Pending`: no task per
+job), and posting each result to the settling thread, with no thread waiting
+per job. The thread waits for the
 batch to end, running what must block (a plain handler, a wait for the
 settling thread, the hand-back of unstarted jobs).
 

@@ -7,16 +7,18 @@ worker's, shared rather than copied. What changes is where a handler runs:
 * a started worker's loop thread that claims a batch whose first job has an
   ``async def`` handler hands the whole batch to the event loop that created
   the worker: one task (``queue_run._QueueRun``) runs it as the thread worker's
-  loop would, awaiting each handler in a task of its own and posting each
-  result to the settling thread, with no thread waiting per job. The thread
-  waits for the batch to end, running what must block (a plain handler, a
-  wait for the settling thread, the hand-back of unstarted jobs);
+  loop would, awaiting each handler in that task (in a context of its own,
+  no task per job) and posting each result to the settling thread, with no
+  thread waiting per job. The thread waits for the batch to end, running what
+  must block (a plain handler, a wait for the settling thread, the hand-back of
+  unstarted jobs);
 * ``run_once()`` (and a batch whose first job is plain) runs on a thread: an
   ``async def`` handler is then handed to the loop as a task, and the thread
   waits for it (:class:`_HandlerRun`);
 * a plain handler runs on a worker's thread, as in §7, never on the loop.
 
-The handler's task is cancelled when its job is cancelled or its lease is
+The task running the handler is cancelled (at the handler's await, for the
+handler alone) when its job is cancelled or its lease is
 lost (its ``ctx.signal`` aborts with that reason), and when ``stop()``'s grace
 period ends with it still running — not when ``stop()`` begins: a stop asks
 handlers to wind up (``ctx.signal``) and gives them the grace period.
