@@ -100,7 +100,7 @@ class _Interrupted(Exception):
 
 # the longest a queue run keeps the loop while its handlers never suspend: then it
 # yields, so the loop's other tasks (and the other runs) get their turn between jobs
-_SLICE_SECONDS = 0.0005
+_SLICE_SECONDS = 0.0002
 
 
 def _retrieved(task: asyncio.Task[Any]) -> None:
