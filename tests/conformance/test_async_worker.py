@@ -7,6 +7,8 @@ Ordered with events (asyncio's and threading's), never by sleeping.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import sys
 import threading
 import time
 from typing import Any
@@ -493,3 +495,214 @@ def test_an_async_handler_that_blocks_the_loop_past_its_lease_keeps_it_and_runs_
     ]
     assert warned, caplog.text
     assert "blocks_the_loop" in warned[0]
+
+
+# a handler's own state, as a task of its own would keep it (issue 28: handlers run in the
+# queue run's task, each in a context of its own)
+_SEEN_BY: contextvars.ContextVar[str] = contextvars.ContextVar("test_seen_by", default="nobody")
+
+
+def test_each_async_handler_runs_in_a_context_of_its_own(astore: AsyncStore) -> None:
+    found: list[tuple[str, str, str, str]] = []
+    outcomes: list[Outcome] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        all_done = asyncio.Event()
+
+        def finished(outcome: Outcome) -> None:
+            outcomes.append(outcome)
+            if len(outcomes) == 30:
+                loop.call_soon_threadsafe(all_done.set)
+
+        async def child() -> str:
+            return _SEEN_BY.get()
+
+        async def handler(payload: Any, ctx: AsyncJobContext) -> Any:
+            before = _SEEN_BY.get()  # what the last handler set must not show here
+            _SEEN_BY.set(ctx.job.id)
+            if payload % 2:
+                await asyncio.sleep(0)  # suspended: the value survives it
+            made = await asyncio.create_task(child())  # a task it makes copies its context
+            found.append((ctx.job.id, before, _SEEN_BY.get(), made))
+            return payload
+
+        await astore.jobs.enqueue_many([NewJob("k", n, id=f"j{n:02}") for n in range(30)])
+        worker = astore.jobs.create_worker(
+            {"k": handler}, concurrency=1, poll_seconds=0.05, on_outcome=finished
+        )
+        async with worker:
+            await asyncio.wait_for(all_done.wait(), WAIT)
+        assert _SEEN_BY.get() == "nobody"  # nor in the caller's
+
+    run(main())
+    assert {o.outcome for o in outcomes} == {"completed"}
+    assert sorted(found) == [(f"j{n:02}", "nobody", f"j{n:02}", f"j{n:02}") for n in range(30)]
+
+
+def test_a_cancellation_an_async_handler_swallows_stays_its_own(
+    astore: AsyncStore, store: Store
+) -> None:
+    # the worker cancels the task running the handler; the handler may catch it and end.
+    # The jobs after it must run as if nothing happened: not cancelled, and a timeout of
+    # theirs (bound to the task running them) must fire in them, as theirs
+    outcomes: list[Outcome] = []
+    later: list[Any] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        started = asyncio.Event()
+        all_done = asyncio.Event()
+
+        def finished(outcome: Outcome) -> None:
+            outcomes.append(outcome)
+            if len(outcomes) == 6:
+                loop.call_soon_threadsafe(all_done.set)
+
+        async def swallows(payload: Any, ctx: AsyncJobContext) -> Any:
+            started.set()
+            try:
+                await asyncio.Event().wait()  # only a cancellation ends it
+            except asyncio.CancelledError:
+                return "kept going"  # swallowed
+            return "never"
+
+        async def after(payload: Any, ctx: AsyncJobContext) -> Any:
+            task = asyncio.current_task()
+            assert task is not None
+            if sys.version_info >= (3, 11):
+                later.append(("cancelling", task.cancelling()))
+                try:
+                    async with asyncio.timeout(0.01):
+                        await asyncio.Event().wait()
+                except TimeoutError:
+                    later.append(("timed out", ctx.job.id))
+            await asyncio.sleep(0)
+            return "ran"
+
+        await astore.jobs.enqueue("first", id="victim")
+        worker = astore.jobs.create_worker(
+            {"first": swallows, "later": after},
+            concurrency=1,
+            poll_seconds=0.05,
+            on_outcome=finished,
+        )
+        async with worker:
+            await asyncio.wait_for(started.wait(), WAIT)
+            await astore.jobs.enqueue_many([NewJob("later", n, id=f"l{n}") for n in range(5)])
+            [lease] = [lease for lease in worker.leases() if lease.job_id == "victim"]
+            assert await astore.jobs.cancel("victim", lease=lease)
+            await asyncio.wait_for(all_done.wait(), WAIT)
+
+    run(main())
+    assert sorted((o.job_id, o.outcome) for o in outcomes) == [
+        (f"l{n}", "completed") for n in range(5)
+    ] + [("victim", "cancelled")]
+    assert [store.jobs.get(f"l{n}").result for n in range(5)] == ["ran"] * 5  # type: ignore[union-attr]
+    if sys.version_info >= (3, 11):
+        assert sorted(later) == sorted(
+            [("cancelling", 0)] * 5 + [("timed out", f"l{n}") for n in range(5)]
+        )
+
+
+def test_an_async_handlers_error_and_its_cancellation_are_its_outcome(
+    astore: AsyncStore, store: Store
+) -> None:
+    outcomes: list[Outcome] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        all_done = asyncio.Event()
+
+        def finished(outcome: Outcome) -> None:
+            outcomes.append(outcome)
+            if len(outcomes) == 3:
+                loop.call_soon_threadsafe(all_done.set)
+
+        async def handler(payload: Any, ctx: AsyncJobContext) -> Any:
+            if payload == "raise now":
+                raise ValueError("raised before any await")
+            await asyncio.sleep(0)
+            if payload == "raise later":
+                raise KeyError("raised after an await")
+            raise asyncio.CancelledError  # as if its own task were cancelled
+
+        await astore.jobs.enqueue_many(
+            [
+                NewJob("k", p, id=p.replace(" ", "-"), max_attempts=1)
+                for p in ("raise now", "raise later", "cancelled")
+            ]
+        )
+        worker = astore.jobs.create_worker(
+            {"k": handler}, concurrency=1, poll_seconds=0.05, on_outcome=finished
+        )
+        async with worker:
+            await asyncio.wait_for(all_done.wait(), WAIT)
+
+    run(main())
+    by_job = {o.job_id: o for o in outcomes}
+    assert {job: o.outcome for job, o in by_job.items()} == {
+        "raise-now": "failed",
+        "raise-later": "failed",
+        "cancelled": "failed",
+    }
+    assert {store.jobs.get(job).state for job in by_job} == {"dead"}  # type: ignore[union-attr]
+    assert "raised before any await" in (by_job["raise-now"].reason or "")
+    assert "raised after an await" in (by_job["raise-later"].reason or "")
+    assert "HandlerCancelled" in (by_job["cancelled"].reason or ""), by_job["cancelled"]
+
+
+def test_stop_cancels_a_handler_that_first_suspends_after_the_grace_period_ended(
+    astore: AsyncStore, store: Store
+) -> None:
+    # a handler is tracked for stop's grace end from its first suspension (a handler that
+    # never suspends cannot be cancelled): one still in its first step when the grace
+    # period ends must be cancelled at that first await, as one already waiting is
+    cancelled: list[bool] = []
+    started = threading.Event()
+    gate = threading.Event()
+    graced = threading.Event()
+
+    async def stubborn(payload: Any, ctx: AsyncJobContext) -> Any:
+        started.set()
+        gate.wait(WAIT)  # the fault under test's timing: the loop held in the first step
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    async def main() -> None:
+        await astore.jobs.enqueue("slow", id="stuck")
+        worker = astore.jobs.create_worker(
+            {"slow": stubborn}, poll_seconds=0.05, lease_seconds=30, renew=False
+        )
+        grace_ended = worker.grace_ended
+
+        def observed() -> None:
+            grace_ended()
+            graced.set()
+
+        worker.grace_ended = observed  # type: ignore[method-assign]
+
+        def stop_while_it_steps() -> None:
+            started.wait(WAIT)
+            # the thread worker's stop, as AsyncWorker.stop() runs it (the loop is held)
+            stopper = threading.Thread(target=worker.worker.stop, args=(0.05,), daemon=True)
+            stopper.start()
+            graced.wait(WAIT)
+            gate.set()  # only now does the handler reach its first await
+            stopper.join(WAIT)
+
+        await worker.start()
+        helper = threading.Thread(target=stop_while_it_steps, daemon=True)
+        helper.start()
+        await asyncio.to_thread(helper.join, WAIT)
+        await worker.stop()
+        assert graced.is_set()
+
+    run(main())
+    assert cancelled == [True]
+    stuck = store.jobs.get("stuck")
+    assert stuck is not None
+    assert (stuck.state, stuck.attempts, stuck.lease_until) == ("pending", 0, None)

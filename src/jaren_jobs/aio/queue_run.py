@@ -3,8 +3,9 @@
 A started AsyncWorker's loop thread that claims a batch whose first job has
 an ``async def`` handler hands the whole batch to the event loop: one task
 (:class:`_QueueRun`) runs it as the thread worker's loop would, awaiting each
-handler in a task of its own (:class:`_Pending`) and posting each result to
-the settling thread, with no thread waiting per job. The thread waits for the
+handler in that task, in a context of its own (:class:`_Pending`: no task per
+job), and posting each result to the settling thread, with no thread waiting
+per job. The thread waits for the
 batch to end, running what must block (a plain handler, a wait for the
 settling thread, the hand-back of unstarted jobs).
 
@@ -17,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Generator, Mapping
 from typing import Any, Protocol, TypeVar
 
 from jaren_jobs.aio.runner import CallerThread, LoopPoster
-from jaren_jobs.records import ClaimedJob, Outcome
+from jaren_jobs.records import ClaimedJob
 from jaren_jobs.worker import JobContext, Worker, WorkerStopped
 from jaren_jobs.worker.attempt import Attempt, Ran
 from jaren_jobs.worker.pacing import Batch
@@ -48,6 +50,11 @@ class _Host(Protocol):
     _lock: threading.Lock
     _running: set[_Cancellable]
     _poster: LoopPoster
+    #: stop's grace period has ended: a handler that suspends from now on is cancelled
+    _grace_over: bool
+    #: the queue run's task whose step is calling a handler now (on the loop's thread):
+    #: the handler comes back unawaited, for that run to await
+    _calling: asyncio.Task[Any] | None
 
     @property
     def name(self) -> str: ...
@@ -72,12 +79,6 @@ _HANDLER_OF: contextvars.ContextVar[_Host | None] = contextvars.ContextVar(
     "jaren_jobs_async_handler_of", default=None
 )
 
-# the task of the queue run whose context this is: called from that very task (not from a
-# handler's task, which copies the context), a handler comes back unawaited
-_IN_RUN: contextvars.ContextVar[asyncio.Task[Any] | None] = contextvars.ContextVar(
-    "jaren_jobs_async_queue_run", default=None
-)
-
 
 def _on_loop(handlers: Mapping[str, object], kind: str) -> bool:
     """Whether ``kind``'s handler is awaited on the loop (a lookup that raises: no, and
@@ -89,8 +90,24 @@ def _on_loop(handlers: Mapping[str, object], kind: str) -> bool:
 
 
 class _Interrupted(Exception):
-    """A plain handler run for a queue run raised KeyboardInterrupt/SystemExit (its
-    thread re-raises it once the run is over)."""
+    """A handler run for a queue run raised KeyboardInterrupt/SystemExit (the loop
+    thread that handed the queue over re-raises it once the run is over)."""
+
+    def __init__(self, on_loop: bool) -> None:
+        super().__init__()
+        self.on_loop = on_loop  # an async handler's: it leaves the event loop too
+
+
+# the longest a queue run keeps the loop while its handlers never suspend: then it
+# yields, so the loop's other tasks (and the other runs) get their turn between jobs
+_SLICE_SECONDS = 0.0002
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    # a queue run's task that let a handler's KeyboardInterrupt/SystemExit out of the
+    # loop: its exception is the loop thread's to re-raise, not one never retrieved
+    if not task.cancelled():
+        task.exception()
 
 
 class _LoopBatch(Batch):
@@ -123,6 +140,10 @@ class _LoopBatch(Batch):
             return bool(self.jobs)
 
 
+def _nothing() -> None:
+    pass
+
+
 def _wake_waiter(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
@@ -130,80 +151,140 @@ def _wake_waiter(waiter: asyncio.Future[None]) -> None:
 
 class _Pending:
     """An ``async def`` handler's coroutine, as the thread worker's ``_call`` returned it
-    inside a queue run: the run awaits it in a task of its own (cancelled when the job
-    is cancelled or its lease lost, or when stop's grace period ends)."""
+    inside a queue run: the run's task awaits it (``await pending``), stepping it in a
+    context of its own — no task per handler. Its task (the run's) is cancelled while
+    it runs when the job is cancelled or its lease lost, or when stop's grace period
+    ends; the cancellation stays the handler's.
+
+    A task per handler cost a task, a callback and a wake-up of the run's task per job
+    (measured: a third of the loop's time on no-op jobs). The handler sees what a task
+    of its own would give it: it runs in a copy of the context it was called in (its
+    changes stay its own; tasks it makes copy it); a cancellation lands at its await
+    (``asyncio.timeout`` and task groups work on the run's task, which runs nothing
+    else meanwhile); its exception or result is the attempt's.
+    """
 
     __slots__ = (
         "_called_in",
-        "_cancelling",
+        "_cancels",
         "_context",
         "_coroutine",
+        "_running",
         "_task",
+        "_unsubscribe",
         "_worker",
         "run_cancelled",
+        "suspended",
     )
 
     def __init__(
-        self, worker: _Host, coroutine: Coroutine[Any, Any, Any], context: JobContext
+        self,
+        worker: _Host,
+        coroutine: Coroutine[Any, Any, Any],
+        context: JobContext,
+        task: asyncio.Task[Any],
     ) -> None:
         self.run_cancelled = False
-        self._cancelling = False  # the worker cancelled the handler's task
+        self.suspended = False  # it awaited something that suspended the run's task
+        self._cancels = 0  # cancellations of the run's task the worker asked for it
+        self._running = False  # stepping, or suspended in it: a cancellation is its
         self._worker = worker
         self._coroutine = coroutine
         self._context = context
         # the context the handler was called in (the attempt's span current, SPEC §17):
-        # its task runs in it, as a plain handler runs in the caller's
+        # it runs in a copy, as a plain handler runs in the caller's
         self._called_in = contextvars.copy_context()
-        self._task: asyncio.Task[Any] | None = None
+        self._task = task  # the queue run's, which awaits it
+        self._unsubscribe: Callable[[], None] = _nothing
 
-    async def run(self, attempt: Attempt) -> Ran:
-        """On the loop: the handler's task, awaited; what it returned or raised.
+    def start(self) -> _Pending:
+        """On the loop, in the run's task: the handler runs (the caller awaits this, then
+        calls :meth:`ended` whatever it raised)."""
+        self._running = True
+        return self
 
-        A KeyboardInterrupt/SystemExit it raised comes out as is (asyncio has
-        already let it out of the loop once).
-        """
+    def _track(self) -> None:
+        # the handler suspended for the first time: only now can a cancellation reach
+        # it (one asked while it stepped would land at this very await, after the step),
+        # so only now is it tracked for stop's grace end and subscribed to its signal —
+        # a handler that never suspends costs neither
         worker = self._worker
-        ctx = self._context
-        # the context it was called in (copied into the task) already marks it as this
-        # worker's handler
-        task = self._called_in.run(worker._loop.create_task, self._coroutine)
-        self._task = task
         with worker._lock:
             worker._running.add(self)
-        unsubscribe = ctx.signal.add_callback(self._on_abort)
-        try:
-            result = await task
-        except asyncio.CancelledError as exc:
-            # not cancelled by the worker: the run itself was (its loop shutting down),
-            # and the handler's task with it; the attempt still settles, then the run ends
-            self.run_cancelled = not self._cancelling
-            error = worker._handler_cancelled(ctx)
+            over = worker._grace_over
+        self._unsubscribe = self._context.signal.add_callback(self._on_abort)
+        if over:
+            self.cancel()  # stop's grace period ended while it stepped
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        # what a task's step does, in the handler's context: what the handler awaits,
+        # the run's task awaits; what is thrown into that task, the handler gets
+        coroutine = self._coroutine
+        run = self._called_in.run
+        send, throw = coroutine.send, coroutine.throw
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                yielded = run(send, value) if error is None else run(throw, error)
+            except StopIteration as stop:
+                return stop.value
+            if not self.suspended:
+                self.suspended = True
+                self._track()
+            try:
+                value, error = (yield yielded), None
+            except GeneratorExit:
+                run(coroutine.close)  # the run's task is being destroyed
+                raise
+            except BaseException as exc:
+                value, error = None, exc
+
+    def ended(self) -> None:
+        """On the loop: the handler is over (or the run stopped waiting for it)."""
+        self._running = False
+        if self.suspended:
+            # unsubscribed, and the cycle through the subscription broken: what the
+            # handler held is freed now, not left to the garbage collector
+            unsubscribe, self._unsubscribe = self._unsubscribe, _nothing
+            unsubscribe()
+            worker = self._worker
+            with worker._lock:
+                worker._running.discard(self)
+        if self._cancels and sys.version_info >= (3, 11):
+            # the worker's cancellations were the handler's, not the run's
+            for _ in range(self._cancels):
+                self._task.uncancel()
+
+    def failed(self, attempt: Attempt, exc: BaseException) -> Ran:
+        """What the attempt records when awaiting the handler raised ``exc``."""
+        if isinstance(exc, asyncio.CancelledError):
+            # not cancelled by the worker: the run itself was (its loop shutting down);
+            # the attempt still settles, then the run ends
+            self.run_cancelled = not self._cancels
+            error = self._worker._handler_cancelled(self._context)
             error.__cause__ = exc
             attempt.error = error
             return (attempt, error, None)
-        except Exception as exc:
-            attempt.error = exc
-            return (attempt, exc, None)
-        finally:
-            unsubscribe()
-            with worker._lock:
-                worker._running.discard(self)
-        return (attempt, None, result)
+        assert isinstance(exc, Exception)
+        attempt.error = exc
+        return (attempt, exc, None)
 
     def _on_abort(self) -> None:
         # any thread. A stop only asks (the grace period); a cancel or a lost lease
-        # ends the task now
+        # ends the handler now
         if not isinstance(self._context.signal.reason, WorkerStopped):
             self.cancel()
 
     def cancel(self) -> None:
-        """From any thread: the handler's task is cancelled (on the loop)."""
+        """From any thread: the handler is cancelled (on the loop), if it still runs."""
         self._worker._poster.post(self._cancel_task)
 
     def _cancel_task(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._cancelling = True
-            self._task.cancel()
+        # on the loop, between steps: if the handler still runs, the run's task is
+        # suspended in it, so the cancellation lands at the handler's await
+        if self._running and self._task.cancel():
+            self._cancels += 1
 
 
 class _QueueRun:
@@ -223,6 +304,7 @@ class _QueueRun:
         inner = worker._worker
         self._claims = inner.claims
         self._runner = inner.runner
+        self._handlers = inner.runner.handlers  # by kind, as the worker calls them
         self._settler = inner.settler
         self._halt = inner.tracker.halt.signal
         self._thread = CallerThread(f"{worker.name}-run")
@@ -230,6 +312,8 @@ class _QueueRun:
         self._rest: list[ClaimedJob] = []
         self._interrupt: BaseException | None = None
         self._cancelled = False  # the run's task was cancelled while a handler ran
+        self._resumed = 0.0  # when the run's task last came back from the loop
+        self._task: asyncio.Task[Any] | None = None  # the run's, once it runs
 
     def serve(self) -> None:
         """On the loop thread that claimed the jobs: hand them to the loop, serve the
@@ -250,14 +334,15 @@ class _QueueRun:
 
     def _start(self) -> None:
         try:
-            self._aworker._loop.create_task(self._run())
+            self._aworker._loop.create_task(self._run()).add_done_callback(_retrieved)
         except BaseException:
             self._thread.release()
             raise
 
     async def _run(self) -> None:
-        _IN_RUN.set(asyncio.current_task())
-        _HANDLER_OF.set(self._aworker)  # copied into each handler's task
+        self._task = asyncio.current_task()
+        _HANDLER_OF.set(self._aworker)  # copied into each handler's context
+        self._resumed = time.perf_counter()
         try:
             await run_queue_async(
                 self,
@@ -267,57 +352,88 @@ class _QueueRun:
                 runner=self._runner,
                 halt=self._halt,
             )
-        except _Interrupted:
-            pass  # the plain handler's thread abandoned the attempt; it re-raises
+        except _Interrupted as interrupted:
+            # the attempt is abandoned; the loop thread re-raises it. An async handler's
+            # leaves the event loop as well, as it would from a task of its own
+            if interrupted.on_loop and self._interrupt is not None:
+                raise self._interrupt from None
         finally:
             self._thread.release()
 
     # ------------------------------------------------------------ the queue run's steps
 
     async def wait_refill(self, batch: Batch) -> bool:
-        return await self._batch.refilled()
+        refilled = await self._batch.refilled()
+        self._resumed = time.perf_counter()
+        return refilled
 
     async def run(self, attempt: Attempt, batch: Batch) -> None:
-        if not _on_loop(self._aworker.handlers, attempt.claimed.kind):
+        # one coroutine per job: this step is the whole of a no-op job's time on the loop
+        # (the worker's handlers are a dict of its own: a lookup never raises)
+        if not isinstance(self._handlers.get(attempt.claimed.kind), _LoopHandler):
             # a plain handler, on the thread that handed the queue over: it runs
             # and settles there, to the end even if this run is cancelled meanwhile
             await self._thread.submit(functools.partial(self._plain, attempt, batch))
             return
+        runner = self._runner
+        claims = self._claims
         ran: list[Ran] = []
         try:
-            outcome = await self._call(attempt, ran)
+            before = claims.spent
+            began = time.perf_counter()
+            aworker = self._aworker
+            aworker._calling = self._task
+            try:
+                outcome = runner.call(attempt, ran)  # its handler comes back unawaited: a _Pending
+            finally:
+                aworker._calling = None
+            if outcome is None:
+                _, error, pending = ran[-1]
+                if error is None and isinstance(pending, _Pending):
+                    try:
+                        try:
+                            ran[-1] = (attempt, None, await pending.start())
+                        except (Exception, asyncio.CancelledError) as exc:
+                            ran[-1] = pending.failed(attempt, exc)
+                        finally:
+                            pending.ended()
+                        self._cancelled = pending.run_cancelled
+                        if pending.suspended:
+                            self._resumed = time.perf_counter()
+                    except BaseException as exc:
+                        # only a handler's KeyboardInterrupt/SystemExit gets here
+                        ran.pop()
+                        abandon = functools.partial(runner.abandon, attempt, exc)
+                        runner.end(attempt, await self._unlocked(attempt, abandon))
+                        self._interrupt = exc
+                        raise _Interrupted(on_loop=True) from exc
+                    finally:
+                        # the handler's running time, for the pacing (the call measured none)
+                        claims.remeasured(before, time.perf_counter() - began)
         finally:
             batch.returned()
         if outcome is not None:
-            self._runner.end(attempt, outcome)
+            runner.end(attempt, outcome)
         else:
-            await self._post(ran.pop())
+            settler = self._settler
+            done = ran.pop()
+            if attempt.lease_lock.locked():
+                # a renewal holds the lock across its write (a task on this loop, when
+                # async-native): the settlement waits for the fresh lease off the loop
+                entry = await self._thread.submit(functools.partial(settler.prepare, *done))
+            else:
+                entry = settler.prepare(*done)
+            full = settler.enter_posted(entry)
+            if full is None:
+                # a handler that outlived stop(): its settlement is refused, by name
+                await self._thread.submit(functools.partial(settler.settle_entries, [entry]))
+            elif full:
+                await self._thread.submit(settler.wait_for_room)
         if self._cancelled:
             raise asyncio.CancelledError  # the run's own, taken by its handler's await
-
-    async def _call(self, attempt: Attempt, ran: list[Ran]) -> Outcome | None:
-        runner = self._runner
-        before = self._claims.spent
-        began = time.perf_counter()
-        outcome = runner.call(attempt, ran)  # its handler comes back unawaited: a _Pending
-        if outcome is not None:
-            return outcome
-        _, error, pending = ran[-1]
-        if error is None and isinstance(pending, _Pending):
-            try:
-                ran[-1] = await pending.run(attempt)
-                self._cancelled = pending.run_cancelled
-            except BaseException as exc:
-                # only a handler's KeyboardInterrupt/SystemExit gets here
-                ran.pop()
-                abandon = functools.partial(runner.abandon, attempt, exc)
-                runner.end(attempt, await self._unlocked(attempt, abandon))
-                self._interrupt = exc
-                raise _Interrupted from exc
-            finally:
-                # the handler's running time, for the pacing (the call measured none)
-                self._claims.remeasured(before, time.perf_counter() - began)
-        return None
+        if time.perf_counter() - self._resumed >= _SLICE_SECONDS:
+            await asyncio.sleep(0)
+            self._resumed = time.perf_counter()
 
     def _plain(self, attempt: Attempt, batch: Batch) -> None:
         # the thread worker's step for one job, on the thread that handed the queue over
@@ -329,7 +445,7 @@ class _QueueRun:
             # only a handler's KeyboardInterrupt/SystemExit gets here
             runner.end(attempt, runner.abandon(attempt, exc))
             self._interrupt = exc
-            raise _Interrupted from exc
+            raise _Interrupted(on_loop=False) from exc
         finally:
             batch.returned()
         if outcome is not None:
@@ -344,13 +460,3 @@ class _QueueRun:
         if attempt.lease_lock.locked():
             return await self._thread.submit(step)
         return step()
-
-    async def _post(self, ran: Ran) -> None:
-        settler = self._settler
-        entry = await self._unlocked(ran[0], functools.partial(settler.prepare, *ran))
-        full = settler.enter_posted(entry)
-        if full is None:
-            # a handler that outlived stop(): its settlement is refused, by name
-            await self._thread.submit(functools.partial(settler.settle_entries, [entry]))
-        elif full:
-            await self._thread.submit(settler.wait_for_room)

@@ -7,16 +7,18 @@ worker's, shared rather than copied. What changes is where a handler runs:
 * a started worker's loop thread that claims a batch whose first job has an
   ``async def`` handler hands the whole batch to the event loop that created
   the worker: one task (``queue_run._QueueRun``) runs it as the thread worker's
-  loop would, awaiting each handler in a task of its own and posting each
-  result to the settling thread, with no thread waiting per job. The thread
-  waits for the batch to end, running what must block (a plain handler, a
-  wait for the settling thread, the hand-back of unstarted jobs);
+  loop would, awaiting each handler in that task (in a context of its own,
+  no task per job) and posting each result to the settling thread, with no
+  thread waiting per job. The thread waits for the batch to end, running what
+  must block (a plain handler, a wait for the settling thread, the hand-back of
+  unstarted jobs);
 * ``run_once()`` (and a batch whose first job is plain) runs on a thread: an
   ``async def`` handler is then handed to the loop as a task, and the thread
   waits for it (:class:`_HandlerRun`);
 * a plain handler runs on a worker's thread, as in §7, never on the loop.
 
-The handler's task is cancelled when its job is cancelled or its lease is
+The task running the handler is cancelled (at the handler's await, for the
+handler alone) when its job is cancelled or its lease is
 lost (its ``ctx.signal`` aborts with that reason), and when ``stop()``'s grace
 period ends with it still running — not when ``stop()`` begins: a stop asks
 handlers to wind up (``ctx.signal``) and gives them the grace period.
@@ -35,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 
 from jaren_jobs.aio.queue_run import (
     _HANDLER_OF,
-    _IN_RUN,
     _Cancellable,
     _LoopHandler,
     _on_loop,
@@ -135,13 +136,12 @@ class _OnLoop(_LoopHandler):
     def __call__(self, payload: Any, ctx: JobContext) -> Any:
         worker = self._worker
         actx = AsyncJobContext(ctx, worker._runner)
-        if (
-            threading.get_ident() == worker._loop_ident
-            and _IN_RUN.get() is asyncio.current_task(worker._loop) is not None
-        ):
-            # called by the thread worker's _call inside a queue run on the loop: the
-            # run awaits the handler itself (no thread waits for it)
-            return _Pending(worker, self._handler(payload, actx), ctx)
+        if threading.get_ident() == worker._loop_ident:
+            run = worker._calling
+            if run is not None:
+                # called by the thread worker's _call inside a queue run's step: the run
+                # awaits the handler itself, in its task (no thread waits for it)
+                return _Pending(worker, self._handler(payload, actx), ctx, run)
         if worker._loop.is_closed():
             raise RuntimeError(
                 f"the event loop of worker {worker.owner!r} is closed: its async handlers "
@@ -259,6 +259,8 @@ class AsyncWorker:
         self._runner = runner
         self._lock = threading.Lock()
         self._running: set[_Cancellable] = set()
+        self._calling: asyncio.Task[Any] | None = None  # see queue_run._Host
+        self._grace_over = False  # see queue_run._Host
         self._poster = LoopPoster(self._loop)
         self._runner_session = session
         wrapped = {kind: _wrap(self, kind, handler) for kind, handler in handlers.items()}
@@ -390,6 +392,7 @@ class AsyncWorker:
 
     def _cancel_running(self) -> None:
         with self._lock:
+            self._grace_over = True  # and a handler of a queue run that suspends later
             running, self._running = list(self._running), set()
         for future in running:
             future.cancel()
