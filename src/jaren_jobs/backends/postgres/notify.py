@@ -79,8 +79,7 @@ class Listener:
         self.reconnections = 0
         self.ignored = 0  # enqueue notifications of our own connections, not acted on
         # stop() writes to one end; the thread waits on the other beside the connection
-        self._poke_r, self._poke_w = socket.socketpair()
-        self._poke_r.setblocking(False)
+        self._poke: tuple[socket.socket, socket.socket] | None = None
 
     def start(self, wake: Callable[[], None] | None) -> None:
         with self._lock:
@@ -88,6 +87,7 @@ class Listener:
                 self._wakers.append(wake)
             if self._thread is not None or self._stopping.is_set():
                 return
+            self._poke = socket.socketpair()
             self._thread = threading.Thread(target=self._run, name="jaren_jobs-listen", daemon=True)
             self._thread.start()
 
@@ -136,6 +136,8 @@ class Listener:
         return conn
 
     def _run(self) -> None:
+        assert self._poke is not None
+        poked = self._poke[0]
         first = True
         while not self._stopping.is_set():
             try:
@@ -153,7 +155,7 @@ class Listener:
             try:
                 with selectors.DefaultSelector() as waiting:
                     waiting.register(conn.fileno(), selectors.EVENT_READ)
-                    waiting.register(self._poke_r, selectors.EVENT_READ)
+                    waiting.register(poked, selectors.EVENT_READ)
                     # first what arrived with the LISTENs (psycopg keeps it aside)
                     self._dispatch(conn)
                     while not self._stopping.is_set():
@@ -185,12 +187,14 @@ class Listener:
             self._wake(settled)
 
     def stop(self) -> None:
-        self._stopping.set()
-        with contextlib.suppress(OSError):
-            self._poke_w.send(b"\0")  # the thread wakes from its wait at once
-        thread = self._thread
+        with self._lock:
+            self._stopping.set()
+            thread, poke = self._thread, self._poke
+        if poke is not None:
+            with contextlib.suppress(OSError):
+                poke[1].send(b"\0")  # the thread wakes from its wait at once
         if thread is not None and thread is not threading.current_thread():
             thread.join(_WAIT_SECONDS * 3)
-        if thread is None or not thread.is_alive():
-            self._poke_r.close()
-            self._poke_w.close()
+        if poke is not None and thread is not None and not thread.is_alive():
+            for end in poke:
+                end.close()
