@@ -741,6 +741,7 @@ def store_backend(self) -> Any:
                 "JobEngine.root_scope",
                 "JobEngine.rescoped",
                 "JobEngine.claim_request",
+                "JobEngine.claim_checked",
                 "JobEngine.store_backend",
             }
         ),

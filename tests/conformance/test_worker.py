@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from jaren_jobs import (
+    ClaimedJob,
     JobContext,
     JobSettled,
     Lease,
@@ -768,6 +769,88 @@ def test_a_rolled_back_enqueue_wakes_nobody(store: Store) -> None:
     worker.stop()
 
 
+class Claims:
+    """Wraps a worker's claims: which thread claimed, and how many it asked for."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self._cond = threading.Condition()
+        self._real = worker.claims.claim
+        worker.claims.claim = self  # type: ignore[method-assign]
+
+    def __call__(self, limit: int) -> list[ClaimedJob]:
+        with self._cond:
+            self.calls.append((threading.get_ident(), limit))
+            self._cond.notify_all()
+        return self._real(limit)
+
+    def wait_for(self, count: int) -> list[tuple[int, int]]:
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self.calls) >= count, WAIT)
+            return list(self.calls)
+
+
+def test_one_idle_loop_polls_for_the_worker(store: Store) -> None:
+    idle = Counter()
+    worker = store.jobs.create_worker({"k": noop}, concurrency=3, poll_seconds=0.01, on_idle=idle)
+    claims = Claims(worker)
+    with worker:
+        assert idle.wait_for(3)  # each loop claimed once, found nothing, went idle
+        since = len(claims.wait_for(0))
+        polls = claims.wait_for(since + 12)[since:]
+    # the others sleep until something wakes them: one thread polled, one job at a time
+    assert len({thread for thread, _ in polls}) == 1, polls
+    assert {limit for _, limit in polls} == {1}
+
+
+def test_a_loop_woken_from_idle_claims_one_job(store: Store) -> None:
+    # the cheapest claim first (one lease, one token): what woke it starts soonest;
+    # the jobs it will hold ahead come with that job's settlement
+    store.jobs.enqueue_many([NewJob("k", n) for n in range(40)])
+    idle = Counter()
+    outcomes = Outcomes()
+    worker = store.jobs.create_worker(
+        {"k": noop}, poll_seconds=3600, on_idle=idle, on_outcome=outcomes
+    )
+    claims = Claims(worker)
+    with worker:
+        assert idle.wait_for(1)  # drained: the handlers' time measured, the look-ahead grown
+        assert len(outcomes.wait_for(40)) == 40
+        assert worker.claims.ahead() > 0
+        since = len(claims.wait_for(0))
+        store.jobs.enqueue("k", "woken")
+        assert outcomes.wait_for(41)[-1].outcome == "completed"
+        woken = claims.wait_for(since + 1)[since]
+    assert woken[1] == 1
+
+
+def test_a_poll_that_finds_due_jobs_wakes_the_loops_it_polled_for(
+    store: Store, clock: FakeClock
+) -> None:
+    # no enqueue wakes anyone here: the jobs become due on the store's clock
+    store.jobs.enqueue("k", "a", delay_seconds=60)
+    store.jobs.enqueue("k", "b", delay_seconds=60)
+    both = threading.Barrier(2, timeout=WAIT)
+    ran: list[str] = []
+
+    def handler(payload: Any, ctx: JobContext) -> None:
+        both.wait()  # each runs only once the other has started: two loops at once
+        ran.append(payload)
+
+    idle = Counter()
+    outcomes = Outcomes()
+    worker = store.jobs.create_worker(
+        {"k": handler}, concurrency=2, poll_seconds=0.01, on_idle=idle, on_outcome=outcomes
+    )
+    with worker:
+        assert idle.wait_for(2)  # both loops idle, one of them polling for both
+        clock.advance(61)
+        got = outcomes.wait_for(2)
+    assert [event.outcome for event in got] == ["completed", "completed"], got
+    assert sorted(ran) == ["a", "b"]
+    assert worker.stats().wakes == 0  # found by the poll, not by a wake
+
+
 def test_another_process_enqueue_is_seen_at_the_next_poll(backend: Harness, runtime: Any) -> None:
     outcomes = Outcomes()
     with backend.open(runtime=runtime) as store, backend.open() as other:
@@ -1263,7 +1346,7 @@ def test_a_wake_during_an_empty_claim_is_not_slept_through(store: Store) -> None
     loops = worker.loops
     real_step = loops.step
 
-    def step(*, chain: bool = False) -> bool:
+    def step(*, chain: bool = False, **after: bool) -> bool:
         nonlocal steps
         steps += 1
         if steps == 1:
@@ -1271,7 +1354,7 @@ def test_a_wake_during_an_empty_claim_is_not_slept_through(store: Store) -> None
             loops.wake()
             return False
         second_step.set()
-        return real_step(chain=chain)
+        return real_step(chain=chain, **after)
 
     loops.step = step  # type: ignore[method-assign]
     with worker:

@@ -327,9 +327,11 @@ def test_jobs_handed_back_wake_an_idle_worker(store: Store) -> None:
     with first:
         store.jobs.enqueue_many([NewJob("k", n) for n in range(10)])
         first_outcomes.wait_for(10)  # fast jobs: it now holds jobs ahead
-        # one claim leases the slow job and every job behind it: none is pending
+        # woken, it claims the slow job, and the jobs behind it come with its top-up:
+        # none is pending
         store.jobs.enqueue_many([NewJob("k", -1)] + [NewJob("k", n) for n in range(8)])
         assert reached.wait(WAIT)
+        assert wait_until(lambda: leased_ahead(first))
         idle = threading.Event()
         second = store.jobs.create_worker(
             {"k": noop}, poll_seconds=3600, on_outcome=second_outcomes, on_idle=idle.set

@@ -201,6 +201,11 @@ class JobEngine(JobAdmin):
         count = check_positive_int(limit, f"{what}: limit")
         return self._session.claim(request, count, what)
 
+    def claim_checked(self, request: ClaimRequest, limit: int) -> list[ClaimedJob]:
+        """``claim_many`` of a request checked once (:meth:`claim_request`): a worker's
+        own claims, repeated at every poll, skip checking the same arguments again."""
+        return self._session.claim(request, limit, "claim_many()")
+
     # ------------------------------------------------------------ the fence
 
     def _require_lease(self, lease: object, what: str) -> Lease:

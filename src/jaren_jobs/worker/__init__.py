@@ -4,7 +4,9 @@ Shape of one worker:
 
 * ``concurrency`` loop threads, each running a queue of leased jobs one
   after another, and sleeping on a condition variable between empty claims
-  until the poll interval passes or an in-process enqueue wakes it. A loop
+  until a wake-up (an enqueue; on PostgreSQL, another process's too) or the
+  poll: one idle loop polls every ``poll_seconds`` for all of them and wakes
+  the others when it finds work. A loop
   holds at most a few jobs beyond the one it runs: as many as the handlers'
   measured running time lets it start within a short horizon, never more
   than its share of ``WORKER_AHEAD`` (see ``ClaimBook.ahead``), since each is

@@ -112,13 +112,7 @@ class ClaimBook:
     def claim(self, limit: int) -> list[ClaimedJob]:
         """A step's first claim, in a transaction of its own (the idle check may answer it)."""
         try:
-            jobs = self._engine.claim_many(
-                self._kinds,
-                owner=self._owner,
-                limit=limit,
-                lease_seconds=self._lease_seconds,
-                queues=self._queues,
-            )
+            jobs = self._engine.claim_checked(self.request, limit)
         except WorkerStopped:
             return []  # the stop abandoned it: not an error
         except StoreClosed as exc:

@@ -56,6 +56,13 @@ class Loops:
         self._host = host
         self._steps = ThreadSteps(runner, settler)
         self._generation = 0  # wake-ups so far: a wake during a claim is not lost
+        # the one idle loop whose timer polls for the worker (its thread id), if any:
+        # the other idle loops sleep until a wake (at concurrency 4, a quarter of the polls)
+        self._poller: int | None = None
+        # what idle loops sleep on (the worker's lock): only a wake or the halt rouses
+        # them, not every step's or settlement's notice on the tracker's condition
+        self._asleep = threading.Condition(tracker.lock)
+        tracker.halt.signal.add_callback(self._halted)
         #: the loop threads, once started
         self.threads: list[threading.Thread] = []
 
@@ -71,11 +78,18 @@ class Loops:
 
     def wake(self) -> None:
         """An in-process enqueue: every idle loop claims again now."""
-        tracker = self._tracker
-        with tracker.cond:
-            self._stats.add("wakes")
+        self._rouse(counted=True)
+
+    def _rouse(self, *, counted: bool) -> None:
+        with self._asleep:
+            if counted:
+                self._stats.add("wakes")
             self._generation += 1
-            tracker.cond.notify_all()
+            self._asleep.notify_all()
+
+    def _halted(self) -> None:
+        with self._asleep:
+            self._asleep.notify_all()
 
     def idle_threads(self) -> list[threading.Thread]:
         """The loop threads not inside a step (the caller holds the worker's lock)."""
@@ -83,18 +97,19 @@ class Loops:
 
     def _loop(self) -> None:
         tracker = self._tracker
+        idle = polled = False
         try:
             while not tracker.halt.aborted:
                 # read before the claim: a wake that lands while it runs is not lost
                 generation = self._generation
                 began = time.monotonic()
                 try:
-                    ran = self.step(chain=True)
+                    ran = self.step(chain=True, idle=idle, polled=polled)
                 except Exception:  # a worker bug must not end the loop silently
                     _log.exception("jaren_jobs: worker %r: a loop step raised", tracker.owner)
                     ran = False
-                if not ran:
-                    self._idle(began, generation)
+                idle = not ran
+                polled = idle and self._idle(began, generation)
         except BaseException as exc:
             # only a handler's KeyboardInterrupt/SystemExit gets here; it was
             # logged and halted the worker. Let it leave the thread.
@@ -102,37 +117,59 @@ class Loops:
                 _log.error("jaren_jobs: worker %r loop ended by %r", tracker.owner, exc)
             raise
 
-    def _idle(self, began: float, generation: int) -> None:
-        """Sleep until the next poll is due or an in-process enqueue wakes the loop.
+    def _idle(self, began: float, generation: int) -> bool:
+        """Sleep until the next poll is due or a wake-up comes; True when it is the poll.
 
-        Polls are ``poll_seconds`` apart from start to start, so the time the
-        empty claim took does not stretch the interval (a job enqueued by
-        another process waits at most about one interval).
+        One idle loop polls for the worker: polls are ``poll_seconds`` apart
+        from start to start, so the time the empty claim took does not
+        stretch the interval (a job another process made due waits at most
+        about one interval). The other idle loops sleep until a wake: an
+        enqueue in this process, a notification from another, or a poll that
+        found work (:meth:`step`).
         """
         tracker = self._tracker
         with tracker.cond:
             if tracker.halt.aborted:
-                return
+                return False
             self._stats.add("polls")
         self._observers.notify("on_idle", self._observers.on_idle)
         end = began + self._poll
-        with tracker.cond:
-            while not tracker.halt.aborted and generation == self._generation:
-                left = end - time.monotonic()
-                if left <= 0:
-                    return
-                tracker.cond.wait(left)
+        me = threading.get_ident()
+        asleep = self._asleep
+        with asleep:
+            try:
+                while not tracker.halt.aborted and generation == self._generation:
+                    if self._poller is not None and self._poller != me:
+                        asleep.wait()  # the poller rouses us if it finds work
+                        continue
+                    self._poller = me
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        return True
+                    asleep.wait(left)
+                return False
+            finally:
+                if self._poller == me:
+                    self._poller = None
 
-    def step(self, *, chain: bool = False) -> bool:
-        """Claim and run: a queue of jobs (a started worker's loop, ``chain``), or one."""
+    def step(self, *, chain: bool = False, idle: bool = False, polled: bool = False) -> bool:
+        """Claim and run: a queue of jobs (a started worker's loop, ``chain``), or one.
+
+        A loop coming out of ``idle`` claims one job, the cheapest claim (the
+        next come with the first one's settlement): what it was woken for
+        starts soonest. A ``polled`` claim that found work wakes the other
+        idle loops, which slept through the poll: more may be due.
+        """
         tracker = self._tracker
         if not tracker.enter_step():
             return False
         try:
             looping = chain and self._settler.thread is not None
-            jobs = self._claims.claim(1 + self._claims.ahead() if looping else 1)
+            jobs = self._claims.claim(1 + self._claims.ahead() if looping and not idle else 1)
             if not jobs:
                 return False
+            if polled:
+                self._rouse(counted=False)
             if looping:
                 self.run_queue(jobs)
             else:

@@ -11,8 +11,10 @@ from jaren_jobs.records import (
 )
 
 # the most jobs a loop holds leased beyond the one it runs: a SIGKILL spends
-# the attempt of each (their leases expire; the claim counted them)
-MAX_AHEAD = 64
+# the attempt of each (their leases expire; the claim counted them). 63, so that
+# a claim of one more than that (a loop's step, a drained queue's top-up) stays
+# within the 64 a PostgreSQL claim mints in one statement and pipelines
+MAX_AHEAD = 63
 
 # the most jobs a whole worker holds ahead, shared by its loops (each loop may
 # still hold MIN_AHEAD): the look-ahead a SIGKILL can spend, whatever the

@@ -116,10 +116,8 @@ class AsyncPgDatabase:
 
     def _closed_while_idle(self, conn: psycopg.AsyncConnection[Any]) -> bool:
         """Whether the server ended this idle connection of ours (``idle_session_timeout``,
-        a restart, ``pg_terminate_backend``): its socket has something to read
-        although no statement is in flight — the server's goodbye, or the end of the
-        stream. One non-blocking poll, no round trip; such a connection is replaced,
-        never used, so no call fails for a connection it did not use."""
+        a restart, ``pg_terminate_backend``): its socket is readable with no statement in
+        flight. One non-blocking poll; such a connection is replaced, never used."""
         if not self.owns:
             return False
         return _readable(conn)
@@ -185,6 +183,11 @@ class AsyncPgDatabase:
                     await self._discard(other)
         finally:
             self.gate.release()
+
+    def own_pids(self) -> frozenset[int]:
+        """The server pids of the connections open now (the listener skips their NOTIFYs)."""
+        with self._lock:
+            return frozenset(c.pgconn.backend_pid for c in self._open if not c.closed)
 
     @property
     def size(self) -> int:

@@ -6,6 +6,15 @@ fallback: a notification lost while the listener reconnects costs at most
 one poll interval, and every reconnection wakes the workers once, in case
 one was.
 
+The thread sleeps in the kernel until the socket has data or ``stop()``
+writes to a socket pair of its own: no timer. (psycopg's
+``notifies(timeout=...)`` wakes about every 10 ms to look at its socket;
+measured, that alone cost an idle worker a third of a per cent of a core.)
+
+A notification sent by one of this store's own connections (``Notify.pid``)
+does not wake the workers: the enqueue that sent it woke them in this
+process when it committed. Notifications from any other connection do.
+
 A second channel carries settlements (``wait()`` in this process wakes on
 them): its own, so that a settlement never wakes an idle worker to claim. A
 third carries ``cancel(id, force=True)`` of a running job, naming the job:
@@ -18,8 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import selectors
+import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import psycopg
 
@@ -29,8 +40,7 @@ __all__ = ["Listener"]
 
 _log = logging.getLogger("jaren_jobs.postgres")
 
-# how long one wait for notifications lasts: the bound on noticing a stop (so a store
-# with a worker closes within it; each wait costs one poll of an idle socket)
+# how long stop() waits for the thread (it wakes at once: stop() writes to its socket)
 _WAIT_SECONDS = 0.2
 # the pause between reconnection attempts while the server is away
 _RETRY_SECONDS = 0.5
@@ -48,6 +58,7 @@ class Listener:
         *,
         quoted_cancel: str | None = None,
         cancel_name: str | None = None,
+        own_pids: Callable[[], Collection[int]] = frozenset,
     ) -> None:
         self._conninfo = conninfo
         self._channel = quoted_channel
@@ -58,12 +69,17 @@ class Listener:
         self._cancel = quoted_cancel
         self._cancel_name = cancel_name  # as a notification names it (unquoted)
         self._cancel_wakers: list[Callable[[str], None]] = []
+        # the server pids of the store's own connections: their enqueues woke us already
+        self._own_pids = own_pids
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
         self.connected = threading.Event()  # set while LISTEN is in force (tests wait on it)
         self.reconnections = 0
+        self.ignored = 0  # enqueue notifications of our own connections, not acted on
+        # stop() writes to one end; the thread waits on the other beside the connection
+        self._poke: tuple[socket.socket, socket.socket] | None = None
 
     def start(self, wake: Callable[[], None] | None) -> None:
         with self._lock:
@@ -71,6 +87,7 @@ class Listener:
                 self._wakers.append(wake)
             if self._thread is not None or self._stopping.is_set():
                 return
+            self._poke = socket.socketpair()
             self._thread = threading.Thread(target=self._run, name="jaren_jobs-listen", daemon=True)
             self._thread.start()
 
@@ -119,6 +136,8 @@ class Listener:
         return conn
 
     def _run(self) -> None:
+        assert self._poke is not None
+        poked = self._poke[0]
         first = True
         while not self._stopping.is_set():
             try:
@@ -134,14 +153,15 @@ class Listener:
                 self._wake(None)
             first = False
             try:
-                while not self._stopping.is_set():
-                    for note in conn.notifies(timeout=_WAIT_SECONDS):
-                        if note.channel == self._cancel_name:
-                            self._cancelled(note.payload)
-                            continue
-                        # at once: a worker idles until it is woken or polls
-                        self._wake(note.channel == self._settled_name)
-            except psycopg.Error:
+                with selectors.DefaultSelector() as waiting:
+                    waiting.register(conn.fileno(), selectors.EVENT_READ)
+                    waiting.register(poked, selectors.EVENT_READ)
+                    # first what arrived with the LISTENs (psycopg keeps it aside)
+                    self._dispatch(conn)
+                    while not self._stopping.is_set():
+                        waiting.select()  # no timeout: data, a drop, or stop()
+                        self._dispatch(conn)
+            except (psycopg.Error, OSError):
                 pass  # dropped: reconnect
             finally:
                 self.connected.clear()
@@ -149,8 +169,32 @@ class Listener:
                 with contextlib.suppress(psycopg.Error):
                     conn.close()
 
+    def _dispatch(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        """Act on every notification the connection has now (reading without waiting)."""
+        own: Collection[int] | None = None
+        for note in conn.notifies(timeout=0):
+            if note.channel == self._cancel_name:
+                self._cancelled(note.payload)
+                continue
+            settled = note.channel == self._settled_name
+            if not settled:
+                if own is None:
+                    own = self._own_pids()
+                if note.pid in own:
+                    self.ignored += 1
+                    continue
+            # at once: a worker idles until it is woken or polls
+            self._wake(settled)
+
     def stop(self) -> None:
-        self._stopping.set()
-        thread = self._thread
+        with self._lock:
+            self._stopping.set()
+            thread, poke = self._thread, self._poke
+        if poke is not None:
+            with contextlib.suppress(OSError):
+                poke[1].send(b"\0")  # the thread wakes from its wait at once
         if thread is not None and thread is not threading.current_thread():
             thread.join(_WAIT_SECONDS * 3)
+        if poke is not None and thread is not None and not thread.is_alive():
+            for end in poke:
+                end.close()

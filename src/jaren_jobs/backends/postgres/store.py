@@ -286,6 +286,7 @@ def open_postgres(
                         db.connection
                     ),
                     cancel_name=cancel_channel(channel),
+                    own_pids=db.own_pids,
                 )
         finally:
             db.joining = False

@@ -1,0 +1,78 @@
+"""PostgreSQL's wake-up path: which notifications the listener acts on, and how it waits.
+
+An enqueue in this store wakes the store's workers when it commits (in
+process); its NOTIFY, which comes back to the store's own listener, must not
+wake them a second time. A NOTIFY from any other connection must.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from tests.harness import PostgresUrl
+
+psycopg = pytest.importorskip("psycopg", reason="the dev extra installs psycopg")
+
+WAIT = 10.0
+
+
+class Idle:
+    """``on_idle``: counts the loop's returns to idle; tests wait for a count."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._cond = threading.Condition()
+
+    def __call__(self) -> None:
+        with self._cond:
+            self.count += 1
+            self._cond.notify_all()
+
+    def wait_for(self, count: int) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self.count >= count, WAIT)
+
+
+def test_an_own_enqueue_wakes_the_worker_once_and_another_connections_wakes_it(
+    pg: PostgresUrl,
+) -> None:
+    store = pg.open()
+    other = pg.open()  # another pool: its connections are not this store's
+    started: dict[str, threading.Event] = {n: threading.Event() for n in ("own", "tx", "other")}
+    idle = Idle()
+
+    def handler(payload: Any, ctx: Any) -> None:
+        started[payload].set()
+
+    # a poll far longer than the test: only wakes start the jobs
+    worker = store.jobs.create_worker({"k": handler}, poll_seconds=3600, on_idle=idle)
+    worker.start()
+    try:
+        listener = store._backend.db.listener  # type: ignore[attr-defined]
+        assert listener.connected.wait(WAIT)
+        assert idle.wait_for(1)
+        store.jobs.enqueue("k", "own")  # wakes in process; its NOTIFY is our own
+        assert started["own"].wait(WAIT)
+        assert idle.wait_for(2)
+        # a NOTIFY from a connection that is not the store's, no job: wakes all the same
+        with psycopg.connect(pg.url, autocommit=True) as raw:
+            raw.execute("SELECT pg_notify(%s, '')", (listener._channel.strip('"'),))
+        assert idle.wait_for(3)
+        with store.transaction() as tx:
+            tx.jobs.enqueue("k", "tx")
+        assert started["tx"].wait(WAIT)
+        assert idle.wait_for(4)
+        # the worker is idle: only the other store's NOTIFY can start this one, and
+        # notifications reach the listener in commit order, so the own ones were read
+        other.jobs.enqueue("k", "other")
+        assert started["other"].wait(WAIT), "another store's NOTIFY did not wake the worker"
+        # two in-process wakes (the store's own enqueues), the raw NOTIFY, the other store's
+        assert worker.stats().wakes == 4, worker.stats()
+        assert listener.ignored == 2
+    finally:
+        worker.stop()
+        other.close()
+        store.close()
