@@ -74,8 +74,7 @@ def is_transient(error: StorageError) -> bool:
     return error.details.get("sqlstate") in TRANSIENT_SQLSTATES
 
 
-# the connection's transaction status read from libpq directly (``conn.info`` builds an
-# object and an enum per read, on every call's way in and out)
+# read from libpq directly: ``conn.info`` builds an object and an enum per read
 _IDLE = int(pq.TransactionStatus.IDLE)
 
 
@@ -92,12 +91,9 @@ def _unencodable(exc: UnicodeEncodeError, doing: str) -> ValueError:
 
 
 def connect_settings(conninfo: str) -> dict[str, Any]:
-    """:data:`CONNECT_DEFAULTS` less what ``conninfo`` sets itself: the URL's own win.
-
-    (``psycopg.connect``'s keyword arguments override the URL's, so the
-    defaults must leave out what it names.) A URL psycopg cannot parse is
-    left for the connect to refuse.
-    """
+    """:data:`CONNECT_DEFAULTS` less what ``conninfo`` sets itself: the URL's own win
+    (``psycopg.connect``'s keyword arguments override the URL's). A URL psycopg
+    cannot parse is left for the connect to refuse."""
     try:
         given = psycopg.conninfo.conninfo_to_dict(conninfo)
     except psycopg.Error:
