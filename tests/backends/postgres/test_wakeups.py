@@ -12,28 +12,12 @@ from typing import Any
 
 import pytest
 
+from tests.conformance.test_worker import Counter
 from tests.harness import PostgresUrl
 
 psycopg = pytest.importorskip("psycopg", reason="the dev extra installs psycopg")
 
 WAIT = 10.0
-
-
-class Idle:
-    """``on_idle``: counts the loop's returns to idle; tests wait for a count."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._cond = threading.Condition()
-
-    def __call__(self) -> None:
-        with self._cond:
-            self.count += 1
-            self._cond.notify_all()
-
-    def wait_for(self, count: int) -> bool:
-        with self._cond:
-            return self._cond.wait_for(lambda: self.count >= count, WAIT)
 
 
 def test_an_own_enqueue_wakes_the_worker_once_and_another_connections_wakes_it(
@@ -42,7 +26,7 @@ def test_an_own_enqueue_wakes_the_worker_once_and_another_connections_wakes_it(
     store = pg.open()
     other = pg.open()  # another pool: its connections are not this store's
     started: dict[str, threading.Event] = {n: threading.Event() for n in ("own", "tx", "other")}
-    idle = Idle()
+    idle = Counter()
 
     def handler(payload: Any, ctx: Any) -> None:
         started[payload].set()
