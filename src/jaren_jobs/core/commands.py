@@ -43,6 +43,8 @@ _INT64 = (-(2**63), 2**63 - 1)
 
 def check_id(value: object, what: str) -> str:
     """A kind, id or owner: a non-empty str, storable, without NUL."""
+    if type(value) is str and value and value.isascii() and "\x00" not in value:
+        return value  # the common case (plain ASCII): valid as it stands, checked cheaply
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, got {type(value).__name__}")
     if value == "":
@@ -53,9 +55,7 @@ def check_id(value: object, what: str) -> str:
 def check_kinds(kinds: object, what: str) -> tuple[str, ...]:
     """A non-empty list, tuple or set of kinds, answered sorted and unique."""
     if type(kinds) is list and len(kinds) == 1:
-        kind = kinds[0]
-        if type(kind) is str and kind and kind.isascii() and "\x00" not in kind:
-            return (kind,)  # the common case (one plain kind), valid as it stands
+        return (check_id(kinds[0], f"{what}: each kind"),)  # the common case: one kind
     if isinstance(kinds, (str, bytes)):
         raise TypeError(f"{what}: kinds is a list of kinds, not a bare string (write [{kinds!r}])")
     if not isinstance(kinds, (list, tuple, set, frozenset)):
@@ -72,8 +72,6 @@ def check_kinds(kinds: object, what: str) -> tuple[str, ...]:
 
 def check_queue(value: object, what: str) -> str:
     """A queue name: a non-empty str without NUL (checked like a kind)."""
-    if type(value) is str and value and value.isascii() and "\x00" not in value:
-        return value  # the common case, valid as it stands
     return check_id(value, what)
 
 
@@ -237,10 +235,9 @@ def claim_request(
     """Check a claim's kinds, owner, lease length and queues."""
     checked = check_kinds(kinds, what)
     names = check_queues(queues, what)
-    if type(owner) is not str or not owner or not owner.isascii() or "\x00" in owner:
-        if not isinstance(owner, str):
-            raise TypeError(f"{what}: owner must be a non-empty str, got {type(owner).__name__}")
-        check_id(owner, f"{what}: owner")
+    if not isinstance(owner, str):
+        raise TypeError(f"{what}: owner must be a non-empty str, got {type(owner).__name__}")
+    check_id(owner, f"{what}: owner")
     seconds = check_lease_seconds(defaults, lease_seconds, what)
     return ClaimRequest(checked, owner, lease_ms(seconds), names)
 

@@ -219,23 +219,32 @@ SELECT id, row_number() OVER (ORDER BY {_CLAIM_ORDER}) AS n
   FROM ({union}) AS c ORDER BY {_CLAIM_ORDER} LIMIT %(limit)s"""
 
 
+def _qualified(alias: str, columns: str) -> str:
+    return ", ".join(f"{alias}.{c.strip()}" for c in columns.split(","))
+
+
+def _mint(locked: str, source: str, token: str, key: str) -> str:
+    # the leases of the rows ``locked`` placed (claim_lock), each taking the token and
+    # claim key ``source`` gives it; the answer says each row's place in claim order
+    return f"""WITH placed AS ({locked})
+UPDATE {JOBS} AS j SET state = 'leased', lease_owner = %(owner)s,
+    lease_until = %(until)s, lease_generation = j.lease_generation + 1, lease_token = {token},
+    settled_generation = NULL, claim_key = {key}, attempts = j.attempts + 1,
+    updated_at = %(now)s
+  FROM {source}
+  WHERE j.id = placed.id
+  RETURNING {_qualified("j", CLAIM_COLUMNS)}, placed.n"""
+
+
 # A claim in ONE statement: lock up to %(limit)s rows (claim_lock) and mint their leases,
 # the n-th row in claim order taking the n-th of the tokens (and claim keys) the caller
 # minted, at least as many as the limit; the answer says each row's place in that order.
 @lru_cache(maxsize=64)
 def claim(kind_count: int, queue_count: int = 0) -> str:
     """:func:`claim_lock` and :data:`CLAIM_ROWS` as one statement."""
-    locked = claim_lock(kind_count, queue_count)
-    returning = ", ".join("j." + c.strip() for c in CLAIM_COLUMNS.split(","))
-    return f"""WITH placed AS ({locked})
-UPDATE {JOBS} AS j SET state = 'leased', lease_owner = %(owner)s,
-    lease_until = %(until)s, lease_generation = j.lease_generation + 1, lease_token = p.token,
-    settled_generation = NULL, claim_key = p.key, attempts = j.attempts + 1,
-    updated_at = %(now)s
-  FROM placed JOIN unnest(%(tokens)s::text[], %(keys)s::bytea[]) WITH ORDINALITY
-    AS p(token, key, n) ON p.n = placed.n
-  WHERE j.id = placed.id
-  RETURNING {returning}, placed.n"""
+    source = """placed JOIN unnest(%(tokens)s::text[], %(keys)s::bytea[]) WITH ORDINALITY
+    AS p(token, key, n) ON p.n = placed.n"""
+    return _mint(claim_lock(kind_count, queue_count), source, "p.token", "p.key")
 
 
 # A claim of ONE job in one statement: claim() with its token and claim key as plain
@@ -245,15 +254,7 @@ UPDATE {JOBS} AS j SET state = 'leased', lease_owner = %(owner)s,
 def claim_single(kind_count: int, queue_count: int = 0) -> str:
     """:func:`claim` of at most one job (``%(limit)s`` is 1), leased with ``%(token)s``
     and ``%(key)s``."""
-    locked = claim_lock(kind_count, queue_count)
-    returning = ", ".join("j." + c.strip() for c in CLAIM_COLUMNS.split(","))
-    return f"""WITH placed AS ({locked})
-UPDATE {JOBS} AS j SET state = 'leased', lease_owner = %(owner)s,
-    lease_until = %(until)s, lease_generation = j.lease_generation + 1,
-    lease_token = %(token)s, settled_generation = NULL, claim_key = %(key)s,
-    attempts = j.attempts + 1, updated_at = %(now)s
-  FROM placed WHERE j.id = placed.id
-  RETURNING {returning}, placed.n"""
+    return _mint(claim_lock(kind_count, queue_count), "placed", "%(token)s", "%(key)s")
 
 
 # Mint the leases of the locked rows: one token (and its claim key) each.
@@ -263,11 +264,7 @@ CLAIM_ROWS = f"""UPDATE {JOBS} AS j SET state = 'leased', lease_owner = %(owner)
     updated_at = %(now)s
   FROM unnest(%(ids)s::text[], %(tokens)s::text[], %(keys)s::bytea[]) AS p(id, token, key)
   WHERE j.id = p.id
-  RETURNING {", ".join("j." + c.strip() for c in CLAIM_COLUMNS.split(","))}"""
-
-
-def _qualified(alias: str, columns: str) -> str:
-    return ", ".join(f"{alias}.{c.strip()}" for c in columns.split(","))
+  RETURNING {_qualified("j", CLAIM_COLUMNS)}"""
 
 
 def _fence_on(alias: str, token: str = "%(token)s") -> str:
