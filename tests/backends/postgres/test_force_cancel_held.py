@@ -44,7 +44,9 @@ def test_a_held_job_force_cancelled_from_another_process_never_starts(
 
     def handler(payload: Any, ctx: JobContext) -> Any:
         started.append(payload)
-        if payload == 10:
+        # the eleventh to start, not a given payload: jobs are claimed in id order
+        # (random), and a payload claimed among the last would have none behind it
+        if len(started) == 11:
             reached.set()
             assert gate.wait(WAIT)
         return payload
@@ -59,7 +61,7 @@ def test_a_held_job_force_cancelled_from_another_process_never_starts(
         assert reached.wait(WAIT)
         assert _until(lambda: len(worker.leases()) > worker.stats().in_flight)
         ahead = [lease for lease in worker.leases() if payload_of[lease.job_id] not in started]
-        assert ahead, "no job was leased ahead of job 10: the test proved nothing"
+        assert ahead, "no job was leased ahead of the eleventh: the test proved nothing"
         target = ahead[0].job_id
         # the worker's listener starts with it, on a thread of its own: a NOTIFY sent
         # before its LISTEN is in force reaches nobody (the holder would learn at its
