@@ -388,6 +388,13 @@ class StoreBackend(Protocol):
         """How long a call may wait for the store's connection (``gate_timeout_seconds``)."""
         ...
 
+    @property
+    def writers(self) -> int:
+        """How many transactions of this store can write at once: 1 on SQLite (one
+        writer per file), the pool's size on PostgreSQL (1 on the application's
+        connection)."""
+        ...
+
     def check_open(self, what: str) -> None:
         """Raise ``StoreClosed`` if the store is closed (or inherited through fork)."""
         ...

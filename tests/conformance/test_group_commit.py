@@ -381,3 +381,78 @@ def test_queued_batches_share_one_settle_call_each_answered_its_own(
         thread.join(WAIT)
     assert calls == [1, 3]  # the leader alone, then the three queued in ONE settle call
     assert [answers[n][0] for n in range(4)] == ["value", "value", "value", "LeaseSuperseded"]
+
+
+def test_two_lanes_write_two_batches_at_once_and_pass_the_queue_on(
+    store: Store, backend: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batcher of two lanes (a PostgreSQL worker's) writes two batches at once; a
+    call arriving while both write queues, and the first lane to finish writes the
+    whole queue in one batch. No lane is lost when both finish with calls queued."""
+    store.jobs.enqueue_many([NewJob("k", n, id=f"j{n}") for n in range(10)])
+    claims = store.jobs.claim_many(["k"], owner="w", limit=10)
+    engine = engine_of(store.jobs)
+    real = engine.settle
+    lock = threading.Lock()
+    inside = threading.Condition(lock)
+    release = threading.Event()
+    writing = [0]
+    calls: list[int] = []
+    most = [0]
+
+    def settle(batch: SettleBatch, what: str) -> Any:
+        with lock:
+            writing[0] += 1
+            most[0] = max(most[0], writing[0])
+            calls.append(len(batch.settlements))
+            inside.notify_all()
+        try:
+            assert release.wait(WAIT)  # the first two hold their lanes until released
+            return real(batch, what)
+        finally:
+            with lock:
+                writing[0] -= 1
+
+    monkeypatch.setattr(engine, "settle", settle)
+    batcher = SettlementBatcher(engine, lanes=2)
+    answers: dict[int, Any] = {}
+
+    def complete(n: int) -> None:
+        answers[n] = answer_of(lambda: batcher.complete(claims[n].lease, n))
+
+    threads = [threading.Thread(target=complete, args=(n,)) for n in range(8)]
+    for thread in threads[:2]:
+        thread.start()
+    with lock:  # both lanes are writing, each its own call
+        assert inside.wait_for(lambda: writing[0] == 2, WAIT)
+    for thread in threads[2:]:
+        thread.start()
+    deadline = time.monotonic() + WAIT
+    while batcher.waiting() < 6:
+        assert time.monotonic() < deadline, "the calls never queued behind two lanes"
+        time.sleep(0.001)
+    release.set()  # both lanes finish with six calls queued: one of them takes all six
+    for thread in threads:
+        thread.join(WAIT)
+        assert not thread.is_alive()
+    assert sorted(calls) == [1, 1, 6]
+    assert most[0] == 2
+    assert answers == dict.fromkeys(range(8), ("value", True))
+    assert [committed_state(backend, f"j{n}") for n in range(8)] == ["done"] * 8
+    assert not batcher.writing()  # every lane was given back
+    # and both lanes are still there: two more calls are written at once again
+    release.clear()
+    more = [threading.Thread(target=complete, args=(n,)) for n in (8, 9)]
+    for thread in more:
+        thread.start()
+    with lock:
+        assert inside.wait_for(lambda: writing[0] == 2, WAIT)
+    release.set()
+    for thread in more:
+        thread.join(WAIT)
+    assert (answers[8], answers[9]) == (("value", True), ("value", True))
+
+
+def test_a_batcher_needs_a_lane(store: Store) -> None:
+    with pytest.raises(ValueError, match="at least one lane"):
+        SettlementBatcher(engine_of(store.jobs), lanes=0)

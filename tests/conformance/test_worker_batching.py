@@ -19,6 +19,7 @@ from typing import Any
 
 from jaren_jobs import Job, JobContext, NewJob, Outcome, Store
 from tests.conformance.test_worker import WAIT, Outcomes, job_state
+from tests.harness import Harness
 
 
 def test_a_stopping_worker_settles_without_leasing_another_job(store: Store) -> None:
@@ -224,10 +225,36 @@ def test_loops_never_run_far_ahead_of_the_settling_thread(store: Store) -> None:
         outcomes.wait_for(count, timeout=120)
     # started attempts without an outcome: each loop's running one, the
     # posted backlog (at most 256, plus one per loop that posted as it filled)
-    # and the group the settling thread is writing (at most as many again)
+    # and the groups the settling threads are writing (at most as many again,
+    # each: one thread on SQLite, two on a PostgreSQL pool)
     limit = worker_module._POSTED_LIMIT
     assert limit == 256
-    assert 0 < peak[0] <= 2 * (limit + loops) + loops
+    lanes = len(worker.settler.threads)
+    assert 0 < peak[0] <= (1 + lanes) * (limit + loops) + loops
+    assert store.jobs.counts().done == count
+
+
+def test_a_database_that_writes_two_transactions_at_once_settles_on_two_threads(
+    store: Store, backend: Harness
+) -> None:
+    """PostgreSQL's pool writes two batches at once (one's statements run while the
+    other's commit waits for the disk); SQLite, or the application's one connection,
+    one. Whichever, every job settles exactly once."""
+    count = 3_000
+    store.jobs.enqueue_many([NewJob("k", n) for n in range(count)])
+    outcomes = Outcomes()
+    worker = store.jobs.create_worker(
+        {"k": lambda p, ctx: p}, concurrency=4, poll_seconds=3600, on_outcome=outcomes
+    )
+    with worker:
+        events: list[Outcome] = outcomes.wait_for(count, timeout=120)
+        threads = worker.settler.threads
+        assert all(thread.is_alive() for thread in threads)
+    two = backend.name in ("postgres", "postgres-async")  # a pool of four connections
+    assert len(threads) == (2 if two else 1)
+    assert not any(thread.is_alive() for thread in threads)  # stop() ended each
+    assert sorted(e.job_id for e in events) == sorted({e.job_id for e in events})
+    assert {e.outcome for e in events} == {"completed"}
     assert store.jobs.counts().done == count
 
 

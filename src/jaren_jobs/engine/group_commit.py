@@ -4,11 +4,14 @@ Under ``synchronous=FULL`` every commit waits for the disk, so a worker whose
 loops each commit their own settlement spends most of its time in fsync.
 :class:`SettlementBatcher` lets concurrent settlements share the wait:
 
-* **leader/follower**: a call that arrives while no batch is being written
-  leads at once, with only its own settlement (a lone call waits for nobody);
-  calls that arrive while a batch is being written queue up, and when that
-  batch commits the oldest of them leads the next batch, taking every queued
-  settlement with it;
+* **leader/follower**: a call that arrives while fewer than ``lanes`` batches
+  are being written leads at once, with only its own settlement (a lone call
+  waits for nobody); calls that arrive while every lane is writing queue up,
+  and when a batch commits the oldest of them leads the next batch, taking
+  every queued settlement with it. One lane on SQLite (one writer per file);
+  a PostgreSQL worker writes on two, so that one batch's statements run on
+  the server while the next one gathers (they settle distinct jobs: no two
+  lanes wait on each other's rows);
 * **one settle call**: the queued callers' batches
   (:class:`~jaren_jobs.core.settle.SettleBatch`) merge into one, written by
   ONE ``settle`` backend call — one transaction — whose answers are split
@@ -124,7 +127,8 @@ class _Group:
         self.batch = batch
         self.answer: Settled | None = None
         self.event: threading.Event | None = None  # only a queued group waits on one
-        self.lead = False  # set by the previous leader: this call writes the next batch
+        # set by a leader ending: the queued groups (this one first) this call writes next
+        self.lead: list[_Group] | None = None
 
 
 class SettlementBatcher:
@@ -132,21 +136,25 @@ class SettlementBatcher:
 
     ``complete`` and ``fail`` take the same arguments, refuse the same
     mistakes and answer exactly as ``engine.complete``/``engine.fail`` do.
+    At most ``lanes`` batches are written at once, each in its own transaction.
     """
 
-    def __init__(self, engine: JobEngine) -> None:
+    def __init__(self, engine: JobEngine, lanes: int = 1) -> None:
+        if lanes < 1:
+            raise ValueError(f"a batcher needs at least one lane, got {lanes}")
         self._engine = engine
         self._lock = threading.Lock()
-        self._leading = False
+        self.lanes = lanes
+        self._writing = 0  # lanes writing a batch now
         self._queue: list[_Group] = []
         self.batches = 0  # transactions written (for tests and the benchmark)
         self.settled = 0  # settlements answered
         self.retried_alone = 0  # parts re-run alone after their batch failed
 
     def writing(self) -> bool:
-        """True while a batch is being written (a leader holds the lead)."""
+        """True while a batch is being written (a leader holds a lane)."""
         with self._lock:
-            return self._leading
+            return self._writing > 0
 
     def waiting(self) -> int:
         """How many settlements are queued behind the batch being written now."""
@@ -216,19 +224,18 @@ class SettlementBatcher:
         if not len(batch):
             return Settled([], [], [])
         with self._lock:
-            follower = self._leading
+            follower = self._writing >= self.lanes
             if follower:
                 group.event = event = threading.Event()
                 self._queue.append(group)
             else:
-                self._leading = True
+                self._writing += 1
         if follower:
             event.wait()
-            if not group.lead:
+            if group.lead is None:
                 assert group.answer is not None
                 return group.answer  # a leader committed it
-            with self._lock:  # promoted: write everything queued, this group included
-                groups, self._queue = self._queue, []
+            groups = group.lead  # promoted: everything that was queued, this group included
         else:
             groups = [group]
         try:
@@ -236,11 +243,11 @@ class SettlementBatcher:
         finally:
             with self._lock:
                 successor = None
-                if self._queue:
+                if self._queue:  # the lane passes to the oldest queued call, with the queue
                     successor = self._queue[0]
-                    successor.lead = True
+                    successor.lead, self._queue = self._queue, []
                 else:
-                    self._leading = False
+                    self._writing -= 1
                 self.settled += sum(len(g.batch.settlements) for g in groups)
             for other in groups:
                 if other.event is not None and other is not group:

@@ -164,7 +164,7 @@ class Loops:
         if not tracker.enter_step():
             return False
         try:
-            looping = chain and self._settler.thread is not None
+            looping = chain and bool(self._settler.threads)
             jobs = self._claims.claim(1 + self._claims.ahead() if looping and not idle else 1)
             if not jobs:
                 return False

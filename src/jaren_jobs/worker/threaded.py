@@ -36,7 +36,7 @@ from jaren_jobs.worker.loops import Loops
 from jaren_jobs.worker.outcomes import Observers
 from jaren_jobs.worker.renewals import RenewalScheduler, Renewer
 from jaren_jobs.worker.running import AttemptRunner
-from jaren_jobs.worker.settler import Settler
+from jaren_jobs.worker.settler import SETTLING_LANES, Settler
 from jaren_jobs.worker.stats import Stats
 from jaren_jobs.worker.ticks import Ticks
 from jaren_jobs.worker.tracking import Tracker
@@ -125,8 +125,9 @@ class Worker:
         # transaction's fate); claims abort at the halt, the rest at the bar
         claims_view = engine.rescoped(tracker.scope(engine.root_scope(), tracker.halt.signal))
         control = engine.rescoped(tracker.scope(engine.root_scope(), tracker.bar.signal))
-        # settlements of concurrent loops share one transaction (group commit)
-        settlements = SettlementBatcher(control)
+        # settlements of concurrent loops share one transaction (group commit), two
+        # at once where the database can write two (settler.py says why)
+        settlements = SettlementBatcher(control, min(SETTLING_LANES, self._backend.writers))
         claims = self._claims = ClaimBook(
             engine=claims_view,
             control=control,
@@ -432,7 +433,7 @@ class Worker:
         return (
             own
             or current is self._renewer.scheduler.thread
-            or current is self._settler.thread
+            or current in self._settler.threads
             or current is self._ticks.thread
         )
 

@@ -63,6 +63,10 @@ class PostgresBackend:
     def wait_seconds(self) -> float:
         return self.db.gate.timeout_seconds
 
+    @property
+    def writers(self) -> int:
+        return self.db.gate.capacity
+
     def check_open(self, what: str) -> None:
         self.db.check_open(what)
 

@@ -50,6 +50,10 @@ class SqliteBackend:
     def wait_seconds(self) -> float:
         return self.db.gate.timeout_seconds
 
+    @property
+    def writers(self) -> int:
+        return 1
+
     def check_open(self, what: str) -> None:
         self.db.check_open(what)
 
