@@ -374,3 +374,28 @@ def test_jobs_handed_back_wake_an_idle_worker(store: Store) -> None:
 
 def noop(payload: Any, ctx: JobContext) -> Any:
     return payload
+
+
+def test_a_drained_job_leaves_no_reference_cycle_behind(store: Store) -> None:
+    """A job's objects (its held lease, attempt, signal, record) are freed as it
+    ends, by reference counting: none waits for the cycle collector, whose passes
+    over a busy worker's young objects cost CPU per job (a held job and the
+    cancel hook the hub kept for it referred to each other: 13 objects per job)."""
+    import gc
+
+    count = 500
+    store.jobs.enqueue_many([NewJob("k", n) for n in range(count)])
+    outcomes = Outcomes()
+    worker = store.jobs.create_worker(
+        {"k": lambda p, ctx: p}, concurrency=4, poll_seconds=3600, on_outcome=outcomes
+    )
+    gc.collect()
+    gc.disable()
+    try:
+        with worker:
+            outcomes.wait_for(count, timeout=120)
+        found = gc.collect()
+    finally:
+        gc.enable()
+    # what a worker's start and stop leave (threads, a connection's state), not per job
+    assert found < count, f"{found} objects in reference cycles after {count} jobs"

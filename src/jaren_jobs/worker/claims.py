@@ -251,5 +251,7 @@ class ClaimBook:
         with self._hub.lock:
             local = self._hub.local_attempts
             for held in helds:
-                if held is not None and local.get(held.job.id) is held.abort:
-                    del local[held.job.id]
+                if held is not None:
+                    if local.get(held.job.id) is held.abort:
+                        del local[held.job.id]
+                    held.abort = None  # its partial refers back to it: break the cycle

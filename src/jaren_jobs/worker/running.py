@@ -89,8 +89,10 @@ class AttemptRunner:
             return None
         with self._hub_lock:
             self._local[claimed.id] = attempt.cancel
-        if held is not None and held.forced is not None:
-            attempt.cancel(held.forced)
+        if held is not None:
+            held.abort = None  # the hub holds the attempt's now; no cycle left to collect
+            if held.forced is not None:
+                attempt.cancel(held.forced)
         if hooks.observers:  # SPEC §17: a consumer span, the start delay
             attempt.observed = hooks.attempt_started(claimed, self._control.runtime.now_ms())
         halt = self._halt
