@@ -17,6 +17,7 @@ import pytest
 
 from jaren_jobs import AsyncJobContext, AsyncStore, AsyncWorker, NewJob, Outcome, Store
 from tests.conftest import FakeClock
+from tests.harness import Harness
 
 WAIT = 10.0
 
@@ -706,3 +707,54 @@ def test_stop_cancels_a_handler_that_first_suspends_after_the_grace_period_ended
     stuck = store.jobs.get("stuck")
     assert stuck is not None
     assert (stuck.state, stuck.attempts, stuck.lease_until) == ("pending", 0, None)
+
+
+def test_an_async_workers_top_ups_travel_apart_from_its_settlements_on_two_lanes(
+    astore: AsyncStore, backend: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its queue runs share one thread and post their settlements in bursts: where two
+    transactions can write at once (a PostgreSQL pool), a top-up is written in a
+    transaction of its own, ahead of the settlements posted with it; on one lane
+    (SQLite) they share one. Either way every job settles exactly once."""
+    from jaren_jobs.engine.group_commit import SettlementBatcher
+
+    written: list[tuple[int, int]] = []  # (settlements, jobs claimed) per transaction
+    real = SettlementBatcher._transaction
+
+    def transaction(self: SettlementBatcher, groups: Any) -> None:
+        real(self, groups)
+        settled = sum(len(group.batch.settlements) for group in groups)
+        written.append((settled, sum(n for g in groups for _, n in g.batch.claims)))
+
+    monkeypatch.setattr(SettlementBatcher, "_transaction", transaction)
+    count = 1_000
+    outcomes: list[Outcome] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+
+        def finished(outcome: Outcome) -> None:
+            outcomes.append(outcome)
+            if len(outcomes) == count:
+                loop.call_soon_threadsafe(done.set)
+
+        async def handler(payload: Any, ctx: AsyncJobContext) -> Any:
+            return payload
+
+        await astore.jobs.enqueue_many([NewJob("k", n) for n in range(count)])
+        worker = astore.jobs.create_worker(
+            {"k": handler}, concurrency=4, poll_seconds=3600, on_outcome=finished
+        )
+        async with worker:
+            await asyncio.wait_for(done.wait(), WAIT * 2)
+
+    run(main())
+    mixed = [(settled, claimed) for settled, claimed in written if settled and claimed]
+    if backend.name in ("postgres", "postgres-async"):  # a pool: two lanes
+        assert mixed == []
+    else:
+        assert mixed  # one lane: a top-up rides with the settlements
+    assert any(claimed for _, claimed in written)
+    assert sorted(o.job_id for o in outcomes) == sorted({o.job_id for o in outcomes})
+    assert {o.outcome for o in outcomes} == {"completed"}

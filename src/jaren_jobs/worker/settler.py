@@ -97,8 +97,12 @@ class Settler:
         end: Callable[[Attempt, Outcome], None],
         backoff_base_seconds: float | None,
         backoff_cap_seconds: float | None,
+        claims_apart: bool = False,
     ) -> None:
         self._owner = owner
+        # top-ups in a transaction of their own, ahead of the settlements posted with
+        # them, where two lanes write at once (an AsyncWorker's: see threaded.py)
+        self._claims_apart = claims_apart
         self._name = name
         self._lock = lock
         self._tracker = tracker
@@ -389,7 +393,13 @@ class Settler:
                     continue
                 asked.append((batch, count))
             claims = [(self._claims.request, count) for _, count in asked]
-            self.settle_entries(entries, claims, defer=deferred, committed=deliver)
+            if claims and entries and self._claims_apart and self._settlements.lanes > 1:
+                # the top-ups first, in a short transaction of their own: the loops
+                # wait for them; the other lane is free to take what is posted next
+                self.settle_entries([], claims, defer=deferred, committed=deliver)
+                self.settle_entries(entries, (), defer=deferred)
+            else:
+                self.settle_entries(entries, claims, defer=deferred, committed=deliver)
         finally:
             # a loop waiting for its top-up must never wait forever
             for batch in list(waiting):
