@@ -26,6 +26,20 @@ def run(coroutine: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coroutine, WAIT * 3))
 
 
+def collecting(outcomes: list[Outcome], count: int) -> tuple[Any, asyncio.Event]:
+    """On the running loop: an ``on_outcome`` that collects into ``outcomes`` (from the
+    worker's threads), and an event set once ``count`` have arrived."""
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+
+    def finished(outcome: Outcome) -> None:
+        outcomes.append(outcome)
+        if len(outcomes) == count:
+            loop.call_soon_threadsafe(done.set)
+
+    return finished, done
+
+
 def test_async_handlers_run_on_the_loop_and_plain_ones_on_threads(
     astore: AsyncStore, store: Store
 ) -> None:
@@ -35,12 +49,7 @@ def test_async_handlers_run_on_the_loop_and_plain_ones_on_threads(
     async def main() -> None:
         loop = asyncio.get_running_loop()
         loop_thread = threading.get_ident()
-        all_done = asyncio.Event()
-
-        def finished(outcome: Outcome) -> None:
-            outcomes.append(outcome)
-            if len(outcomes) == 40:
-                loop.call_soon_threadsafe(all_done.set)
+        finished, all_done = collecting(outcomes, 40)
 
         async def on_loop(payload: Any, ctx: AsyncJobContext) -> Any:
             assert asyncio.get_running_loop() is loop
@@ -508,13 +517,7 @@ def test_each_async_handler_runs_in_a_context_of_its_own(astore: AsyncStore) -> 
     outcomes: list[Outcome] = []
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        all_done = asyncio.Event()
-
-        def finished(outcome: Outcome) -> None:
-            outcomes.append(outcome)
-            if len(outcomes) == 30:
-                loop.call_soon_threadsafe(all_done.set)
+        finished, all_done = collecting(outcomes, 30)
 
         async def child() -> str:
             return _SEEN_BY.get()
@@ -551,14 +554,8 @@ def test_a_cancellation_an_async_handler_swallows_stays_its_own(
     later: list[Any] = []
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
         started = asyncio.Event()
-        all_done = asyncio.Event()
-
-        def finished(outcome: Outcome) -> None:
-            outcomes.append(outcome)
-            if len(outcomes) == 6:
-                loop.call_soon_threadsafe(all_done.set)
+        finished, all_done = collecting(outcomes, 6)
 
         async def swallows(payload: Any, ctx: AsyncJobContext) -> Any:
             started.set()
@@ -612,13 +609,7 @@ def test_an_async_handlers_error_and_its_cancellation_are_its_outcome(
     outcomes: list[Outcome] = []
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        all_done = asyncio.Event()
-
-        def finished(outcome: Outcome) -> None:
-            outcomes.append(outcome)
-            if len(outcomes) == 3:
-                loop.call_soon_threadsafe(all_done.set)
+        finished, all_done = collecting(outcomes, 3)
 
         async def handler(payload: Any, ctx: AsyncJobContext) -> Any:
             if payload == "raise now":
@@ -731,13 +722,7 @@ def test_an_async_workers_top_ups_travel_apart_from_its_settlements_on_two_lanes
     outcomes: list[Outcome] = []
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        done = asyncio.Event()
-
-        def finished(outcome: Outcome) -> None:
-            outcomes.append(outcome)
-            if len(outcomes) == count:
-                loop.call_soon_threadsafe(done.set)
+        finished, done = collecting(outcomes, count)
 
         async def handler(payload: Any, ctx: AsyncJobContext) -> Any:
             return payload
