@@ -242,7 +242,7 @@ UPDATE {JOBS} AS j SET state = 'leased', lease_owner = %(owner)s,
 @lru_cache(maxsize=64)
 def claim(kind_count: int, queue_count: int = 0) -> str:
     """:func:`claim_lock` and :data:`CLAIM_ROWS` as one statement."""
-    source = """placed JOIN unnest(%(tokens)s::text[], %(keys)s::bytea[]) WITH ORDINALITY
+    source = """placed JOIN unnest(%(tokens)b::text[], %(keys)b::bytea[]) WITH ORDINALITY
     AS p(token, key, n) ON p.n = placed.n"""
     return _mint(claim_lock(kind_count, queue_count), source, "p.token", "p.key")
 
@@ -262,7 +262,7 @@ CLAIM_ROWS = f"""UPDATE {JOBS} AS j SET state = 'leased', lease_owner = %(owner)
     lease_until = %(until)s, lease_generation = j.lease_generation + 1, lease_token = p.token,
     settled_generation = NULL, claim_key = p.key, attempts = j.attempts + 1,
     updated_at = %(now)s
-  FROM unnest(%(ids)s::text[], %(tokens)s::text[], %(keys)s::bytea[]) AS p(id, token, key)
+  FROM unnest(%(ids)b::text[], %(tokens)b::text[], %(keys)b::bytea[]) AS p(id, token, key)
   WHERE j.id = p.id
   RETURNING {_qualified("j", CLAIM_COLUMNS)}"""
 
@@ -347,10 +347,10 @@ def _settle_done_many(notify: bool) -> str:
     note = ",\n  note AS MATERIALIZED (SELECT pg_notify(%(settled)s, '') AS sent)" if notify else ""
     join = " CROSS JOIN note" if notify else ""
     return f"""WITH item AS (
-    SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::text[], %(results)s::text[])
+    SELECT * FROM unnest(%(ids)b::text[], %(tokens)b::text[], %(results)b::text[])
       AS i(id, token, result)),
   cur AS (SELECT j.id, {_qualified("j", FENCE_COLUMNS)} FROM {JOBS} AS j
-    WHERE j.id = ANY(%(ids)s::text[]) ORDER BY j.id FOR UPDATE),
+    WHERE j.id = ANY(%(ids)b::text[]) ORDER BY j.id FOR UPDATE),
   written AS (UPDATE {JOBS} AS j SET state = 'done', result = item.result,
       lease_until = NULL, lease_token = NULL, settled_generation = j.lease_generation,
       updated_at = %(now)s
@@ -435,7 +435,7 @@ SETTLE_DEAD = f"""UPDATE {JOBS} SET state = {_DEAD_UNLESS_MARKED}, last_error = 
 RELEASE_LEASES = f"""UPDATE {JOBS} AS j SET state = {_PENDING_UNLESS_MARKED}, lease_until = NULL,
     lease_token = NULL, lease_owner = NULL, attempts = j.attempts - 1,
     settled_generation = NULL, updated_at = %(now)s
-  FROM unnest(%(ids)s::text[], %(tokens)s::text[]) AS h(id, token)
+  FROM unnest(%(ids)b::text[], %(tokens)b::text[]) AS h(id, token)
   WHERE j.id = h.id AND j.state = 'leased' AND j.lease_token = h.token
     AND j.lease_until > %(now)s"""
 
