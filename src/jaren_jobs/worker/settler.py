@@ -404,9 +404,12 @@ class Settler:
             claims = [(self._claims.request, count) for _, count in asked]
             if claims and entries and self._claims_apart and self._settlements.lanes > 1:
                 # the top-ups first, in a short transaction of their own: the loops
-                # wait for them; the other lane is free to take what is posted next
-                self.settle_entries([], claims, defer=deferred, committed=deliver)
-                self.settle_entries(entries, (), defer=deferred)
+                # wait for them; the other lane is free to take what is posted next.
+                # Whatever becomes of that write, each entry still gets its outcome
+                try:
+                    self.settle_entries([], claims, defer=deferred, committed=deliver)
+                finally:
+                    self.settle_entries(entries, (), defer=deferred)
             else:
                 self.settle_entries(entries, claims, defer=deferred, committed=deliver)
         finally:
