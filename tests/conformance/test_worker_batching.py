@@ -83,11 +83,18 @@ def fast_then(block_at: int, gate: threading.Event, reached: threading.Event) ->
 def test_stop_hands_back_the_leased_jobs_a_loop_had_not_started(store: Store) -> None:
     count = 200
     store.jobs.enqueue_many([NewJob("k", n) for n in range(count)])
-    gate, reached = threading.Event(), threading.Event()
+    reached = threading.Event()
     outcomes = Outcomes()
-    worker = store.jobs.create_worker(
-        {"k": fast_then(100, gate, reached)}, poll_seconds=3600, on_outcome=outcomes
-    )
+
+    def handler(payload: Any, ctx: JobContext) -> Any:
+        if payload == 100:
+            reached.set()
+            # return only once stop() has begun: released any earlier, the loop
+            # would run its leased-ahead jobs before the stop reached it
+            assert ctx.signal.wait(WAIT)
+        return payload
+
+    worker = store.jobs.create_worker({"k": handler}, poll_seconds=3600, on_outcome=outcomes)
     worker.start()
     try:
         assert reached.wait(WAIT)
@@ -96,12 +103,8 @@ def test_stop_hands_back_the_leased_jobs_a_loop_had_not_started(store: Store) ->
         held = worker.leases()
         in_flight = worker.stats().in_flight
     finally:
-        stopping = threading.Thread(target=worker.stop, kwargs={"grace_seconds": WAIT})
-        stopping.start()
-        # the blocked handler's signal fires when stop() begins; let it return then
-        gate.set()
-        stopping.join(WAIT)
-    assert not stopping.is_alive()
+        result = worker.stop(grace_seconds=WAIT)
+    assert result.drained is True
     # started attempts without an outcome yet (the batch settles together),
     # and beyond them the batch's leases not started yet: all are held
     assert in_flight >= 1
