@@ -7,11 +7,13 @@ wake them a second time. A NOTIFY from any other connection must.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
 import pytest
 
+import jaren_jobs
 from tests.conformance.test_worker import Counter
 from tests.harness import PostgresUrl
 
@@ -60,3 +62,38 @@ def test_an_own_enqueue_wakes_the_worker_once_and_another_connections_wakes_it(
         worker.stop()
         other.close()
         store.close()
+
+
+def test_an_async_stores_own_enqueue_wakes_its_worker_once(pg: PostgresUrl) -> None:
+    # the async store enqueues through a pool of its own (AsyncConnections) while its
+    # AsyncWorker listens through the sync store's listener: a NOTIFY from that pool is
+    # this store's own as much as one from the sync pool
+    other = pg.open()  # another pool: its connections are not this store's
+    started: dict[str, threading.Event] = {n: threading.Event() for n in ("own", "other")}
+    idle = Counter()
+
+    def handler(payload: Any, ctx: Any) -> None:
+        started[payload].set()
+
+    async def main() -> tuple[int, int]:
+        async with jaren_jobs.open_async_store(pg.url) as store:
+            worker = store.jobs.create_worker({"k": handler}, poll_seconds=3600, on_idle=idle)
+            async with worker:
+                listener = store._store._backend.db.listener  # type: ignore[attr-defined]
+                assert await asyncio.to_thread(listener.connected.wait, WAIT)
+                assert await asyncio.to_thread(idle.wait_for, 1)
+                await store.jobs.enqueue("k", "own")  # wakes in process; its NOTIFY is ours
+                assert await asyncio.to_thread(started["own"].wait, WAIT)
+                assert await asyncio.to_thread(idle.wait_for, 2)
+                # notifications reach the listener in commit order: once the other
+                # store's has started its job, the own one was read before it
+                await asyncio.to_thread(other.jobs.enqueue, "k", "other")
+                assert await asyncio.to_thread(started["other"].wait, WAIT)
+                return worker.stats().wakes, listener.ignored
+
+    try:
+        wakes, ignored = asyncio.run(asyncio.wait_for(main(), WAIT * 3))
+    finally:
+        other.close()
+    # the own enqueue's wake in process and the other store's NOTIFY: nothing else
+    assert (wakes, ignored) == (2, 1)

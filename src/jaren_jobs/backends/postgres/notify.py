@@ -11,9 +11,10 @@ writes to a socket pair of its own: no timer. (psycopg's
 ``notifies(timeout=...)`` wakes about every 10 ms to look at its socket;
 measured, that alone cost an idle worker a third of a per cent of a core.)
 
-A notification sent by one of this store's own connections (``Notify.pid``)
-does not wake the workers: the enqueue that sent it woke them in this
-process when it committed. Notifications from any other connection do.
+A notification sent by one of this store's own connections (``Notify.pid``;
+the async store's pool counts as its own) does not wake the workers: the
+enqueue that sent it woke them in this process when it committed.
+Notifications from any other connection do.
 
 A second channel carries settlements (``wait()`` in this process wakes on
 them): its own, so that a settlement never wakes an idle worker to claim. A
@@ -69,8 +70,9 @@ class Listener:
         self._cancel = quoted_cancel
         self._cancel_name = cancel_name  # as a notification names it (unquoted)
         self._cancel_wakers: list[Callable[[str], None]] = []
-        # the server pids of the store's own connections: their enqueues woke us already
-        self._own_pids = own_pids
+        # the server pids of the store's own connections (each pool's): their enqueues
+        # woke this process's workers already, when they committed
+        self._own_pools: list[Callable[[], Collection[int]]] = [own_pids]
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -104,6 +106,17 @@ class Listener:
             if wake not in self._cancel_wakers:
                 self._cancel_wakers.append(wake)
         self.start(None)
+
+    def also_own(self, pids: Callable[[], Collection[int]]) -> None:
+        """Count ``pids()`` as the store's own connections too: the async store's pool,
+        whose enqueues wake this process's workers in process, as the sync pool's do."""
+        with self._lock:
+            self._own_pools.append(pids)
+
+    def _own_pids(self) -> frozenset[int]:
+        with self._lock:
+            pools = list(self._own_pools)
+        return frozenset(pid for pids in pools for pid in pids())
 
     def _cancelled(self, job_id: str) -> None:
         with self._lock:

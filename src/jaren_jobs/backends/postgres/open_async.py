@@ -39,4 +39,8 @@ def open_async_postgres(sync: PostgresBackend) -> AsyncPostgresBackend | None:
             pgsql.Identifier(settled_channel(channel)).as_string(None),
             settled_channel(channel),
         )
+    if db.listener is not None:
+        # its enqueues wake this process's workers when they commit (the hub is shared):
+        # their NOTIFYs, back at the sync store's listener, must not wake them again
+        db.listener.also_own(adb.own_pids)
     return AsyncPostgresBackend(adb, channel)
