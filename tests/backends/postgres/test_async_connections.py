@@ -216,6 +216,61 @@ def test_wait_is_woken_by_a_notify_from_another_store_listening_on_the_loop(
     assert woke < 0.5, woke
 
 
+def test_a_waiting_async_store_hears_settlements_and_not_enqueues(pg: PostgresUrl) -> None:
+    # its listener serves wait(), which wakes on settlements; an AsyncWorker hears
+    # enqueues through the sync store's listener: enqueues here would wake the loop
+    # for nothing, once per enqueue in any process
+    other = pg.open()
+    other.jobs.enqueue("k", id="w")
+    claimed = other.jobs.claim(["k"], owner="elsewhere")
+    assert claimed is not None
+
+    async def main() -> tuple[dict[str, int], str]:
+        async with jaren_jobs.open_async_store(pg.url) as store:
+            waiting = asyncio.create_task(store.jobs.wait("w", timeout_seconds=WAIT))
+            listener = _pool(store).listener
+            await asyncio.wait_for(listener.connected.wait(), WAIT)
+            await asyncio.to_thread(lambda: [other.jobs.enqueue("k") for _ in range(5)])
+            # committed after the enqueues: their notifications, if any came, came first
+            await asyncio.to_thread(other.jobs.complete, claimed.lease, "ok")
+            job = await waiting
+            assert job.state == "done"
+            # read in commit order: once the settlement's is in, any enqueue's was too
+            await asyncio.wait_for(listener.heard_settled.wait(), WAIT)
+            return dict(listener.heard), listener.settled_name
+
+    try:
+        heard, settled = run(main)
+    finally:
+        other.close()
+    assert heard == {settled: 1}, heard
+
+
+def test_an_enqueue_waker_added_to_a_waiting_listener_hears_enqueues(pg: PostgresUrl) -> None:
+    # the seam's wake_on_commits, on a listener already running for wait(): it
+    # listens again, on the enqueue channel too
+    other = pg.open()
+
+    async def main() -> None:
+        async with jaren_jobs.open_async_store(pg.url) as store:
+            await store.jobs.enqueue("k", id="w")
+            waiting = asyncio.create_task(store.jobs.wait("w", timeout_seconds=WAIT))
+            listener = _pool(store).listener
+            await asyncio.wait_for(listener.connected.wait(), WAIT)
+            woken = asyncio.Event()
+            store._native.wake_on_commits(woken.set)
+            assert not listener.connected.is_set()  # until it listens on enqueues too
+            await asyncio.wait_for(listener.connected.wait(), WAIT)
+            await asyncio.to_thread(other.jobs.enqueue, "k")
+            await asyncio.wait_for(woken.wait(), WAIT)
+            waiting.cancel()
+
+    try:
+        run(main)
+    finally:
+        other.close()
+
+
 def test_a_server_restart_under_async_load_is_storage_errors_then_recovery(
     private_pg: PrivateServer,
 ) -> None:
