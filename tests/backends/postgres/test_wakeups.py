@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -97,3 +98,75 @@ def test_an_async_stores_own_enqueue_wakes_its_worker_once(pg: PostgresUrl) -> N
         other.close()
     # the own enqueue's wake in process and the other store's NOTIFY: nothing else
     assert (wakes, ignored) == (2, 1)
+
+
+def test_a_process_that_only_waits_hears_settlements_and_not_enqueues(pg: PostgresUrl) -> None:
+    # wait() needs settlements; listening on enqueues too would wake this process's
+    # listener for every enqueue of every process, to do nothing
+    store = pg.open()
+    other = pg.open()
+    other.jobs.enqueue("k", id="w")
+    claimed = other.jobs.claim(["k"], owner="elsewhere")
+    assert claimed is not None
+    waited: list[Any] = []
+    waiting = threading.Thread(
+        target=lambda: waited.append(store.jobs.wait("w", timeout_seconds=WAIT))
+    )
+    try:
+        waiting.start()
+        listener = wait_for_listener(store)
+        assert listener.connected.wait(WAIT)
+        for _ in range(5):
+            other.jobs.enqueue("k")
+        # committed after the enqueues: their notifications, if any came, came first
+        other.jobs.complete(claimed.lease, "ok")
+        waiting.join(WAIT)
+        assert [job.state for job in waited] == ["done"]
+        assert listener.heard_settled.wait(WAIT)
+        assert dict(listener.heard) == {listener._settled_name: 1}, listener.heard
+    finally:
+        other.close()
+        store.close()
+
+
+def test_a_worker_that_comes_after_a_wait_hears_other_processes_enqueues(
+    pg: PostgresUrl,
+) -> None:
+    store = pg.open()
+    other = pg.open()
+    other.jobs.enqueue("k", id="w")
+    claimed = other.jobs.claim(["k"], owner="elsewhere")
+    assert claimed is not None
+    started = threading.Event()
+    waiting = threading.Thread(
+        target=store.jobs.wait, args=("w",), kwargs={"timeout_seconds": WAIT}
+    )
+    try:
+        waiting.start()
+        listener = wait_for_listener(store)
+        assert listener.connected.wait(WAIT)  # listening for the wait alone
+        # a poll far longer than the test: only a NOTIFY can start the job
+        worker = store.jobs.create_worker(
+            {"k": lambda payload, ctx: started.set()}, poll_seconds=3600
+        )
+        with worker:
+            assert listener.connected.wait(WAIT)  # on the enqueue channel too, now
+            other.jobs.enqueue("k", "x")
+            assert started.wait(WAIT), "another store's NOTIFY did not wake the worker"
+        other.jobs.complete(claimed.lease, "ok")
+        waiting.join(WAIT)
+        assert not waiting.is_alive()
+    finally:
+        other.close()
+        store.close()
+
+
+def wait_for_listener(store: Any) -> Any:
+    """The store's listener, once a wait() in another thread has made it."""
+    db = store._backend.db
+    end = time.monotonic() + WAIT
+    pause = threading.Event()  # never set: a short bounded wait between looks
+    while db.listener._thread is None:
+        assert time.monotonic() < end, "wait() never started the listener"
+        pause.wait(0.002)
+    return db.listener

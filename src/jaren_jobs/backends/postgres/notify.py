@@ -16,6 +16,12 @@ the async store's pool counts as its own) does not wake the workers: the
 enqueue that sent it woke them in this process when it committed.
 Notifications from any other connection do.
 
+The enqueue channel is listened on only once a worker asks (``start(wake)``):
+a process that only calls ``wait()`` would otherwise wake for every enqueue
+of every process, to do nothing. A worker that comes after a ``wait()``
+pokes the thread, which LISTENs on that channel too and wakes the workers
+once, in case an enqueue came meanwhile.
+
 A second channel carries settlements (``wait()`` in this process wakes on
 them): its own, so that a settlement never wakes an idle worker to claim. A
 third carries ``cancel(id, force=True)`` of a running job, naming the job:
@@ -31,6 +37,7 @@ import logging
 import selectors
 import socket
 import threading
+from collections import Counter
 from collections.abc import Callable, Collection
 
 import psycopg
@@ -80,6 +87,11 @@ class Listener:
         self.connected = threading.Event()  # set while LISTEN is in force (tests wait on it)
         self.reconnections = 0
         self.ignored = 0  # enqueue notifications of our own connections, not acted on
+        # notifications read, by channel; and set at the first settlement's (tests wait)
+        self.heard: Counter[str] = Counter()
+        self.heard_settled = threading.Event()
+        self._listening_enqueues = False  # whether the live connection LISTENs on them
+        self._relisten = False  # a worker came: LISTEN on the enqueue channel too
         # stop() writes to one end; the thread waits on the other beside the connection
         self._poke: tuple[socket.socket, socket.socket] | None = None
 
@@ -87,11 +99,25 @@ class Listener:
         with self._lock:
             if wake is not None and wake not in self._wakers:
                 self._wakers.append(wake)
-            if self._thread is not None or self._stopping.is_set():
+            if self._stopping.is_set():
                 return
-            self._poke = socket.socketpair()
-            self._thread = threading.Thread(target=self._run, name="jaren_jobs-listen", daemon=True)
-            self._thread.start()
+            if self._thread is None:
+                self._poke = socket.socketpair()
+                self._thread = threading.Thread(
+                    target=self._run, name="jaren_jobs-listen", daemon=True
+                )
+                self._thread.start()
+                return
+            if not self._wakers or self._listening_enqueues or self._relisten:
+                return
+            # the first worker after a wait(): not connected, as tests see it, until
+            # the thread LISTENs on the enqueue channel too
+            self._relisten = True
+            self.connected.clear()
+            poke = self._poke
+        if poke is not None:
+            with contextlib.suppress(OSError):
+                poke[1].send(b"\1")
 
     def on_settled(self, wake: Callable[[], None]) -> None:
         """Also call ``wake`` on every settlement NOTIFY (and on every reconnection)."""
@@ -141,7 +167,12 @@ class Listener:
 
     def _listen(self) -> psycopg.Connection[tuple[object, ...]]:
         conn = psycopg.connect(self._conninfo, autocommit=True, **connect_settings(self._conninfo))
-        conn.execute(f"LISTEN {self._channel}")
+        with self._lock:
+            enqueues = bool(self._wakers)
+            self._relisten = False
+        if enqueues:
+            conn.execute(f"LISTEN {self._channel}")
+        self._listening_enqueues = enqueues
         if self._settled is not None:
             conn.execute(f"LISTEN {self._settled}")
         if self._cancel is not None:
@@ -172,25 +203,44 @@ class Listener:
                     # first what arrived with the LISTENs (psycopg keeps it aside)
                     self._dispatch(conn)
                     while not self._stopping.is_set():
-                        waiting.select()  # no timeout: data, a drop, or stop()
+                        ready = waiting.select()  # no timeout: data, a drop, a poke
+                        if any(key.fileobj is poked for key, _ in ready):
+                            poked.recv(64)
+                            self._listen_to_enqueues(conn)
                         self._dispatch(conn)
             except (psycopg.Error, OSError):
                 pass  # dropped: reconnect
             finally:
+                self._listening_enqueues = False
                 self.connected.clear()
                 self._conn = None
                 with contextlib.suppress(psycopg.Error):
                     conn.close()
 
+    def _listen_to_enqueues(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        """A worker came after a wait(): LISTEN on the enqueue channel too, then wake the
+        workers once (an enqueue may have committed before the LISTEN did)."""
+        with self._lock:
+            if not self._relisten or self._stopping.is_set():
+                return
+            self._relisten = False
+        conn.execute(f"LISTEN {self._channel}")
+        self._listening_enqueues = True
+        self.connected.set()
+        self._wake(False)
+
     def _dispatch(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
         """Act on every notification the connection has now (reading without waiting)."""
         own: Collection[int] | None = None
         for note in conn.notifies(timeout=0):
+            self.heard[note.channel] += 1
             if note.channel == self._cancel_name:
                 self._cancelled(note.payload)
                 continue
             settled = note.channel == self._settled_name
-            if not settled:
+            if settled:
+                self.heard_settled.set()
+            else:
                 if own is None:
                     own = self._own_pids()
                 if note.pid in own:
