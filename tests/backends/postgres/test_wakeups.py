@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -114,7 +113,7 @@ def test_a_process_that_only_waits_hears_settlements_and_not_enqueues(pg: Postgr
     )
     try:
         waiting.start()
-        listener = wait_for_listener(store)
+        listener = store._backend.db.listener  # type: ignore[attr-defined]
         assert listener.connected.wait(WAIT)
         for _ in range(5):
             other.jobs.enqueue("k")
@@ -123,7 +122,7 @@ def test_a_process_that_only_waits_hears_settlements_and_not_enqueues(pg: Postgr
         waiting.join(WAIT)
         assert [job.state for job in waited] == ["done"]
         assert listener.heard_settled.wait(WAIT)
-        assert dict(listener.heard) == {listener._settled_name: 1}, listener.heard
+        assert dict(listener.heard) == {listener.settled_name: 1}, listener.heard
     finally:
         other.close()
         store.close()
@@ -143,7 +142,7 @@ def test_a_worker_that_comes_after_a_wait_hears_other_processes_enqueues(
     )
     try:
         waiting.start()
-        listener = wait_for_listener(store)
+        listener = store._backend.db.listener  # type: ignore[attr-defined]
         assert listener.connected.wait(WAIT)  # listening for the wait alone
         # a poll far longer than the test: only a NOTIFY can start the job
         worker = store.jobs.create_worker(
@@ -159,14 +158,3 @@ def test_a_worker_that_comes_after_a_wait_hears_other_processes_enqueues(
     finally:
         other.close()
         store.close()
-
-
-def wait_for_listener(store: Any) -> Any:
-    """The store's listener, once a wait() in another thread has made it."""
-    db = store._backend.db
-    end = time.monotonic() + WAIT
-    pause = threading.Event()  # never set: a short bounded wait between looks
-    while db.listener._thread is None:
-        assert time.monotonic() < end, "wait() never started the listener"
-        pause.wait(0.002)
-    return db.listener

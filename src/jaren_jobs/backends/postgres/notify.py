@@ -71,7 +71,7 @@ class Listener:
         self._conninfo = conninfo
         self._channel = quoted_channel
         self._settled = quoted_settled
-        self._settled_name = settled_name  # as a notification names it (unquoted)
+        self.settled_name = settled_name  # as a notification names it (unquoted)
         self._wakers: list[Callable[[], None]] = []
         self._settled_wakers: list[Callable[[], None]] = []
         self._cancel = quoted_cancel
@@ -237,7 +237,7 @@ class Listener:
             if note.channel == self._cancel_name:
                 self._cancelled(note.payload)
                 continue
-            settled = note.channel == self._settled_name
+            settled = note.channel == self.settled_name
             if settled:
                 self.heard_settled.set()
             else:
