@@ -950,6 +950,9 @@ SPECS = (
                 "_Results",
                 "PostgresBackend.connection",
                 "PostgresBackend.join",  # join_transaction() is the sync store's
+                # forced cancels reach workers through the sync store's listener (every
+                # worker, AsyncWorker too, runs on the sync Jobs); the loop's has no such channel
+                "PostgresBackend.wake_on_cancel_requests",
             }
         ),
         overrides={

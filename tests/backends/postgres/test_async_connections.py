@@ -271,6 +271,23 @@ def test_an_enqueue_waker_added_to_a_waiting_listener_hears_enqueues(pg: Postgre
         other.close()
 
 
+def test_every_wake_up_the_async_backend_offers_is_one_its_listener_carries(
+    pg: PostgresUrl,
+) -> None:
+    # the backend's wake_on_* methods are generated from the sync store's; each
+    # must be one the loop's listener can give (none may end in AttributeError)
+    async def main() -> list[str]:
+        async with jaren_jobs.open_async_store(pg.url) as store:
+            backend = store._native
+            offered = sorted(name for name in dir(backend) if name.startswith("wake_on_"))
+            for name in offered:
+                getattr(backend, name)(lambda *_: None)
+            await asyncio.wait_for(_pool(store).listener.connected.wait(), WAIT)
+            return offered
+
+    assert run(main) == ["wake_on_commits", "wake_on_settlements"]
+
+
 def test_a_server_restart_under_async_load_is_storage_errors_then_recovery(
     private_pg: PrivateServer,
 ) -> None:

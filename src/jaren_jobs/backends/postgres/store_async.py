@@ -85,12 +85,6 @@ class AsyncPostgresBackend:
         if listener is not None:
             listener.start(wake)
 
-    def wake_on_cancel_requests(self, wake: Callable[[str], None]) -> None:
-        """Call ``wake(job_id)`` when any process marks a running job (LISTEN)."""
-        listener = self.db.listener
-        if listener is not None:
-            listener.on_cancel(wake)
-
     def wake_on_settlements(self, wake: Callable[[], None]) -> bool:
         """Call ``wake`` when any process commits a settlement (LISTEN); True if it will."""
         listener = self.db.listener
