@@ -502,6 +502,27 @@ def raw_idle_cpu(url: str, durability: str, seconds: float, results: Any) -> Non
         results.put(RuntimeError(f"raw psycopg idle_cpu: {exc!r}"))
 
 
+def raw_idle_listen_cpu(url: str, durability: str, seconds: float, results: Any) -> None:
+    """Workload 8 child: workload 6's raw consumer, idle: LISTEN, a claim every PG_POLL."""
+    try:
+        stop, ready = threading.Event(), threading.Event()
+        consumer = threading.Thread(
+            target=_raw_consume, args=(url, durability, None, stop, ready), daemon=True
+        )
+        consumer.start()
+        if not ready.wait(30):
+            raise RuntimeError("the consumer did not connect")
+        time.sleep(0.2)
+        before = cpu_seconds()
+        time.sleep(seconds)
+        used = cpu_seconds() - before
+        stop.set()
+        consumer.join(PG_POLL + 5)
+        results.put(used / seconds)
+    except BaseException as exc:  # report, never hang the parent
+        results.put(RuntimeError(f"raw psycopg idle_listen_cpu: {exc!r}"))
+
+
 def raw_memory(url: str, durability: str, jobs: int, heap: bool, results: Any) -> None:
     """Workload 9 child: the batched loop drains ``jobs`` jobs, sampling RSS or heap."""
     try:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench import (
+    POLL_SECONDS,
     Sizes,
     drain_in_processes,
     in_subprocess,
@@ -274,26 +275,45 @@ class PgRunner:
         return figures
 
     def w8(self) -> list[Figure]:
-        """An idle worker's CPU (50 ms poll, LISTEN on) beside a raw claim every 50 ms."""
+        """An idle worker's CPU as workload 6 runs it (1 s poll, LISTEN on) beside raw's
+        consumer there; and with a 50 ms poll beside a raw claim every 50 ms."""
         s, d = self.sizes, self.durability
-        with b.fresh_schema(self.url, "raw8") as url:
-            b.raw_prepare(url)
-            raw_share = in_subprocess(b.raw_idle_cpu, url, d, s.idle_seconds)
-        with b.fresh_schema(self.url, "jj8") as url:
-            b.open_(url, d).close()  # the schema first, as SQLite's file is
-            ours = in_subprocess(workloads.idle_cpu, url, d, s.idle_seconds)
-        return [
-            Figure(
-                8,
+        figures = []
+        for key, poll, raw_idle, text in (
+            (
                 "8",
-                "CPU of an idle worker, 50 ms poll (raw: a claim statement every 50 ms)",
-                "% of a core",
-                "lower",
-                raw_share * 100,
-                {JAREN: ours * 100},
-                extra={"seconds": s.idle_seconds},
+                b.PG_POLL,
+                b.raw_idle_listen_cpu,
+                f"CPU of an idle worker, {b.PG_POLL:g} s poll and LISTEN/NOTIFY, as in "
+                "workload 6 (raw: its consumer there, idle)",
+            ),
+            (
+                "8.fast",
+                POLL_SECONDS,
+                b.raw_idle_cpu,
+                f"CPU of an idle worker, {POLL_SECONDS * 1000:g} ms poll "
+                f"(raw: a claim statement every {POLL_SECONDS * 1000:g} ms)",
+            ),
+        ):
+            with b.fresh_schema(self.url, "raw8") as url:
+                b.raw_prepare(url)
+                raw_share = in_subprocess(raw_idle, url, d, s.idle_seconds)
+            with b.fresh_schema(self.url, "jj8") as url:
+                b.open_(url, d).close()  # the schema first, as SQLite's file is
+                ours = in_subprocess(workloads.idle_cpu, url, d, s.idle_seconds, poll)
+            figures.append(
+                Figure(
+                    8,
+                    key,
+                    text,
+                    "% of a core",
+                    "lower",
+                    raw_share * 100,
+                    {JAREN: ours * 100},
+                    extra={"seconds": s.idle_seconds, "poll_seconds": poll},
+                )
             )
-        ]
+        return figures
 
     def w9(self) -> list[Figure]:
         """Memory while draining: the Python heap's and RSS's slope, and the peak."""

@@ -36,6 +36,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 import jaren_jobs
 from bench import (
     FULL,
+    POLL_SECONDS,
     QUICK,
     Sizes,
     drain_in_processes,
@@ -382,7 +383,7 @@ class Runner:
         raw_share = in_subprocess(raw.idle_cpu, str(path), d, s.idle_seconds)
         path = self.fresh("jj.db")
         raw.prepare(path)
-        ours = in_subprocess(workloads.idle_cpu, str(path), d, s.idle_seconds)
+        ours = in_subprocess(workloads.idle_cpu, str(path), d, s.idle_seconds, POLL_SECONDS)
         return [
             Figure(
                 8,

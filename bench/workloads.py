@@ -264,11 +264,11 @@ def claim_cost(store: Store) -> float:
 # ---------------------------------------------------------------- workloads 8 and 9
 
 
-def idle_cpu(path_text: str, durability: str, seconds: float, results: Any) -> None:
-    """Workload 8 child: an idle worker polling every 50 ms on an empty queue."""
+def idle_cpu(path_text: str, durability: str, seconds: float, poll: float, results: Any) -> None:
+    """Workload 8 child: an idle worker polling every ``poll`` seconds on an empty queue."""
     try:
         with open_(where(path_text), durability) as store:
-            worker = store.jobs.create_worker({KIND: noop}, poll_seconds=POLL_SECONDS)
+            worker = store.jobs.create_worker({KIND: noop}, poll_seconds=poll)
             worker.start()
             time.sleep(0.2)
             before = cpu_seconds()
@@ -277,7 +277,7 @@ def idle_cpu(path_text: str, durability: str, seconds: float, results: Any) -> N
             used = cpu_seconds() - before
             polls = worker.stats().polls - polls
             worker.stop()
-        if polls < seconds / POLL_SECONDS / 2:
+        if polls < int(seconds / poll / 2):
             raise RuntimeError(f"the worker polled only {polls} times in {seconds:g}s")
         results.put(used / seconds)
     except BaseException as exc:
