@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from jaren_jobs import AsyncJobContext, AsyncStore, AsyncWorker, NewJob, Outcome, Store
+from tests.conformance.test_worker import Counter
+from tests.conformance.test_worker_batching import counting_claims
 from tests.conftest import FakeClock
 from tests.harness import Harness
 
@@ -743,3 +745,34 @@ def test_an_async_workers_top_ups_travel_apart_from_its_settlements_on_two_lanes
     assert any(claimed for _, claimed in written)
     assert sorted(o.job_id for o in outcomes) == sorted({o.job_id for o in outcomes})
     assert {o.outcome for o in outcomes} == {"completed"}
+
+
+def test_an_async_queue_run_whose_last_top_up_found_nothing_goes_idle_at_once(
+    astore: AsyncStore,
+) -> None:
+    """As the thread worker's loop (test_worker_batching): a queue run on the event loop
+    that ended on a top-up that found nothing leaves its loop idle, with no claim made
+    to find nothing again; an enqueue still wakes it."""
+    outcomes: list[Outcome] = []
+    made: list[int] = []
+
+    async def main() -> None:
+        async def handler(payload: Any, ctx: AsyncJobContext) -> Any:
+            return payload
+
+        finished, _ = collecting(outcomes, 2)
+        idle = Counter()
+        worker = astore.jobs.create_worker(
+            {"k": handler}, concurrency=1, poll_seconds=3600, on_outcome=finished, on_idle=idle
+        )
+        claims = counting_claims(worker.worker)
+        async with worker:
+            assert await asyncio.to_thread(idle.wait_for, 1)
+            for n in (1, 2):
+                await astore.jobs.enqueue("k", n)
+                assert await asyncio.to_thread(idle.wait_for, n + 1)
+        made.extend(claims)
+
+    run(main())
+    assert [o.outcome for o in outcomes] == ["completed", "completed"]
+    assert made == [1, 1, 1]

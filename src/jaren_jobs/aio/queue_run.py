@@ -120,10 +120,10 @@ class _LoopBatch(Batch):
         self._poster = poster
         self._waiter: asyncio.Future[None] | None = None
 
-    def topped_up(self, jobs: list[ClaimedJob]) -> None:
+    def topped_up(self, jobs: list[ClaimedJob], *, dry: bool = False) -> None:
         with self.cond:
             self.jobs.extend(jobs)
-            self.refill = False
+            self.refill, self.dry = False, dry
             self.cond.notify_all()
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
@@ -310,14 +310,16 @@ class _QueueRun:
         self._thread = CallerThread(f"{worker.name}-run")
         self._batch = _LoopBatch(jobs, worker._poster)
         self._rest: list[ClaimedJob] = []
+        self._dry = False  # run_queue_async's answer: it ended on a top-up that found nothing
         self._interrupt: BaseException | None = None
         self._cancelled = False  # the run's task was cancelled while a handler ran
         self._resumed = 0.0  # when the run's task last came back from the loop
         self._task: asyncio.Task[Any] | None = None  # the run's, once it runs
 
-    def serve(self) -> None:
+    def serve(self) -> bool:
         """On the loop thread that claimed the jobs: hand them to the loop, serve the
-        run's blocking calls until it ends, then hand back what it did not start."""
+        run's blocking calls until it ends, then hand back what it did not start; whether
+        the run ended on a top-up that found nothing."""
         aworker = self._aworker
         batch = self._batch
         self._claims.add_batch(batch)
@@ -331,6 +333,7 @@ class _QueueRun:
             self._claims.hand_back(rest)
         if self._interrupt is not None:
             raise self._interrupt  # as the thread worker's loop, this thread ends with it
+        return self._dry
 
     def _start(self) -> None:
         try:
@@ -344,7 +347,7 @@ class _QueueRun:
         _HANDLER_OF.set(self._aworker)  # copied into each handler's context
         self._resumed = time.perf_counter()
         try:
-            await run_queue_async(
+            self._dry = await run_queue_async(
                 self,
                 self._batch,
                 self._rest,

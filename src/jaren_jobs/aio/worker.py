@@ -300,15 +300,14 @@ class AsyncWorker:
         raises while it may still settle and its job is handed back."""
         self._cancel_running()
 
-    def run_queue(self, jobs: list[ClaimedJob]) -> bool:
+    def run_queue(self, jobs: list[ClaimedJob]) -> bool | None:
         """A started worker's loop hands its queue here: one whose first job has an
         ``async def`` handler is run by a task on the loop (see :class:`_QueueRun`); this
-        thread waits for it, serving what must not run on the loop. False: the thread
-        worker runs it."""
+        thread waits for it, serving what must not run on the loop. None: the thread
+        worker runs it; else whether the run ended on a top-up that found nothing."""
         if not _on_loop(self.handlers, jobs[0].kind) or self._loop.is_closed():
-            return False
-        _QueueRun(self, jobs).serve()
-        return True
+            return None
+        return _QueueRun(self, jobs).serve()
 
     # ------------------------------------------------------------ what §7 reads
 

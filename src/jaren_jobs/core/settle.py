@@ -18,9 +18,18 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from jaren_jobs.core.commands import ClaimRequest, Failure
+from jaren_jobs.core.policy import backoff_seconds
 from jaren_jobs.records import Lease
 
-__all__ = ["Completion", "SettleBatch", "Settlement", "Snoozing", "merge", "what_of"]
+__all__ = [
+    "Completion",
+    "SettleBatch",
+    "Settlement",
+    "Snoozing",
+    "due_at_once",
+    "merge",
+    "what_of",
+]
 
 # the ``what`` of each part's statements (an error names the call it stands for)
 COMPLETE = "complete()"
@@ -61,6 +70,20 @@ def what_of(item: Settlement) -> str:
     if isinstance(item, Completion):
         return COMPLETE
     return SNOOZE if isinstance(item, Snoozing) else FAIL
+
+
+def due_at_once(item: Settlement) -> bool:
+    """Whether a written settlement leaves its job claimable at once: a snooze of no
+    delay, a retry with no backoff to speak of (this process's idle workers are woken
+    for it; an idle loop does not otherwise claim again before its next poll)."""
+    if isinstance(item, Snoozing):
+        return item.delay_ms <= 0
+    # the longest delay its draw can give, under a millisecond: run_at is now (ms)
+    return (
+        isinstance(item, Failure)
+        and item.retry
+        and backoff_seconds(item.lease.attempt, item.base, item.cap, 1.0) < 0.001
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,14 @@ from jaren_jobs.core.commands import (
 )
 from jaren_jobs.core.history import prepare_failure_with, prepare_snoozing
 from jaren_jobs.core.policy import backoff_seconds, is_lease_lost, lease_ms
-from jaren_jobs.core.settle import SNOOZE, Completion, SettleBatch, Settlement, Snoozing
+from jaren_jobs.core.settle import (
+    SNOOZE,
+    Completion,
+    SettleBatch,
+    Settlement,
+    Snoozing,
+    due_at_once,
+)
 from jaren_jobs.engine.admin import JobAdmin
 from jaren_jobs.engine.checkpoints import CheckpointStore
 from jaren_jobs.engine.hub import EngineHub
@@ -252,6 +259,8 @@ class JobEngine(JobAdmin):
             self._session.after_commit(
                 self._hub.wake if isinstance(item, Snoozing) else self._hub.settled
             )
+            if isinstance(item, Failure) and due_at_once(item):
+                self._session.after_commit(self._hub.wake)  # its retry is due now
         elif cancelled_by_mark(got, item.lease):
             self._session.after_commit(self._hub.settled)
         return settled
@@ -420,7 +429,7 @@ class JobEngine(JobAdmin):
         )
         if ended or any(not isinstance(item, Snoozing) for item in written):
             self._session.after_commit(self._hub.settled)
-        if any(isinstance(item, Snoozing) and item.delay_ms <= 0 for item in written):
+        if any(due_at_once(item) for item in written):
             self._session.after_commit(self._hub.wake)  # claimable again now
 
     def wait_plan(self, id: object, timeout_seconds: object, signal: object) -> WaitPlan:

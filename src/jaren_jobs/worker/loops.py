@@ -23,8 +23,12 @@ __all__ = ["Loops"]
 _log = logging.getLogger("jaren_jobs.worker")
 
 # a queue run the worker's host takes over (an AsyncWorker's, on its event loop):
-# True when it ran the jobs, False to leave them to the thread
-QueueHost = Callable[[list[ClaimedJob]], bool]
+# None to leave the jobs to the thread; else whether the run ended on a top-up that
+# found nothing (as run_queue's answer)
+QueueHost = Callable[[list[ClaimedJob]], bool | None]
+
+# what one step of a loop came to
+_NONE, _RAN, _DRY = 0, 1, 2  # nothing claimed; ran; ran until a top-up found nothing
 
 
 class Loops:
@@ -104,11 +108,14 @@ class Loops:
                 generation = self._generation
                 began = time.monotonic()
                 try:
-                    ran = self.step(chain=True, idle=idle, polled=polled)
+                    came_to = self._step(chain=True, idle=idle, polled=polled)
                 except Exception:  # a worker bug must not end the loop silently
                     _log.exception("jaren_jobs: worker %r: a loop step raised", tracker.owner)
-                    ran = False
-                idle = not ran
+                    came_to = _NONE
+                # a queue run whose last top-up found nothing has polled already: the
+                # loop sleeps now rather than claim again at once to find nothing (a
+                # wake since `generation` was read still makes it claim at once)
+                idle = came_to != _RAN
                 polled = idle and self._idle(began, generation)
         except BaseException as exc:
             # only a handler's KeyboardInterrupt/SystemExit gets here; it was
@@ -152,7 +159,11 @@ class Loops:
                 if self._poller == me:
                     self._poller = None
 
-    def step(self, *, chain: bool = False, idle: bool = False, polled: bool = False) -> bool:
+    def step(self) -> bool:
+        """run_once(): claim one job and run it; whether there was one."""
+        return self._step() != _NONE
+
+    def _step(self, *, chain: bool = False, idle: bool = False, polled: bool = False) -> int:
         """Claim and run: a queue of jobs (a started worker's loop, ``chain``), or one.
 
         A loop coming out of ``idle`` claims one job, the cheapest claim (the
@@ -162,19 +173,19 @@ class Loops:
         """
         tracker = self._tracker
         if not tracker.enter_step():
-            return False
+            return _NONE
         try:
             looping = chain and bool(self._settler.threads)
             jobs = self._claims.claim(1 + self._claims.ahead() if looping and not idle else 1)
             if not jobs:
-                return False
+                return _NONE
             if polled:
                 self._rouse(counted=False)
             if looping:
-                self.run_queue(jobs)
+                return _DRY if self.run_queue(jobs) else _RAN
             else:
                 self.run_one(jobs[0])
-            return True
+            return _RAN
         finally:
             tracker.leave_step()
 
@@ -196,16 +207,19 @@ class Loops:
         else:
             self._settler.settle_all(ran)
 
-    def run_queue(self, jobs: list[ClaimedJob]) -> None:
-        """A started worker's loop: its queue of leased jobs (see :func:`run_queue`)."""
-        if self._host is not None and self._host(jobs):
-            return
+    def run_queue(self, jobs: list[ClaimedJob]) -> bool:
+        """A started worker's loop: its queue of leased jobs (see :func:`run_queue`);
+        True when it ended on a top-up that found nothing."""
+        if self._host is not None:
+            hosted = self._host(jobs)
+            if hosted is not None:
+                return hosted
         claims = self._claims
         batch = Batch(jobs)
         rest: list[ClaimedJob] = []
         claims.add_batch(batch)
         try:
-            run_queue(
+            return run_queue(
                 self._steps,
                 batch,
                 rest,

@@ -68,7 +68,7 @@ class Batch:
     renewal thread may take the rest back when the current job runs long.
     """
 
-    __slots__ = ("cond", "jobs", "refill", "running", "stalled", "started", "want")
+    __slots__ = ("cond", "dry", "jobs", "refill", "running", "stalled", "started", "want")
 
     def __init__(self, jobs: list[ClaimedJob]) -> None:
         self.jobs: deque[ClaimedJob] = deque(jobs)
@@ -78,6 +78,7 @@ class Batch:
         self.started = time.monotonic()  # when the job running now started
         self.refill = False  # a top-up is on its way from the settling thread
         self.want = 0  # the top-up fills the queue up to this many unstarted jobs
+        self.dry = False  # the last top-up's claim found nothing to lease
 
     def take(self) -> ClaimedJob | None:
         with self.cond:
@@ -116,13 +117,14 @@ class Batch:
         with self.cond:
             if self.refill or self.stalled:
                 return False
-            self.refill, self.want = True, want
+            self.refill, self.want, self.dry = True, want, False
             return True
 
-    def topped_up(self, jobs: list[ClaimedJob]) -> None:
+    def topped_up(self, jobs: list[ClaimedJob], *, dry: bool = False) -> None:
+        """The top-up's answer: ``dry`` when its claim ran and found nothing."""
         with self.cond:
             self.jobs.extend(jobs)
-            self.refill = False
+            self.refill, self.dry = False, dry
             self.cond.notify_all()
 
     def wait_refill(self) -> bool:

@@ -41,8 +41,9 @@ def run_queue(
     claims: ClaimBook,
     runner: AttemptRunner,
     halt: Signal,
-) -> None:
-    """Run a loop's queue of leased jobs one after another.
+) -> bool:
+    """Run a loop's queue of leased jobs one after another; True when it ended because
+    a top-up found nothing to lease (the loop may go idle without claiming again).
 
     Each returned attempt goes to the settling thread at once, which
     commits it (with whatever else is ready) while the loop runs the next
@@ -52,7 +53,7 @@ def run_queue(
     budget (it sat behind a job far slower than the average), joins
     ``rest``, to be handed back unstarted: no attempt is spent.
     """
-    first = True
+    first, dry = True, False
     while True:
         if not first and halt.aborted:
             break
@@ -66,6 +67,7 @@ def run_queue(
                 break
             if steps.wait_refill(batch):
                 continue
+            dry = batch.dry  # the store had nothing more for this loop
             break
         if not first and claims.waited_too_long(claimed):
             rest.append(claimed)
@@ -79,6 +81,7 @@ def run_queue(
         steps.run(attempt, batch)
     if batch.stalled:
         claims.slow_start()
+    return dry
 
 
 class ThreadSteps:

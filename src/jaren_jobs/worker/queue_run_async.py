@@ -40,8 +40,9 @@ async def run_queue_async(
     claims: ClaimBook,
     runner: AttemptRunner,
     halt: Signal,
-) -> None:
-    """Run a loop's queue of leased jobs one after another.
+) -> bool:
+    """Run a loop's queue of leased jobs one after another; True when it ended because
+    a top-up found nothing to lease (the loop may go idle without claiming again).
 
     Each returned attempt goes to the settling thread at once, which
     commits it (with whatever else is ready) while the loop runs the next
@@ -51,7 +52,7 @@ async def run_queue_async(
     budget (it sat behind a job far slower than the average), joins
     ``rest``, to be handed back unstarted: no attempt is spent.
     """
-    first = True
+    first, dry = (True, False)
     while True:
         if not first and halt.aborted:
             break
@@ -63,6 +64,7 @@ async def run_queue_async(
                 break
             if await steps.wait_refill(batch):
                 continue
+            dry = batch.dry
             break
         if not first and claims.waited_too_long(claimed):
             rest.append(claimed)
@@ -76,3 +78,4 @@ async def run_queue_async(
         await steps.run(attempt, batch)
     if batch.stalled:
         claims.slow_start()
+    return dry

@@ -369,10 +369,10 @@ class Settler:
         asked: list[tuple[Batch, int]] = []  # each loop asking, and how many jobs
         waiting = list(refills)  # loops not answered yet
 
-        def answer(batch: Batch, jobs: list[ClaimedJob]) -> None:
+        def answer(batch: Batch, jobs: list[ClaimedJob], dry: bool = False) -> None:
             self._claims.hold(jobs)
             waiting.remove(batch)
-            batch.topped_up(jobs)
+            batch.topped_up(jobs, dry=dry)
 
         def deliver(settled: Settled | None) -> None:
             # before any outcome is reported: the loops wait for these
@@ -387,11 +387,12 @@ class Settler:
                         self._owner,
                         claimed or "interrupted",
                     )
-                    claimed = []
+                    answer(batch, [])
+                    continue
                 jobs = claimed
                 if jobs and self._tracker.halt.aborted:  # stopping: back to the queue
                     back, jobs = back + jobs, []
-                answer(batch, jobs)
+                answer(batch, jobs, dry=not claimed)
             self._claims.hand_back(back)
 
         try:

@@ -54,8 +54,9 @@ _HAND_BACK_SECONDS = 1.0
 class WorkerHost(Protocol):
     """What a worker built for an AsyncWorker asks of it (given at construction)."""
 
-    def run_queue(self, jobs: list[ClaimedJob]) -> bool:
-        """Run a loop's queue on the event loop; False to leave it to the loop's thread."""
+    def run_queue(self, jobs: list[ClaimedJob]) -> bool | None:
+        """Run a loop's queue on the event loop; None to leave it to the loop's thread, else
+        whether the run ended on a top-up that found nothing."""
         ...
 
     def renewal_scheduler(self, renewer: Renewer) -> RenewalScheduler:
