@@ -53,6 +53,11 @@ _log = logging.getLogger("jaren_jobs.worker")
 # the most returned attempts waiting for the settling thread; past it, loops wait
 POSTED_LIMIT = 256
 
+# the settlements a top-up is written apart from (an AsyncWorker's, on two lanes):
+# fewer ride with it in one transaction, which keeps a trickle of jobs at one
+# transaction per job (a burst is what a top-up should not wait behind)
+APART_FROM = 8
+
 # the posted settlements that wake a second settling thread while one writes
 # (fewer wait for that write to end: a transaction for one or two settlements
 # costs the server as much as one for dozens)
@@ -403,7 +408,12 @@ class Settler:
                     continue
                 asked.append((batch, count))
             claims = [(self._claims.request, count) for _, count in asked]
-            if claims and entries and self._claims_apart and self._settlements.lanes > 1:
+            if (
+                claims
+                and len(entries) >= APART_FROM
+                and self._claims_apart
+                and self._settlements.lanes > 1
+            ):
                 # the top-ups first, in a short transaction of their own: the loops
                 # wait for them; the other lane is free to take what is posted next.
                 # Whatever becomes of that write, each entry still gets its outcome
