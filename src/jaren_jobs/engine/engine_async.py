@@ -237,17 +237,10 @@ class AsyncJobEngine(AsyncJobAdmin):
 
     async def _settle_one(self, item: Settlement, what: str) -> bool:
         """A lone settlement: a batch of one."""
-        answer = await self._session.settle(SettleBatch((item,)), what)
-        got = answer.settled[0]
-        settled = self._settled(got, item.lease, what, answer.now)
-        if got is True:
-            self._session.after_commit(
-                self._hub.wake if isinstance(item, Snoozing) else self._hub.settled
-            )
-            if isinstance(item, Failure) and due_at_once(item):
-                self._session.after_commit(self._hub.wake)
-        elif cancelled_by_mark(got, item.lease):
-            self._session.after_commit(self._hub.settled)
+        batch = SettleBatch((item,))
+        answer = await self._session.settle(batch, what)
+        settled = self._settled(answer.settled[0], item.lease, what, answer.now)
+        self._woken(batch, answer)
         return settled
 
     async def complete(self, lease: Lease, result: Any = None) -> bool:
