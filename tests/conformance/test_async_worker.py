@@ -16,8 +16,6 @@ from typing import Any
 import pytest
 
 from jaren_jobs import AsyncJobContext, AsyncStore, AsyncWorker, NewJob, Outcome, Store
-from tests.conformance.test_worker import Counter
-from tests.conformance.test_worker_batching import counting_claims
 from tests.conftest import FakeClock
 from tests.harness import Harness
 
@@ -747,83 +745,3 @@ def test_an_async_workers_top_ups_travel_apart_from_its_settlements_on_two_lanes
     assert any(claimed for _, claimed in written)
     assert sorted(o.job_id for o in outcomes) == sorted({o.job_id for o in outcomes})
     assert {o.outcome for o in outcomes} == {"completed"}
-
-
-def test_an_async_queue_run_whose_last_top_up_found_nothing_goes_idle_at_once(
-    astore: AsyncStore,
-) -> None:
-    """As the thread worker's loop (test_worker_batching): a queue run on the event loop
-    that ended on a top-up that found nothing leaves its loop idle, with no claim made
-    to find nothing again; an enqueue still wakes it."""
-    outcomes: list[Outcome] = []
-    made: list[int] = []
-
-    async def main() -> None:
-        async def handler(payload: Any, ctx: AsyncJobContext) -> Any:
-            return payload
-
-        finished, _ = collecting(outcomes, 2)
-        idle = Counter()
-        worker = astore.jobs.create_worker(
-            {"k": handler}, concurrency=1, poll_seconds=3600, on_outcome=finished, on_idle=idle
-        )
-        claims = counting_claims(worker.worker)
-        async with worker:
-            assert await asyncio.to_thread(idle.wait_for, 1)
-            for n in (1, 2):
-                await astore.jobs.enqueue("k", n)
-                assert await asyncio.to_thread(idle.wait_for, n + 1)
-        made.extend(claims)
-
-    run(main())
-    assert [o.outcome for o in outcomes] == ["completed", "completed"]
-    assert made == [1, 1, 1]
-
-
-def test_on_a_trickle_an_async_workers_settlement_and_top_up_share_one_transaction(
-    astore: AsyncStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Jobs that come one at a time, each found idle: a settling write that has a job's
-    settlement and its loop's top-up (which finds nothing) writes them in one
-    transaction, on every backend; a top-up is written apart only from a burst."""
-    from jaren_jobs.worker.settler import Settler
-
-    cycles: list[tuple[int, int, int]] = []  # (entries, top-ups, transactions) per write
-    real_cycle, real_settle = Settler._settle_cycle, Settler.settle_entries
-    local = threading.local()
-
-    def settle_cycle(self: Settler, entries: Any, refills: Any, deferred: Any) -> None:
-        local.transactions = 0
-        shape = (len(entries), len(refills))
-        real_cycle(self, entries, refills, deferred)
-        cycles.append((*shape, local.transactions))
-
-    def settle_entries(self: Settler, *args: Any, **kwargs: Any) -> None:
-        local.transactions = getattr(local, "transactions", 0) + 1
-        real_settle(self, *args, **kwargs)
-
-    monkeypatch.setattr(Settler, "_settle_cycle", settle_cycle)
-    monkeypatch.setattr(Settler, "settle_entries", settle_entries)
-    outcomes: list[Outcome] = []
-    jobs = 20
-
-    async def main() -> None:
-        async def handler(payload: Any, ctx: AsyncJobContext) -> Any:
-            return payload
-
-        finished, _ = collecting(outcomes, jobs)
-        idle = Counter()
-        worker = astore.jobs.create_worker(
-            {"k": handler}, concurrency=1, poll_seconds=3600, on_outcome=finished, on_idle=idle
-        )
-        async with worker:
-            assert await asyncio.to_thread(idle.wait_for, 1)
-            for n in range(1, jobs + 1):
-                await astore.jobs.enqueue("k", n)
-                assert await asyncio.to_thread(idle.wait_for, n + 1)
-
-    run(main())
-    assert [o.outcome for o in outcomes] == ["completed"] * jobs
-    both = [transactions for entries, refills, transactions in cycles if entries and refills]
-    assert both, cycles  # a settlement and a top-up met in one write (nearly every job)
-    assert set(both) == {1}, cycles

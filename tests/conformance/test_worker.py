@@ -1360,32 +1360,3 @@ def test_a_wake_during_an_empty_claim_is_not_slept_through(store: Store) -> None
     with worker:
         # with a one-hour poll, only the wake can bring the second claim
         assert second_step.wait(WAIT)
-
-
-def test_a_wake_during_a_queue_run_that_ran_dry_is_not_slept_through(store: Store) -> None:
-    # a loop whose queue run ended on a top-up that found nothing goes idle without
-    # claiming again; an enqueue committed while that run went on must still be claimed
-    outcomes = Outcomes()
-    worker = store.jobs.create_worker(
-        {"k": lambda p, ctx: p}, concurrency=1, poll_seconds=3600, on_outcome=outcomes
-    )
-    loops = worker.loops
-    real_run_queue = loops.run_queue
-    later: list[str] = []
-
-    def run_queue(jobs: list[Any]) -> bool:
-        dry = real_run_queue(jobs)
-        if not later:
-            # lands after the run's last top-up found nothing, before the loop sleeps
-            later.append(store.jobs.enqueue("k", 2).id)
-        return dry
-
-    loops.run_queue = run_queue  # type: ignore[method-assign]
-    with worker:
-        first = store.jobs.enqueue("k", 1)
-        # with a one-hour poll, only that enqueue's wake can bring the second job
-        events = outcomes.wait_for(2)
-    assert [(e.job_id, e.outcome) for e in events] == [
-        (first.id, "completed"),
-        (later[0], "completed"),
-    ]

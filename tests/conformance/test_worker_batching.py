@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaren_jobs import Job, JobContext, NewJob, Outcome, Store
-from tests.conformance.test_worker import WAIT, Counter, Outcomes, job_state
+from tests.conformance.test_worker import WAIT, Outcomes, job_state
 from tests.harness import Harness
 
 
@@ -402,66 +402,3 @@ def test_a_drained_job_leaves_no_reference_cycle_behind(store: Store) -> None:
         gc.enable()
     # what a worker's start and stop leave (threads, a connection's state), not per job
     assert found < count, f"{found} objects in reference cycles after {count} jobs"
-
-
-def counting_claims(worker: Any) -> list[int]:
-    """The limits of the worker's own claims (each loop's first of a step), as made."""
-    made: list[int] = []
-    real = worker.claims.claim
-
-    def claim(limit: int) -> Any:
-        made.append(limit)
-        return real(limit)
-
-    worker.claims.claim = claim
-    return made
-
-
-def test_a_loop_whose_last_top_up_found_nothing_sleeps_without_claiming_again(
-    store: Store,
-) -> None:
-    """The top-up that ran a loop's queue dry was a claim that found nothing: the loop
-    goes idle at once, as after an empty poll, instead of claiming again to find
-    nothing. An enqueue still wakes it."""
-    outcomes, idle = Outcomes(), Counter()
-    worker = store.jobs.create_worker(
-        {"k": noop}, concurrency=1, poll_seconds=3600, on_outcome=outcomes, on_idle=idle
-    )
-    made = counting_claims(worker)
-    with worker:
-        assert idle.wait_for(1)  # its first claim found nothing
-        for n in (1, 2):
-            store.jobs.enqueue("k", n)
-            assert [e.outcome for e in outcomes.wait_for(n)] == ["completed"] * n
-            assert idle.wait_for(n + 1)
-    # the first poll, then one claim per wake-up: none after a run (there were two each)
-    assert made == [1, 1, 1]
-
-
-def test_a_retry_due_at_once_wakes_the_idle_loop(store: Store) -> None:
-    """A failure whose retry's backoff is under a millisecond makes its job claimable
-    now (run_at is in ms): this process's idle loops are woken for it, as for an
-    enqueue (a loop whose top-up found nothing would otherwise wait for its next poll,
-    an hour here; the clock is the fake one, so nothing else falls due)."""
-    outcomes, tries = Outcomes(), Counter()
-
-    def once(payload: Any, ctx: JobContext) -> Any:
-        tries()
-        if tries.count == 1:
-            raise RuntimeError("the first attempt fails")
-        return payload
-
-    worker = store.jobs.create_worker(
-        {"k": once},
-        concurrency=1,
-        poll_seconds=3600,
-        backoff_base_seconds=1e-6,
-        on_outcome=outcomes,
-    )
-    with worker:
-        job = store.jobs.enqueue("k", 1)
-        events = outcomes.wait_for(2)
-    assert [(e.job_id, e.outcome, e.attempt) for e in events] == [
-        (job.id, "failed", 1),
-        (job.id, "completed", 2),
-    ]
