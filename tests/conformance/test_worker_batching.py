@@ -357,9 +357,11 @@ def test_jobs_handed_back_wake_an_idle_worker(store: Store) -> None:
     with first:
         store.jobs.enqueue_many([NewJob("k", n) for n in range(10)])
         first_outcomes.wait_for(10)  # fast jobs: it now holds jobs ahead
-        # woken, it claims the slow job, and the jobs behind it come with its top-up:
-        # none is pending
-        store.jobs.enqueue_many([NewJob("k", -1)] + [NewJob("k", n) for n in range(8)])
+        # woken, it claims a fast job alone; its settlement's top-up brings the slow
+        # job and jobs behind it, and more come while the slow job runs: none is pending
+        store.jobs.enqueue_many(
+            [NewJob("k", 0), NewJob("k", -1)] + [NewJob("k", n) for n in range(8)]
+        )
         assert reached.wait(WAIT)
         assert wait_until(lambda: leased_ahead(first))
         idle = threading.Event()

@@ -61,6 +61,9 @@ def run_queue(
         if claimed is None:
             if batch.stalled or halt.aborted:
                 break
+            if batch.last:
+                dry = True  # its settlement's transaction asked already, after the job
+                break
             # nothing ahead and nothing on its way: ask for the next
             # job, in the transaction of the last one's settlement
             if not batch.refill and not claims.top_up(batch, idle=True):
@@ -73,11 +76,16 @@ def run_queue(
             rest.append(claimed)
             claims.slow_start()  # a slow job hid among fast ones: start small again
             break
+        alone = first and not batch.unstarted()  # the claim brought this job only
         first = False
         attempt = runner.begin(claimed)
         if attempt is None:
             continue  # cancelled before it started
-        claims.top_up(batch)  # the next jobs come while this one runs
+        if not alone:
+            # the next jobs come while this one runs. A job claimed alone (an idle
+            # loop's) asks for them with its settlement instead: on a trickle a
+            # top-up now is a transaction that finds nothing
+            claims.top_up(batch)
         steps.run(attempt, batch)
     if batch.stalled:
         claims.slow_start()
@@ -108,4 +116,4 @@ class ThreadSteps:
         if outcome is not None:
             runner.end(attempt, outcome)
         else:
-            self._settler.post(ran.pop())
+            self._settler.post(ran.pop(), batch)

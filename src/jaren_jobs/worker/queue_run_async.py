@@ -60,6 +60,9 @@ async def run_queue_async(
         if claimed is None:
             if batch.stalled or halt.aborted:
                 break
+            if batch.last:
+                dry = True
+                break
             if not batch.refill and (not claims.top_up(batch, idle=True)):
                 break
             if await steps.wait_refill(batch):
@@ -70,11 +73,13 @@ async def run_queue_async(
             rest.append(claimed)
             claims.slow_start()
             break
+        alone = first and (not batch.unstarted())
         first = False
         attempt = runner.begin(claimed)
         if attempt is None:
             continue
-        claims.top_up(batch)
+        if not alone:
+            claims.top_up(batch)
         await steps.run(attempt, batch)
     if batch.stalled:
         claims.slow_start()
