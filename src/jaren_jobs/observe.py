@@ -223,8 +223,7 @@ class Hooks:
                 _failed(observer, "checkpoint_saved", exc)
 
     def settlement_batch(self, size: int) -> None:
-        """A worker committed ``size`` settlements in one transaction (its settling thread,
-        or on a trickle the loop that ran the job)."""
+        """A worker's settling thread committed ``size`` settlements in one transaction."""
         for observer in self.settling:
             try:
                 observer.settlement_batch(size)

@@ -377,6 +377,39 @@ def test_jobs_handed_back_wake_an_idle_worker(store: Store) -> None:
     assert events[0].outcome == "completed"
 
 
+def test_a_job_claimed_alone_runs_with_no_job_leased_behind_it(store: Store) -> None:
+    """An idle loop woken for work claims one job, and asks for no more while it runs
+    (its length is not known yet; the next jobs come with its settlement): the jobs
+    enqueued with it stay claimable, and another worker runs them at once, on their
+    first lease, while it runs."""
+    gate, reached = threading.Event(), threading.Event()
+    first_outcomes, second_outcomes = Outcomes(), Outcomes()
+    first = store.jobs.create_worker(
+        {"k": fast_then(-1, gate, reached)}, poll_seconds=3600, on_outcome=first_outcomes
+    )
+    with first:
+        store.jobs.enqueue_many([NewJob("k", n) for n in range(10)])
+        first_outcomes.wait_for(10)  # fast jobs: it now holds jobs ahead when it can
+        assert wait_until(lambda: not first.stats().in_flight)
+        slow, *behind = store.jobs.enqueue_many(
+            [NewJob("k", -1)] + [NewJob("k", n) for n in range(8)]
+        )
+        assert reached.wait(WAIT)  # woken, it claimed the slow job alone: it runs
+        second = store.jobs.create_worker(
+            {"k": noop}, poll_seconds=3600, on_outcome=second_outcomes
+        )
+        with second:
+            events = second_outcomes.wait_for(8)
+        assert not leased_ahead(first)
+        gate.set()
+        assert first_outcomes.wait_for(11)[-1].job_id == slow.id
+    assert sorted(e.job_id for e in events) == sorted(job.id for job in behind)
+    for job in behind:
+        stored = store.jobs.get(job.id)
+        assert stored is not None
+        assert (stored.state, stored.lease_generation) == ("done", 1)
+
+
 def noop(payload: Any, ctx: JobContext) -> Any:
     return payload
 

@@ -19,7 +19,7 @@ import pytest
 from jaren_jobs import AsyncJobContext, AsyncStore, JobContext, Outcome, Store
 from tests.conformance.test_async_worker import collecting, run
 from tests.conformance.test_worker import Counter, Outcomes
-from tests.conformance.test_worker_batching import noop, wait_until
+from tests.conformance.test_worker_batching import noop
 
 
 def counting_claims(worker: Any) -> list[int]:
@@ -192,49 +192,3 @@ def test_on_a_trickle_an_async_workers_settlement_and_top_up_share_one_transacti
     both = [transactions for entries, refills, transactions in cycles if entries and refills]
     assert both, cycles  # a settlement and a top-up met in one write (nearly every job)
     assert set(both) == {1}, cycles
-
-
-def recording_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
-    """Each settling write, as made: (its thread's name, settlements, top-ups)."""
-    from jaren_jobs.worker.settler import Settler
-
-    writes: list[tuple[str, int, int]] = []
-    real_cycle = Settler._settle_cycle
-
-    def settle_cycle(self: Settler, entries: Any, refills: Any, deferred: Any) -> None:
-        writes.append((threading.current_thread().name, len(entries), len(refills)))
-        real_cycle(self, entries, refills, deferred)
-
-    monkeypatch.setattr(Settler, "_settle_cycle", settle_cycle)
-    return writes
-
-
-def test_on_a_trickle_a_thread_loop_writes_its_own_settlement_and_top_up(
-    store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Jobs that come one at a time, each found idle: the loop that ran a job writes its
-    settlement and its queue's top-up itself, in one transaction (it would only wait
-    for that write), instead of handing them to a settling thread and waiting for it.
-    The job, claimed alone, ran without a top-up of its own: there is no other write."""
-    writes = recording_writes(monkeypatch)
-    ran_in: list[str] = []
-
-    def handler(payload: Any, ctx: JobContext) -> Any:
-        ran_in.append(threading.current_thread().name)
-        return payload
-
-    outcomes, idle = Outcomes(), Counter()
-    worker = store.jobs.create_worker(
-        {"k": handler}, concurrency=1, poll_seconds=3600, on_outcome=outcomes, on_idle=idle
-    )
-    jobs = 10
-    with worker:
-        assert idle.wait_for(1)
-        for n in range(1, jobs + 1):
-            # the settling threads wait with nothing to write (as a trickle finds them)
-            assert wait_until(worker.settler.idle)
-            store.jobs.enqueue("k", n)
-            assert idle.wait_for(n + 1)
-    assert [e.outcome for e in outcomes.events] == ["completed"] * jobs
-    (loop,) = set(ran_in)
-    assert writes == [(loop, 1, 1)] * jobs

@@ -242,7 +242,7 @@ class _Metrics(Observer, Collector):
             in_flight.add_metric([queue], count)
         batches = HistogramMetricFamily(
             "jaren_jobs_settlement_batch_size",
-            "Settlements a worker wrote in one transaction.",
+            "Settlements a worker's settling thread wrote in one transaction.",
             labels=[],
         )
         # unlabelled: present from the start, zeros included

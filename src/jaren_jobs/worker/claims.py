@@ -172,13 +172,12 @@ class ClaimBook:
 
     # ---------------------------------------------------------------- the loops' queues
 
-    def top_up(self, batch: Batch, *, idle: bool = False, here: bool = False) -> bool:
+    def top_up(self, batch: Batch, *, idle: bool = False) -> bool:
         """Ask the settling thread to lease more jobs for ``batch`` in its next write.
 
         While a job runs, the queue is topped up to ``ahead()`` unstarted
         jobs; a loop that ran its queue dry (``idle``) asks for one more, to
-        run at once. Whether a top-up is now on its way. ``here``: the caller
-        writes it (a loop writing its own last settlement), not the settling thread.
+        run at once. Whether a top-up is now on its way.
         """
         ahead = self.ahead()
         want = ahead + 1 if idle else ahead
@@ -186,7 +185,7 @@ class ClaimBook:
             return False
         if not batch.ask(want):
             return False
-        if not here and not self.refill(batch):
+        if not self.refill(batch):
             batch.topped_up([])
             return False
         # each top-up that was not overrun lets the loop hold one more ahead

@@ -68,7 +68,7 @@ class Batch:
     renewal thread may take the rest back when the current job runs long.
     """
 
-    __slots__ = ("cond", "dry", "jobs", "last", "refill", "running", "stalled", "started", "want")
+    __slots__ = ("cond", "dry", "jobs", "refill", "running", "stalled", "started", "want")
 
     def __init__(self, jobs: list[ClaimedJob]) -> None:
         self.jobs: deque[ClaimedJob] = deque(jobs)
@@ -79,9 +79,6 @@ class Batch:
         self.refill = False  # a top-up is on its way from the settling thread
         self.want = 0  # the top-up fills the queue up to this many unstarted jobs
         self.dry = False  # the last top-up's claim found nothing to lease
-        # the loop wrote its last settlement itself, and that transaction's top-up
-        # found nothing: the queue ran dry after its last job returned
-        self.last = False
 
     def take(self) -> ClaimedJob | None:
         with self.cond:
@@ -120,7 +117,7 @@ class Batch:
         with self.cond:
             if self.refill or self.stalled:
                 return False
-            self.refill, self.want, self.dry, self.last = True, want, False, False
+            self.refill, self.want, self.dry = True, want, False
             return True
 
     def topped_up(self, jobs: list[ClaimedJob], *, dry: bool = False) -> None:
@@ -129,12 +126,6 @@ class Batch:
             self.jobs.extend(jobs)
             self.refill, self.dry = False, dry
             self.cond.notify_all()
-
-    def ran_dry(self) -> None:
-        """The top-up just answered was written by the loop itself, after its job returned:
-        if it found nothing, the queue is dry now (see ``last``)."""
-        with self.cond:
-            self.last = self.dry and not self.jobs
 
     def wait_refill(self) -> bool:
         """Wait for the top-up under way (if any); whether the queue has a job now."""

@@ -61,9 +61,6 @@ def run_queue(
         if claimed is None:
             if batch.stalled or halt.aborted:
                 break
-            if batch.last:
-                dry = True  # its settlement's transaction asked already, after the job
-                break
             # nothing ahead and nothing on its way: ask for the next
             # job, in the transaction of the last one's settlement
             if not batch.refill and not claims.top_up(batch, idle=True):
@@ -83,8 +80,8 @@ def run_queue(
             continue  # cancelled before it started
         if not alone:
             # the next jobs come while this one runs. A job claimed alone (an idle
-            # loop's) asks for them with its settlement instead: on a trickle a
-            # top-up now is a transaction that finds nothing
+            # loop's) runs with none leased behind it: how long it runs is not known
+            # yet, and the next jobs come with its settlement
             claims.top_up(batch)
         steps.run(attempt, batch)
     if batch.stalled:
@@ -116,4 +113,4 @@ class ThreadSteps:
         if outcome is not None:
             runner.end(attempt, outcome)
         else:
-            self._settler.post(ran.pop(), batch)
+            self._settler.post(ran.pop())

@@ -60,9 +60,6 @@ async def run_queue_async(
         if claimed is None:
             if batch.stalled or halt.aborted:
                 break
-            if batch.last:
-                dry = True
-                break
             if not batch.refill and (not claims.top_up(batch, idle=True)):
                 break
             if await steps.wait_refill(batch):

@@ -4,10 +4,7 @@ Loops post each returned attempt; a settling thread commits whatever was posted
 while it wrote last, in one transaction (the engine's group commit), fenced one
 by one and answered only after the commit. The same transaction tops up the
 loops' queues (the claim book's refills) and writes again a settlement whose
-last write only timed out waiting, while its lease holds. On a trickle (a loop's
-queue empty, nothing else posted) a thread loop writes its settlement and top-up
-itself, in the same kind of transaction, instead of waiting for a settling thread
-to do it.
+last write only timed out waiting, while its lease holds.
 
 There is one settling thread per lane of the group commit: one on SQLite (one
 writer per file), two on PostgreSQL, where a batch's statements keep a server
@@ -296,68 +293,15 @@ class Settler:
         entry.retry_at = time.monotonic() + pause
         return True
 
-    def post(self, ran: Ran, batch: Batch | None = None) -> None:
-        """Queue a returned attempt for the settling thread; stop() drains it like a step.
-
-        A thread loop passes its queue (``batch``): when that queue is empty and
-        the settling threads have nothing else to write (a trickle of jobs), the
-        loop writes the settlement itself, with the queue's top-up, as the
-        settling thread would have (see :meth:`_write_here`).
-        """
+    def post(self, ran: Ran) -> None:
+        """Queue a returned attempt for the settling thread; stop() drains it like a step."""
         entry = self.prepare(*ran)
-        if batch is not None and self._write_here(entry, batch):
-            return
         full = self.enter_posted(entry)
         if full is None:
             # a handler that outlived stop(): its settlement is refused here, by name
             self.settle_entries([entry])
         elif full:
             self.wait_for_room()
-
-    def idle(self) -> bool:
-        """Whether every settling thread waits, with nothing posted nor to retry."""
-        with self._lock:
-            return self._idle()
-
-    def _idle(self) -> bool:  # the caller holds the lock
-        threads = self.threads
-        return bool(
-            threads
-            and self._waiting == len(threads)
-            and not (self._posted or self._refills or self._retrying or self._done)
-            and not self._tracker.halt.aborted
-        )
-
-    def _write_here(self, entry: Entry, batch: Batch) -> bool:
-        """Write ``entry`` and ``batch``'s top-up in this (the loop's) thread, if nothing
-        else is to be written; whether it did.
-
-        The loop would only wait for that transaction: its queue is empty. Written
-        here, a trickle job costs two thread hand-offs fewer (the loop waking a
-        settling thread, which wakes the loop back): about a fifth of its CPU on
-        PostgreSQL. Only when every settling thread waits with nothing posted, so
-        that no settlement is kept from a group it could share; what comes
-        meanwhile is theirs. A transient error defers the settlement to them, as
-        their own writes do.
-        """
-        with self._lock:
-            if not self._idle() or batch.refill or batch.unstarted():
-                return False
-            self._tracker.busy += 1  # as a posted attempt: stop() drains it
-        refills = [batch] if self._claims.top_up(batch, idle=True, here=True) else []
-        deferred: list[Entry] = []
-        try:
-            self._settle_cycle([entry], refills, deferred)
-        finally:
-            with self._tracker.cond:
-                if deferred:
-                    self._retrying.extend(deferred)
-                    self._posting.notify()  # a settling thread schedules its next write
-                self._tracker.busy -= 1 - len(deferred)
-                self._tracker.cond.notify_all()
-        if refills:
-            batch.ran_dry()
-        return True
 
     def enter_posted(self, entry: Entry) -> bool | None:
         """Queue ``entry`` for the settling thread, never waiting: whether the queue is full
