@@ -47,11 +47,13 @@ def run_queue(
 
     Each returned attempt goes to the settling thread at once, which
     commits it (with whatever else is ready) while the loop runs the next
-    job, and tops the queue up in the same transaction. The first job
-    runs even if the worker is stopping (its claim was under way); a job
-    not started when the worker halts, or that has waited past the time
-    budget (it sat behind a job far slower than the average), joins
-    ``rest``, to be handed back unstarted: no attempt is spent.
+    job, and tops the queue up in the same transaction (a job the claim
+    brought alone runs with no top-up under way: its settlement asks for
+    the next, so no job waits leased behind one of unknown length). The
+    first job runs even if the worker is stopping (its claim was under
+    way); a job not started when the worker halts, or that has waited past
+    the time budget (it sat behind a job far slower than the average),
+    joins ``rest``, to be handed back unstarted: no attempt is spent.
     """
     first, dry = True, False
     while True:
