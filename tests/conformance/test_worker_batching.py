@@ -12,12 +12,14 @@ without spending an attempt, the jobs it had leased but not started.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from jaren_jobs import Job, JobContext, NewJob, Outcome, Store
+from jaren_jobs import AsyncJobContext, AsyncStore, Job, JobContext, NewJob, Outcome, Store
+from tests.conformance.test_async_worker import collecting, run
 from tests.conformance.test_worker import WAIT, Outcomes, job_state
 from tests.harness import Harness
 
@@ -408,6 +410,54 @@ def test_a_job_claimed_alone_runs_with_no_job_leased_behind_it(store: Store) -> 
         stored = store.jobs.get(job.id)
         assert stored is not None
         assert (stored.state, stored.lease_generation) == ("done", 1)
+
+
+def test_an_async_job_claimed_alone_runs_with_no_job_leased_behind_it(
+    astore: AsyncStore,
+) -> None:
+    """As the thread worker's (above), through an AsyncWorker's queue runs: the jobs
+    enqueued with the job its loop claimed alone stay claimable while it runs."""
+    gate, reached = threading.Event(), threading.Event()
+    first_outcomes: list[Outcome] = []
+    second_outcomes: list[Outcome] = []
+    behind: list[Job] = []
+    held: list[bool] = []
+
+    async def handler(payload: Any, ctx: AsyncJobContext) -> Any:
+        if payload == -1:
+            reached.set()
+            assert await asyncio.to_thread(gate.wait, WAIT)
+        return payload
+
+    async def fast(payload: Any, ctx: AsyncJobContext) -> Any:
+        return payload
+
+    async def main() -> None:
+        warmed, warm_done = collecting(first_outcomes, 10)
+        first = astore.jobs.create_worker({"k": handler}, poll_seconds=3600, on_outcome=warmed)
+        async with first:
+            await astore.jobs.enqueue_many([NewJob("k", n) for n in range(10)])
+            await warm_done.wait()  # fast jobs: it now holds jobs ahead when it can
+            assert await asyncio.to_thread(wait_until, lambda: not first.stats().in_flight)
+            _, *rest = await astore.jobs.enqueue_many(
+                [NewJob("k", -1)] + [NewJob("k", n) for n in range(8)]
+            )
+            behind.extend(rest)
+            assert await asyncio.to_thread(reached.wait, WAIT)  # claimed alone: it runs
+            finished, done = collecting(second_outcomes, 8)
+            second = astore.jobs.create_worker({"k": fast}, poll_seconds=3600, on_outcome=finished)
+            async with second:
+                await done.wait()
+            held.append(leased_ahead(first.worker))
+            gate.set()
+        for job in behind:
+            stored = await astore.jobs.get(job.id)
+            assert stored is not None
+            assert (stored.state, stored.lease_generation) == ("done", 1)
+
+    run(main())
+    assert held == [False]
+    assert sorted(o.job_id for o in second_outcomes) == sorted(job.id for job in behind)
 
 
 def noop(payload: Any, ctx: JobContext) -> Any:
