@@ -12,8 +12,9 @@ output, ``--rounds 5`` for the spread. The modules:
   litequeue (the optional ``bench`` extra);
 * :mod:`bench.pg`, :mod:`bench.pg_run` — the PostgreSQL half: raw psycopg
   by hand (one at a time, and the batched ceiling) and jaren_jobs on a URL;
-* :mod:`bench.pg_peers` — the same work through procrastinate, pgqueuer and
-  chancy (oban is reported skipped: no distribution on the package index);
+* :mod:`bench.pg_peers` — the same work through procrastinate, pgqueuer,
+  chancy and oban (oban needs Python 3.12: on an older one the bench runs it
+  in the interpreter ``--oban-python`` names, through :mod:`bench.pg_remote`);
 * :mod:`bench.targets` — issue 28's targets, met or missed, and the spread
   of several rounds;
 * :mod:`bench.run` — the runner: sizes, ratios, the tables, JSON;

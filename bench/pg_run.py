@@ -3,7 +3,7 @@
 Every workload of :mod:`bench.run`, each beside a raw psycopg baseline
 (:mod:`bench.pg`) measured in the same run on the same server, and
 beside the PostgreSQL peers (:mod:`bench.pg_peers`: procrastinate, pgqueuer,
-chancy) where the issue compares with them: workloads 1, 4 (concurrency 1 and
+chancy, oban) where the issue compares with them: workloads 1, 4 (concurrency 1 and
 4), 5, 6 (across processes) and 10. Every measurement runs in a fresh schema.
 The targets of issue 28 are reported (:mod:`bench.targets`), never asserted.
 """
@@ -195,13 +195,7 @@ class PgRunner:
 
     def peer_processes(self, peer: pp.PgPeer, jobs: int, processes: int) -> tuple[float, int]:
         with b.fresh_schema(self.url, peer.name) as schema:
-            url = self.peer_url(schema)
-            peer.setup(url, jobs)
-            spec = {"peer": peer.name, "url": url, "concurrency": 1}
-            rate, dup, _ = drain_in_processes(
-                pp.process_drainer, spec, jobs=jobs, processes=processes
-            )
-        return rate, dup
+            return peer.processes(self.peer_url(schema), jobs, processes)
 
     def w10(self) -> list[Figure]:
         """Scale-out: 1, 2, 4, 8 worker processes (concurrency 1 each) on one database."""
@@ -366,18 +360,7 @@ class PgRunner:
         for peer in self.peers:
             log(f"  {peer.name}")
             with b.fresh_schema(self.url, peer.name) as schema:
-                url = self.peer_url(schema)
-                peer.setup(url)
-                enqueue, close = peer.producer(url)
-                try:
-                    remote[peer.name] = remote_latency(
-                        pp.latency_consumer,
-                        {"peer": peer.name, "url": url},
-                        enqueue,
-                        samples=s.latency_remote,
-                    )
-                finally:
-                    close()
+                remote[peer.name] = peer.latency(self.peer_url(schema), s.latency_remote)
         figures = []
         for where, samples in (("local", local), ("remote", remote)):
             place = "in-process" if where == "local" else "from another process"

@@ -52,7 +52,7 @@ from bench import (
 )
 from bench import targets as issue_targets
 from bench.peers import PEERS, Peer
-from bench.pg_peers import PG_PEERS, UNAVAILABLE, PgPeer
+from bench.pg_peers import OBAN_PYTHON_ENV, PG_PEERS, PgPeer, resolve
 from bench.report import (
     JAREN,
     REPO,
@@ -648,6 +648,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "default: $JAREN_JOBS_BENCH_PG_URL, and for --backend postgres also "
         "$JAREN_JOBS_TEST_POSTGRES_URL)",
     )
+    parser.add_argument(
+        "--oban-python",
+        metavar="PYTHON",
+        default=None,
+        help="a Python >= 3.12 interpreter with oban installed, which runs the oban peer "
+        "when this one cannot (oban needs 3.12; default: $" + OBAN_PYTHON_ENV + ")",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -655,34 +662,40 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def choose_peers(
-    option: str | None, quick: bool, skipped: list[str], pg_skipped: list[str]
+    option: str | None,
+    quick: bool,
+    skipped: list[str],
+    pg_skipped: list[str],
+    oban_python: str | None = None,
 ) -> tuple[list[Peer], list[PgPeer]]:
     """The SQLite and PostgreSQL peers to run; what was left out, and why, in the lists."""
     if option == "none":
         return [], []
-    every = [*PEERS, *PG_PEERS, *UNAVAILABLE]
+    every = [*PEERS, *PG_PEERS]
     if option is None or option == "all":
         names = every
         if option is None and quick:  # the PostgreSQL peers take minutes: not in the suite's run
-            names = [*PEERS, *UNAVAILABLE]
-            pg_skipped.append("PostgreSQL peers are left out of a --quick run (--peers all)")
+            names = [*PEERS]
+            pg_skipped.append(
+                f"PostgreSQL peers ({', '.join(PG_PEERS)}) are left out of a --quick run "
+                "(--peers all)"
+            )
     else:
         names = [n.strip() for n in option.split(",") if n.strip()]
     sqlite_peers: list[Peer] = []
     pg_peers: list[PgPeer] = []
     for name in names:
-        if name in UNAVAILABLE:
-            pg_skipped.append(f"peer {name}: {UNAVAILABLE[name]}")
-        elif name in PEERS:
+        if name in PEERS:
             if PEERS[name].available():
                 sqlite_peers.append(PEERS[name])
             else:
                 skipped.append(f"peer {name} is not installed (pip install -e '.[bench]')")
         elif name in PG_PEERS:
-            if PG_PEERS[name].available():
-                pg_peers.append(PG_PEERS[name])
+            peer = resolve(name, oban_python)
+            if isinstance(peer, str):
+                pg_skipped.append(peer)
             else:
-                pg_skipped.append(f"peer {name} is not installed (pip install -e '.[bench]')")
+                pg_peers.append(peer)
         else:
             raise SystemExit(f"bench: unknown peer {name!r}; choose from {', '.join(every)}")
     return sqlite_peers, pg_peers
@@ -802,7 +815,7 @@ def run_all(args: argparse.Namespace, sizes: Sizes) -> dict[str, Report]:
         raise SystemExit("bench: PostgreSQL needs --pg-url URL (or $JAREN_JOBS_BENCH_PG_URL)")
     skipped: list[str] = []
     pg_skipped: list[str] = []
-    peers, pg_peers = choose_peers(args.peers, args.quick, skipped, pg_skipped)
+    peers, pg_peers = choose_peers(args.peers, args.quick, skipped, pg_skipped, args.oban_python)
     reports: dict[str, Report] = {}
     if backend in ("sqlite", "both"):
         reports["sqlite"] = in_rounds(
