@@ -14,7 +14,9 @@ output, ``--rounds 5`` for the spread. The modules:
   by hand (one at a time, and the batched ceiling) and jaren_jobs on a URL;
 * :mod:`bench.pg_peers` — the same work through procrastinate, pgqueuer,
   chancy and oban (oban needs Python 3.12: on an older one the bench runs it
-  in the interpreter ``--oban-python`` names, through :mod:`bench.pg_remote`);
+  in the interpreter ``--oban-python`` names, through :mod:`bench.pg_remote`;
+  :mod:`bench.pg_peer` holds what the adapters share, :mod:`bench.pg_oban`
+  oban's);
 * :mod:`bench.targets` — issue 28's targets, met or missed, and the spread
   of several rounds;
 * :mod:`bench.run` — the runner: sizes, ratios, the tables, JSON;

@@ -376,7 +376,7 @@ def claim_complete_one(url: str, durability: str, jobs: int) -> float:
 def drain(url: str, durability: str, jobs: int, concurrency: int) -> float:
     """A worker drains ``jobs`` no-op jobs. Jobs per second.
 
-    Timed as the PostgreSQL peers are (:meth:`bench.pg_peers.PgPeer.drain`):
+    Timed as the PostgreSQL peers are (:meth:`bench.pg_peer.PgPeer.drain`):
     from the first job's start, so the worker's start-up and first claim are
     not in it, to the last job's outcome, after its settlement committed (the
     peers' clocks stop at the last execution: that leans their way).
@@ -407,7 +407,7 @@ def drain(url: str, durability: str, jobs: int, concurrency: int) -> float:
 def process_drainer(spec: dict[str, Any], channels: Channels) -> None:
     """Workload 5 and scale-out child: one worker in this process.
 
-    As the PostgreSQL peers' children (:func:`bench.pg_peers.process_drainer`):
+    As the PostgreSQL peers' children (:func:`bench.pg_peer.process_drainer`):
     the worker starts before the shared clock and is ready at its first job,
     which it holds until ``go``.
     """

@@ -4,7 +4,7 @@
 runs that method of the peer's adapter (:mod:`bench.pg_peers`) here and prints
 ``{"result": ...}`` as the last line of its standard output. The bench runs
 oban this way when it runs on Python 3.11 (oban needs 3.12):
-:class:`bench.pg_peers.Remote` is the caller.
+:class:`bench.pg_oban.Remote` is the caller.
 """
 
 from __future__ import annotations

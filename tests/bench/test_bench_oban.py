@@ -15,7 +15,8 @@ import subprocess
 import sys
 
 import pytest
-from bench.pg_peers import OBAN_PYTHON_ENV, PG_PEERS, PgPeer, Remote, resolve
+from bench.pg_oban import Remote
+from bench.pg_peers import OBAN_PYTHON_ENV, PG_PEERS, PgPeer, resolve
 
 from tests.bench import run_bench
 
