@@ -20,6 +20,7 @@ output, ``--rounds 5`` for the spread. The modules:
 * :mod:`bench.targets` — issue 28's targets, met or missed, and the spread
   of several rounds;
 * :mod:`bench.run` — the runner: sizes, ratios, the tables, JSON;
+  :mod:`bench.sqlite_run` its SQLite half;
 * :mod:`bench.plots` — PNG plots when matplotlib is present.
 
 This module holds what they share: sizes, measuring helpers, and the helpers
