@@ -29,6 +29,7 @@ that let several OS processes start on a signal and report back.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import resource
@@ -43,6 +44,7 @@ from typing import Any
 __all__ = [
     "KIND",
     "Channels",
+    "Package",
     "Sizes",
     "Timer",
     "cpu_seconds",
@@ -59,6 +61,24 @@ KIND = "noop"  # the one job kind every workload uses
 
 # the poll interval of every idle worker in the latency and CPU workloads
 POLL_SECONDS = 0.05
+
+
+class Package:
+    """What every peer adapter says of itself: its name, the distribution it is, notes."""
+
+    name = ""
+    package = ""
+    notes: tuple[str, ...] = ()
+
+    def version(self) -> str:
+        return importlib.metadata.version(self.package)
+
+    def available(self) -> bool:
+        try:
+            self.version()
+        except importlib.metadata.PackageNotFoundError:
+            return False
+        return True
 
 
 @dataclass(frozen=True)

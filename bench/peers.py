@@ -10,7 +10,6 @@ Install them with the optional extra: ``pip install -e '.[bench]'``.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import queue
 import signal
@@ -21,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import POLL_SECONDS, Channels, Timer
+from bench import POLL_SECONDS, Channels, Package, Timer
 
 __all__ = ["PEERS", "Peer", "available_peers"]
 
@@ -50,12 +49,8 @@ class Counter:
                 self.done.set()
 
 
-class Peer:
+class Peer(Package):
     """One peer library's adapter. Subclasses fill in the primitives."""
-
-    name = ""
-    package = ""
-    notes: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self._errors = 0
@@ -71,16 +66,6 @@ class Peer:
         with self._errors_lock:
             errors, self._errors = self._errors, 0
         return errors
-
-    def version(self) -> str:
-        return importlib.metadata.version(self.package)
-
-    def available(self) -> bool:
-        try:
-            self.version()
-        except importlib.metadata.PackageNotFoundError:
-            return False
-        return True
 
     # primitives -------------------------------------------------------------
     def open(self, path: Path, durability: str) -> Any:

@@ -9,14 +9,13 @@ path), so this module needs no registry of them.
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-from bench import Channels, Timer, drain_in_processes, remote_latency
+from bench import Channels, Package, Timer, drain_in_processes, remote_latency
 
 __all__ = [
     "POLL",
@@ -112,22 +111,8 @@ class Loop:
         self.loop.close()
 
 
-class PgPeer:
+class PgPeer(Package):
     """One PostgreSQL peer's adapter. Subclasses fill in the async primitives."""
-
-    name = ""
-    package = ""
-    notes: tuple[str, ...] = ()
-
-    def version(self) -> str:
-        return importlib.metadata.version(self.package)
-
-    def available(self) -> bool:
-        try:
-            self.version()
-        except importlib.metadata.PackageNotFoundError:
-            return False
-        return True
 
     # primitives -------------------------------------------------------------
     async def install(self, url: str) -> None:

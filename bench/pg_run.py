@@ -21,13 +21,21 @@ from bench import (
     drain_in_processes,
     in_subprocess,
     median,
-    percentile,
     remote_latency,
     workloads,
 )
 from bench import pg as b
 from bench import pg_peers as pp
-from bench.report import JAREN, WORKLOADS, Figure, Report, log, memory_figures, scale_figure
+from bench.report import (
+    JAREN,
+    WORKLOADS,
+    Figure,
+    Report,
+    latency_figures,
+    log,
+    memory_figures,
+    scale_figure,
+)
 
 PG_WORKLOADS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 
@@ -361,24 +369,7 @@ class PgRunner:
             log(f"  {peer.name}")
             with b.fresh_schema(self.url, peer.name) as schema:
                 remote[peer.name] = peer.latency(self.peer_url(schema), s.latency_remote)
-        figures = []
-        for where, samples in (("local", local), ("remote", remote)):
-            place = "in-process" if where == "local" else "from another process"
-            for name, fraction in (("p50", 0.5), ("p99", 0.99)):
-                figure = Figure(
-                    6,
-                    f"6.{where}.{name}",
-                    f"enqueue-to-start {name}, {place} ({b.PG_POLL:g} s poll, LISTEN/NOTIFY)",
-                    "ms",
-                    "lower",
-                    percentile(samples["raw"], fraction) * 1000,
-                    extra={"samples": len(samples["raw"])},
-                )
-                for subject, values in samples.items():
-                    if subject != "raw":
-                        figure.values[subject] = percentile(values, fraction) * 1000
-                figures.append(figure)
-        return figures
+        return latency_figures(local, remote, f"{b.PG_POLL:g} s poll, LISTEN/NOTIFY")
 
 
 def run(  # noqa: PLR0917 - the runner's one call site passes them in order

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import percentile
+
 __all__ = [
     "JAREN",
     "REPO",
@@ -18,6 +20,7 @@ __all__ = [
     "Figure",
     "Report",
     "Target",
+    "latency_figures",
     "log",
     "memory_figures",
     "scale_figure",
@@ -154,3 +157,28 @@ def scale_figure(processes: int, where: str, raw_is: str) -> Figure:
         None,
         extra={"processes": processes, "duplicates": {}, "raw_is": raw_is},
     )
+
+
+def latency_figures(
+    local: dict[str, list[float]], remote: dict[str, list[float]], poll: str
+) -> list[Figure]:
+    """Workload 6's p50 and p99 figures, in ms, from the start delays (s) of each subject
+    ("raw" among them), in process and from another; ``poll`` names the idle setting."""
+    figures = []
+    for where, samples in (("local", local), ("remote", remote)):
+        place = "in-process" if where == "local" else "from another process"
+        for name, fraction in (("p50", 0.5), ("p99", 0.99)):
+            figure = Figure(
+                6,
+                f"6.{where}.{name}",
+                f"enqueue-to-start {name}, {place} ({poll})",
+                "ms",
+                "lower",
+                percentile(samples["raw"], fraction) * 1000,
+                extra={"samples": len(samples["raw"])},
+            )
+            for subject, values in samples.items():
+                if subject != "raw":
+                    figure.values[subject] = percentile(values, fraction) * 1000
+            figures.append(figure)
+    return figures

@@ -19,13 +19,20 @@ from bench import (
     drain_in_processes,
     in_subprocess,
     median,
-    percentile,
     raw,
     remote_latency,
     workloads,
 )
 from bench.peers import Peer
-from bench.report import JAREN, WORKLOADS, Figure, log, memory_figures, scale_figure
+from bench.report import (
+    JAREN,
+    WORKLOADS,
+    Figure,
+    latency_figures,
+    log,
+    memory_figures,
+    scale_figure,
+)
 
 __all__ = ["Runner"]
 
@@ -277,24 +284,7 @@ class Runner:
             finally:
                 peer.close(handle)
 
-        figures = []
-        for where, samples in (("local", local), ("remote", remote)):
-            place = "in-process" if where == "local" else "from another process"
-            for name, fraction in (("p50", 0.5), ("p99", 0.99)):
-                figure = Figure(
-                    6,
-                    f"6.{where}.{name}",
-                    f"enqueue-to-start {name}, {place} (50 ms poll)",
-                    "ms",
-                    "lower",
-                    percentile(samples["raw"], fraction) * 1000,
-                    extra={"samples": len(samples["raw"])},
-                )
-                for subject, values in samples.items():
-                    if subject != "raw":
-                        figure.values[subject] = percentile(values, fraction) * 1000
-                figures.append(figure)
-        return figures
+        return latency_figures(local, remote, "50 ms poll")
 
     def w7(self) -> list[Figure]:
         s = self.sizes
